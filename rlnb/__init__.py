@@ -1,0 +1,47 @@
+"""rlnb: notebook-first reinforcement-learning post-training of language models.
+
+``import rlnb`` stays light: torch, ray, wandb and ipywidgets are imported where
+they are used.
+"""
+
+from rlnb import probe
+from rlnb._errors import (
+    BridgeReentryError,
+    BufferEmpty,
+    BufferFull,
+    ClosedError,
+    ConfigError,
+    FeederError,
+    LeakError,
+    RlnbError,
+)
+from rlnb._samples import Group, Sample
+from rlnb.buffer import BufferStatistics, ReplayBuffer
+from rlnb.config import BufferConfig, Config
+from rlnb.runtime import AsyncBridge, close_all, sessions
+from rlnb.session import Session, SessionStatistics
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncBridge",
+    "BridgeReentryError",
+    "BufferConfig",
+    "BufferEmpty",
+    "BufferFull",
+    "BufferStatistics",
+    "ClosedError",
+    "Config",
+    "ConfigError",
+    "FeederError",
+    "Group",
+    "LeakError",
+    "ReplayBuffer",
+    "RlnbError",
+    "Sample",
+    "Session",
+    "SessionStatistics",
+    "close_all",
+    "probe",
+    "sessions",
+]

@@ -1,0 +1,35 @@
+"""Exceptions raised by rlnb. Every public error derives from :class:`RlnbError`."""
+
+from __future__ import annotations
+
+
+class RlnbError(Exception):
+    """Base class of every error rlnb raises on purpose."""
+
+
+class ClosedError(RlnbError, RuntimeError):
+    """The object was closed (or was closed while the call was waiting)."""
+
+
+class BridgeReentryError(RlnbError, RuntimeError):
+    """``AsyncBridge.run`` was called from the bridge's own loop thread (it would deadlock)."""
+
+
+class ConfigError(RlnbError, ValueError):
+    """A configuration value is invalid; the message names the field and the fix."""
+
+
+class BufferEmpty(RlnbError):
+    """``ReplayBuffer.get_nowait`` found fewer groups than asked for."""
+
+
+class BufferFull(RlnbError):
+    """``ReplayBuffer.put_nowait`` found the partition at capacity."""
+
+
+class FeederError(RlnbError, RuntimeError):
+    """The replay buffer's feeder failed; the original error is chained as ``__cause__``."""
+
+
+class LeakError(AssertionError):
+    """``rlnb.testing.no_leaks`` found threads, FDs, processes, loops or runs left behind."""

@@ -1,0 +1,71 @@
+"""``rlnb bench close``: how fast things stop.
+
+- a replay-buffer feeder with a 5 s poll interval, closed while it waits;
+- an empty ``Session.close()`` (its bridge loop started);
+- ``rlnb.close_all()`` of three such sessions.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from rlnb.bench._common import BenchResult, Target, median, p99, time_ms
+from rlnb.buffer import ReplayBuffer
+from rlnb.runtime import _registry
+from rlnb.session import Session
+
+
+async def _noop() -> None:
+    return None
+
+
+def _feeder_close_ms(poll_interval: float) -> float:
+    polled = threading.Event()
+
+    def feeder() -> tuple[()]:
+        polled.set()
+        return ()
+
+    buf = ReplayBuffer(feeder=feeder, poll_interval=poll_interval, name="bench-buffer")
+    polled.wait(5.0)
+    # the feeder thread is now in (or about to enter) its 5 s wait
+    threading.Event().wait(0.002)
+    return time_ms(buf.close)
+
+
+def _started_session(name: str) -> Session:
+    sess = Session(name=name)
+    sess.bridge.run(_noop())
+    return sess
+
+
+def run(*, repeats: int = 50, poll_interval: float = 5.0) -> BenchResult:
+    """Measure; blocks for a few seconds."""
+    feeder = [_feeder_close_ms(poll_interval) for _ in range(repeats)]
+    session = []
+    for i in range(repeats):
+        sess = _started_session(f"bench-close-{i}")
+        session.append(time_ms(sess.close))
+    close_all = []
+    for _ in range(max(5, repeats // 5)):
+        for i in range(3):
+            _started_session(f"bench-close-all-{i}")
+        close_all.append(time_ms(_registry.close_all))
+    figures = {
+        "feeder_poll_interval_s": poll_interval,
+        "feeder_close_median_ms": median(feeder),
+        "feeder_close_p99_ms": p99(feeder),
+        "session_close_median_ms": median(session),
+        "session_close_p99_ms": p99(session),
+        "close_all_3_median_ms": median(close_all),
+        "close_all_3_p99_ms": p99(close_all),
+    }
+    return BenchResult(
+        "close",
+        figures,
+        (
+            Target("feeder_close_p99", p99(feeder), "<=", 10.0, " ms"),
+            Target("session_close_median", median(session), "<=", 50.0, " ms"),
+            Target("close_all_3_median", median(close_all), "<=", 200.0, " ms"),
+        ),
+    )

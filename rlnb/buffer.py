@@ -1,0 +1,335 @@
+"""``ReplayBuffer``: groups of samples between the rollouter and the learner.
+
+Each partition (``train``, ``val``) is a FIFO of groups. Groups older than
+``max_staleness`` policy versions are evicted and counted, never dropped silently.
+An optional feeder thread pulls groups from a remote source; it waits on an
+``Event`` between polls so ``close()`` returns at once whatever the interval, and
+its failure is re-raised on the next ``get``/``put``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+
+from rlnb._errors import BufferEmpty, BufferFull, ClosedError, ConfigError, FeederError
+from rlnb._samples import Group
+
+__all__ = ["BufferStatistics", "ReplayBuffer"]
+
+Feeder = Callable[[], Iterable[Group] | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferStatistics:
+    """A snapshot of a :class:`ReplayBuffer`.
+
+    ``sizes`` and ``samples`` count groups and samples per partition; ``put``,
+    ``taken`` and ``evicted_stale`` are totals since creation; ``version`` is the
+    learner's policy version the buffer measures staleness against.
+    """
+
+    sizes: Mapping[str, int]
+    samples: Mapping[str, int]
+    capacity: int
+    put: int
+    taken: int
+    evicted_stale: int
+    version: int
+    max_staleness: int | None
+    waiting_getters: int
+    feeder_alive: bool
+    feeder_polls: int
+    feeder_error: str | None
+    closed: bool
+
+
+class ReplayBuffer:
+    """Thread-safe partitioned FIFO of :class:`~rlnb.Group` objects.
+
+    ``capacity`` bounds the groups held per partition (``put`` blocks when full).
+    ``feeder``, if given, is called every ``poll_interval`` seconds on a thread of
+    the buffer's own and whatever groups it returns go into ``train``.
+    """
+
+    def __init__(
+        self,
+        capacity: int = 1024,
+        *,
+        partitions: Iterable[str] = ("train", "val"),
+        max_staleness: int | None = None,
+        feeder: Feeder | None = None,
+        poll_interval: float = 1.0,
+        name: str = "buffer",
+    ) -> None:
+        parts = tuple(partitions)
+        _validate(capacity, parts, max_staleness, feeder, poll_interval)
+        self._name = name
+        self._capacity = capacity
+        self._max_staleness = max_staleness
+        self._cond = threading.Condition()
+        self._parts: dict[str, collections.deque[Group]] = {p: collections.deque() for p in parts}
+        self._version = 0
+        self._put = self._taken = self._evicted = self._waiting = 0
+        self._closed = False
+        self._error: BaseException | None = None  # feeder failure not yet reported
+        self._error_text: str | None = None
+        self._feeder = feeder
+        self._poll_interval = poll_interval
+        self._polls = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if feeder is not None:  # last: nothing after it can fail and leave it running
+            self._thread = threading.Thread(target=self._feed, name=f"rlnb-{name}-feeder", daemon=True)
+            self._thread.start()
+
+    # -- producing ----------------------------------------------------------------
+
+    def put(self, group: Group, *, partition: str = "train", timeout: float | None = None) -> None:
+        """Append ``group``; blocks while the partition is full, up to ``timeout`` s.
+
+        Raises :class:`TimeoutError` on timeout, :class:`~rlnb.ClosedError` after close
+        and :class:`~rlnb.FeederError` if the feeder failed since the last call.
+        """
+        self._check_group(group, partition)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                self._raise_pending()
+                if len(self._parts[partition]) < self._capacity:
+                    break
+                if not self._wait(deadline):
+                    raise TimeoutError(
+                        f"ReplayBuffer.put(partition={partition!r}) timed out after {timeout} s: "
+                        f"the partition is full ({self._capacity} groups) and nobody took from it"
+                    )
+            self._append(group, partition)
+
+    def put_nowait(self, group: Group, *, partition: str = "train") -> None:
+        """Append ``group`` or raise :class:`~rlnb.BufferFull` at once."""
+        self._check_group(group, partition)
+        with self._cond:
+            self._raise_pending()
+            if len(self._parts[partition]) >= self._capacity:
+                raise BufferFull(f"partition {partition!r} holds {self._capacity} groups (its capacity)")
+            self._append(group, partition)
+
+    # -- consuming ----------------------------------------------------------------
+
+    def get(self, n_groups: int, timeout: float | None = None, *, partition: str = "train") -> list[Group]:
+        """Take the ``n_groups`` oldest groups at once; blocks until they are there.
+
+        Raises :class:`TimeoutError` after ``timeout`` seconds saying what it waited
+        for, :class:`~rlnb.ClosedError` if the buffer is or becomes closed and
+        :class:`~rlnb.FeederError` if the feeder failed.
+        """
+        self._check_request(n_groups, partition)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._waiting += 1
+            try:
+                while True:
+                    self._raise_pending()
+                    if len(self._parts[partition]) >= n_groups:
+                        return self._take(n_groups, partition)
+                    if not self._wait(deadline):
+                        raise TimeoutError(self._timeout_message(n_groups, partition, timeout))
+            finally:
+                self._waiting -= 1
+
+    def get_nowait(self, n_groups: int = 1, *, partition: str = "train") -> list[Group]:
+        """Take ``n_groups`` groups or raise :class:`~rlnb.BufferEmpty` at once."""
+        self._check_request(n_groups, partition)
+        with self._cond:
+            self._raise_pending()
+            have = len(self._parts[partition])
+            if have < n_groups:
+                raise BufferEmpty(f"partition {partition!r} holds {have} of the {n_groups} groups asked for")
+            return self._take(n_groups, partition)
+
+    # -- versions and figures -----------------------------------------------------
+
+    def set_version(self, version: int) -> None:
+        """Tell the buffer the learner's policy version; evicts groups now too stale."""
+        with self._cond:
+            self._version = version
+            self._evict_stale()
+
+    def statistics(self) -> BufferStatistics:
+        """A frozen snapshot of sizes and counters. Does not block on producers."""
+        with self._cond:
+            return BufferStatistics(
+                sizes={p: len(q) for p, q in self._parts.items()},
+                samples={p: sum(len(g) for g in q) for p, q in self._parts.items()},
+                capacity=self._capacity,
+                put=self._put,
+                taken=self._taken,
+                evicted_stale=self._evicted,
+                version=self._version,
+                max_staleness=self._max_staleness,
+                waiting_getters=self._waiting,
+                feeder_alive=self._thread is not None and self._thread.is_alive(),
+                feeder_polls=self._polls,
+                feeder_error=self._error_text,
+                closed=self._closed,
+            )
+
+    def __len__(self) -> int:
+        with self._cond:
+            return sum(len(q) for q in self._parts.values())
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, timeout: float | None = 1.0) -> None:
+        """Stop the feeder and wake every waiter with :class:`~rlnb.ClosedError`.
+
+        Idempotent. Returns within milliseconds unless the feeder callable itself is
+        busy, in which case it waits up to ``timeout`` seconds for it, then warns.
+        """
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():
+                warnings.warn(
+                    f"rlnb: the {self._name} feeder did not return within {timeout} s of close(); "
+                    "its daemon thread is abandoned",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+
+    def __enter__(self) -> ReplayBuffer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{p}={len(q)}" for p, q in self._parts.items())
+        return f"<ReplayBuffer {sizes}{' closed' if self._closed else ''}>"
+
+    # -- internals (the _cond lock is held unless noted) ----------------------------
+
+    def _check_group(self, group: Group, partition: str) -> None:
+        if not isinstance(group, Group):
+            raise TypeError(f"ReplayBuffer.put() takes a rlnb.Group, got {type(group).__name__}")
+        self._check_partition(partition)
+
+    def _check_request(self, n_groups: int, partition: str) -> None:
+        if not isinstance(n_groups, int) or n_groups < 1:
+            raise ValueError(f"n_groups must be a positive int, got {n_groups!r}")
+        if n_groups > self._capacity:
+            raise ValueError(
+                f"n_groups={n_groups} exceeds the buffer's capacity ({self._capacity}) and could never be met"
+            )
+        self._check_partition(partition)
+
+    def _check_partition(self, partition: str) -> None:
+        if partition not in self._parts:
+            raise KeyError(f"unknown partition {partition!r}; this buffer has {sorted(self._parts)}")
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise FeederError(f"the {self._name} feeder failed: {error!r}") from error
+        if self._closed:
+            raise ClosedError(f"the {self._name} is closed")
+
+    def _wait(self, deadline: float | None) -> bool:
+        """Wait for a change; False once the deadline has passed."""
+        if deadline is None:
+            self._cond.wait()
+            return True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        self._cond.wait(remaining)
+        return True
+
+    def _append(self, group: Group, partition: str) -> None:
+        self._parts[partition].append(group)
+        self._put += 1
+        self._evict_stale()
+        self._cond.notify_all()
+
+    def _take(self, n_groups: int, partition: str) -> list[Group]:
+        queue = self._parts[partition]
+        taken = [queue.popleft() for _ in range(n_groups)]
+        self._taken += n_groups
+        self._cond.notify_all()
+        return taken
+
+    def _evict_stale(self) -> None:
+        if self._max_staleness is None:
+            return
+        oldest_ok = self._version - self._max_staleness
+        for partition, queue in self._parts.items():
+            keep = collections.deque(g for g in queue if (v := g.min_version) is None or v >= oldest_ok)
+            self._evicted += len(queue) - len(keep)
+            self._parts[partition] = keep
+
+    def _timeout_message(self, n_groups: int, partition: str, timeout: float | None) -> str:
+        have = len(self._parts[partition])
+        feeder = "no feeder"
+        if self._thread is not None:
+            feeder = "feeder alive" if self._thread.is_alive() else "feeder stopped"
+        return (
+            f"ReplayBuffer.get({n_groups}, partition={partition!r}) timed out after {timeout} s "
+            f"with {have} of {n_groups} groups ready ({feeder}; {self._put} put so far, "
+            f"{self._evicted} evicted as stale): is anything producing rollouts?"
+        )
+
+    def _feed(self) -> None:
+        """The feeder thread (no lock held on entry)."""
+        assert self._feeder is not None
+        while not self._stop.is_set():
+            try:
+                groups = list(self._feeder() or ())
+                for group in groups:
+                    self.put(group)
+            except ClosedError:
+                return
+            except BaseException as exc:  # reported to the next caller, never swallowed
+                with self._cond:
+                    self._error, self._error_text = exc, repr(exc)
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._polls += 1
+            self._stop.wait(self._poll_interval)
+
+
+def _validate(
+    capacity: int,
+    partitions: tuple[str, ...],
+    max_staleness: int | None,
+    feeder: Feeder | None,
+    poll_interval: float,
+) -> None:
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+        raise ConfigError(f"ReplayBuffer capacity must be a positive int (groups per partition), got {capacity!r}")
+    if not partitions or not all(isinstance(p, str) and p for p in partitions):
+        raise ConfigError(f"ReplayBuffer partitions must be non-empty names, got {partitions!r}")
+    if len(set(partitions)) != len(partitions):
+        raise ConfigError(f"ReplayBuffer partitions must be distinct, got {partitions!r}")
+    if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
+        raise ConfigError(
+            f"ReplayBuffer max_staleness must be None (no bound) or an int >= 0, got {max_staleness!r}"
+        )
+    if feeder is not None and not callable(feeder):
+        raise ConfigError(f"ReplayBuffer feeder must be a callable returning groups, got {type(feeder).__name__}")
+    if not isinstance(poll_interval, int | float) or poll_interval <= 0:
+        raise ConfigError(f"ReplayBuffer poll_interval must be a number of seconds > 0, got {poll_interval!r}")

@@ -1,0 +1,130 @@
+"""A frozen snapshot of what this process holds: FDs, threads, children, loops, runs.
+
+Gauges and the leak checker read these snapshots, never live internals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+from collections.abc import Mapping
+
+import psutil
+
+from rlnb.runtime import _bridge
+
+__all__ = ["ChildInfo", "Snapshot", "open_runs", "register_run", "snapshot", "unregister_run"]
+
+_RUNS_LOCK = threading.Lock()
+_RUNS: dict[int, str] = {}
+
+
+def register_run(obj: object, label: str) -> None:
+    """Record an open tracker run owned by ``obj`` (the tracker calls this)."""
+    with _RUNS_LOCK:
+        _RUNS[id(obj)] = label
+
+
+def unregister_run(obj: object) -> None:
+    """Forget the run owned by ``obj``; a no-op if it was never registered."""
+    with _RUNS_LOCK:
+        _RUNS.pop(id(obj), None)
+
+
+def open_runs() -> tuple[str, ...]:
+    """Labels of open tracker runs, plus a live global ``wandb.run`` if wandb is loaded."""
+    with _RUNS_LOCK:
+        runs = set(_RUNS.values())
+    wandb = sys.modules.get("wandb")  # never import it just to look
+    run = getattr(wandb, "run", None) if wandb is not None else None
+    if run is not None:
+        runs.add(f"wandb:{getattr(run, 'id', '?')}")
+    return tuple(sorted(runs))
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildInfo:
+    pid: int
+    name: str
+    cmdline: str
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} ({self.cmdline or self.name})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """What the process held at one moment.
+
+    ``fds`` maps each open FD to what it points at; ``threads`` maps thread ident to
+    name; ``children`` holds live (non-zombie) descendants; ``loops`` names the rlnb
+    bridges whose loop is open; ``runs`` labels open tracker runs.
+    """
+
+    fds: Mapping[int, str]
+    threads: Mapping[int, str]
+    children: frozenset[ChildInfo]
+    loops: tuple[str, ...]
+    runs: tuple[str, ...]
+
+    @property
+    def num_fds(self) -> int:
+        return len(self.fds)
+
+    @property
+    def num_threads(self) -> int:
+        return len(self.threads)
+
+    @property
+    def num_children(self) -> int:
+        return len(self.children)
+
+    def new_since(self, before: Snapshot) -> dict[str, list[str]]:
+        """What this snapshot holds that ``before`` did not, by kind (empty kinds omitted)."""
+        found = {
+            "threads": [f"{name!r} (ident {ident})" for ident, name in self.threads.items() if ident not in before.threads],
+            "fds": [f"fd {fd} -> {target}" for fd, target in self.fds.items() if before.fds.get(fd) != target],
+            "children": [str(c) for c in self.children if c.pid not in {b.pid for b in before.children}],
+            "loops": [name for name in self.loops if name not in before.loops],
+            "runs": [run for run in self.runs if run not in before.runs],
+        }
+        return {kind: items for kind, items in found.items() if items}
+
+
+def _open_fds() -> dict[int, str]:
+    fd_dir = "/proc/self/fd"
+    if not os.path.isdir(fd_dir):  # not Linux: count only
+        return {i: "?" for i in range(psutil.Process().num_fds())} if hasattr(psutil.Process, "num_fds") else {}
+    fds: dict[int, str] = {}
+    for entry in os.listdir(fd_dir):
+        try:
+            fds[int(entry)] = os.readlink(f"{fd_dir}/{entry}")
+        except OSError:  # the listing's own FD, or one closed meanwhile
+            continue
+    return fds
+
+
+def _live_children() -> frozenset[ChildInfo]:
+    children = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            with proc.oneshot():
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    continue  # dead, waiting to be reaped
+                children.add(ChildInfo(proc.pid, proc.name(), " ".join(proc.cmdline())[:200]))
+        except psutil.Error:  # exited meanwhile
+            continue
+    return frozenset(children)
+
+
+def snapshot() -> Snapshot:
+    """Take a :class:`Snapshot` of this process now. Does not block."""
+    return Snapshot(
+        fds=_open_fds(),
+        threads={t.ident or 0: t.name for t in threading.enumerate() if t.is_alive()},
+        children=_live_children(),
+        loops=_bridge.live_loops(),
+        runs=open_runs(),
+    )

@@ -1,0 +1,174 @@
+"""The process-wide registry of live sessions, and the hooks that close them.
+
+Re-running the cell that made a session closes the old one (same name); atexit,
+SIGTERM and a Jupyter kernel's shutdown request close them all. The kernel hook is
+what keeps a kernel restart graceful: jupyter_client SIGTERMs the kernel 2.5 s after
+a restart request, and ipykernel waits on child processes for far longer than that,
+so exit hooks alone would never run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, Protocol
+
+__all__ = ["close_all", "lookup", "register", "sessions", "unregister"]
+
+log = logging.getLogger("rlnb")
+
+# Bounded so that exit and kernel restart stay well inside jupyter_client's 2.5 s.
+HOOK_TIMEOUT = 2.0
+
+
+class Closeable(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def close(self, timeout: float | None = ...) -> None: ...
+
+
+_LOCK = threading.RLock()
+_LIVE: dict[str, Closeable] = {}
+
+
+def register(obj: Closeable) -> None:
+    """Record ``obj`` as the live session under ``obj.name`` and install exit hooks."""
+    with _LOCK:
+        _LIVE[obj.name] = obj
+    install_hooks()
+
+
+def unregister(obj: Closeable) -> None:
+    """Forget ``obj`` if it is still the one registered under its name."""
+    with _LOCK:
+        if _LIVE.get(obj.name) is obj:
+            del _LIVE[obj.name]
+
+
+def lookup(name: str) -> Closeable | None:
+    """The live session called ``name``, if any."""
+    with _LOCK:
+        return _LIVE.get(name)
+
+
+def sessions() -> list[Any]:
+    """The live sessions of this process, oldest first."""
+    with _LOCK:
+        return list(_LIVE.values())
+
+
+def close_all(timeout: float | None = 5.0) -> None:
+    """Close every live session, newest first, within about ``timeout`` seconds in all.
+
+    Every session is closed even if another fails; failures are raised together
+    afterwards as an :class:`ExceptionGroup`. Blocks.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    errors: list[Exception] = []
+    for obj in reversed(sessions()):
+        remaining = None if deadline is None else max(0.05, deadline - time.monotonic())
+        try:
+            obj.close(timeout=remaining)
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            unregister(obj)
+    if errors:
+        raise ExceptionGroup(f"rlnb.close_all(): {len(errors)} session(s) failed to close", errors)
+
+
+def _close_all_quietly(reason: str) -> None:
+    """Close everything from a hook: never raise, say what happened on the log."""
+    if not sessions():
+        return
+    start = time.monotonic()
+    names = [s.name for s in sessions()]
+    try:
+        close_all(timeout=HOOK_TIMEOUT)
+    except Exception:
+        log.exception("rlnb: closing sessions on %s failed", reason)
+    log.info(
+        "rlnb: closed %d session(s) %s on %s in %.1f ms",
+        len(names),
+        names,
+        reason,
+        (time.monotonic() - start) * 1e3,
+    )
+
+
+# -- hooks ----------------------------------------------------------------------
+
+_HOOKS_LOCK = threading.Lock()
+_atexit_installed = False
+_sigterm_installed = False
+
+
+def install_hooks() -> None:
+    """Install the atexit hook, a SIGTERM handler and the kernel hook; idempotent."""
+    global _atexit_installed, _sigterm_installed
+    with _HOOKS_LOCK:
+        if not _atexit_installed:
+            atexit.register(_close_all_quietly, "interpreter exit")
+            _atexit_installed = True
+        if not _sigterm_installed and threading.current_thread() is threading.main_thread():
+            _sigterm_installed = _install_sigterm_handler()
+        _install_kernel_hook()
+
+
+def _install_sigterm_handler() -> bool:
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN or previous is None:  # someone chose to ignore it, or not Python's
+        return True
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        _close_all_quietly("SIGTERM")
+        if callable(previous):
+            previous(signum, frame)
+        else:  # default action: die by SIGTERM, as we would have without this handler
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return True
+
+
+def _install_kernel_hook() -> None:
+    """Inside a Jupyter kernel, close sessions first thing on a shutdown request."""
+    ipython_mod = sys.modules.get("IPython")
+    if ipython_mod is None:
+        return
+    shell = ipython_mod.get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None or getattr(kernel, "_rlnb_hooked", False):
+        return
+    original: Callable[..., Any] = kernel.do_shutdown
+
+    def do_shutdown(restart: bool) -> Any:
+        _close_all_quietly("kernel restart" if restart else "kernel shutdown")
+        return original(restart)
+
+    kernel.do_shutdown = do_shutdown
+    kernel._rlnb_hooked = True
+
+
+def _after_fork_in_child() -> None:
+    # A forked child does not own its parent's sessions: its hooks must not close them.
+    global _LOCK, _HOOKS_LOCK
+    _LOCK = threading.RLock()
+    _HOOKS_LOCK = threading.Lock()
+    _LIVE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
