@@ -55,14 +55,13 @@ def no_leaks(
     warm_up_loop_backend()
     before = snapshot()
     yield before
-    deadline = time.monotonic() + grace
+    start = time.monotonic()
     while True:
         found = _leaks(before, ignore_fds)
         if not found:
             return
-        if "children" in found:
-            deadline = max(deadline, time.monotonic() + process_grace - grace)
-        if time.monotonic() >= deadline:
+        allowed = max(grace, process_grace) if "children" in found else grace
+        if time.monotonic() - start >= allowed:
             break
         gc.collect()  # an unreachable object's finalizer may still release an FD
         threading.Event().wait(0.02)

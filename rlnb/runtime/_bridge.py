@@ -36,8 +36,7 @@ class _State(enum.Enum):
 
 
 _BRIDGES: weakref.WeakSet[AsyncBridge] = weakref.WeakSet()
-# Loops inherited across fork() that could not be closed in the child: kept alive so
-# that no finalizer touches a loop whose thread does not exist here.
+# Loops inherited across fork(): never closed in the child (see _discard_inherited_loop).
 _INHERITED: list[asyncio.AbstractEventLoop] = []
 
 
@@ -191,15 +190,13 @@ class AsyncBridge:
             pass
         thread.join(timeout)
         if thread.is_alive():
+            self._fail_pending()
             warnings.warn(
                 f"rlnb: bridge {self._name!r} loop thread did not stop within {timeout} s; "
-                "a task is ignoring cancellation. The daemon thread is abandoned.",
+                "a task is ignoring cancellation. Its daemon thread closes the loop if it ever stops.",
                 RuntimeWarning,
                 stacklevel=2,
             )
-        else:
-            loop.close()
-        self._fail_pending()
 
     def __enter__(self) -> AsyncBridge:
         return self
@@ -240,13 +237,18 @@ class AsyncBridge:
         self._state = _State.RUNNING
         return loop
 
-    @staticmethod
-    def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         asyncio.set_event_loop(loop)
         try:
             loop.run_forever()
         finally:
+            # Normally close() stopped us; if anything else did, the bridge cannot serve
+            # any more, so it closes rather than leaving callers waiting forever.
+            with self._lock:
+                self._state = _State.CLOSED
+            self._fail_pending()
             asyncio.set_event_loop(None)
+            loop.close()  # here, not in close(): a thread that outlived close()'s join still cleans up
 
     def _start_call(
         self,
@@ -346,14 +348,11 @@ class AsyncBridge:
 
 
 def _discard_inherited_loop(loop: asyncio.AbstractEventLoop) -> None:
-    # The loop's thread does not exist in the child, yet the loop still records it as
-    # its running thread; clear that so close() releases the inherited selector and
-    # self-pipe FDs instead of refusing.
-    if isinstance(loop, asyncio.BaseEventLoop):
-        loop._thread_id = None  # type: ignore[attr-defined]
-        loop.close()
-    else:  # uvloop keeps that state out of reach
-        _INHERITED.append(loop)
+    # Closing the parent's loop here would be wrong: the child shares its epoll
+    # instance with the parent, and close() deregisters the loop's self-pipe from it,
+    # which leaves the parent's loop deaf to every later wake-up. Keep the object
+    # alive (its few FDs stay open in the child) so no finalizer touches it either.
+    _INHERITED.append(loop)
 
 
 def _after_fork_in_child() -> None:

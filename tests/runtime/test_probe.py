@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import threading
+
+import psutil
+import pytest
+
+import rlnb
+from rlnb.probe import snapshot
+from rlnb.runtime._probe import register_run, unregister_run
+from rlnb.testing import no_leaks
+
+
+def test_snapshot_sees_threads_fds_children_loops_and_runs() -> None:
+    before = snapshot()
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="probe-thread")
+    thread.start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    owner = object()
+    register_run(owner, "jsonl:run-1")
+    try:
+        with open(__file__) as handle, rlnb.AsyncBridge(name="probe-bridge") as bridge:
+
+            async def noop() -> None:
+                return None
+
+            bridge.run(noop())
+            found = snapshot().new_since(before)
+            assert any("'probe-thread'" in t for t in found["threads"])
+            assert any("'probe-bridge'" in t for t in found["threads"])
+            assert any(f"fd {handle.fileno()} -> {__file__}" == f for f in found["fds"])
+            assert [c for c in found["children"] if f"pid {child.pid}" in c]
+            assert found["loops"] == ["probe-bridge"]
+            assert found["runs"] == ["jsonl:run-1"]
+    finally:
+        unregister_run(owner)
+        child.kill()
+        child.wait()
+        stop.set()
+        thread.join()
+    assert snapshot().new_since(before) == {}
+
+
+def test_a_zombie_child_counts_as_dead() -> None:
+    before = snapshot()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc = psutil.Process(child.pid)
+    # Let it exit without reaping it: it stays a zombie until wait().
+    for _ in range(500):
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            break
+        threading.Event().wait(0.01)
+    assert proc.status() == psutil.STATUS_ZOMBIE
+    assert "children" not in snapshot().new_since(before)
+    child.wait()
+
+
+def test_snapshots_are_frozen() -> None:
+    snap = snapshot()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.loops = ()  # type: ignore[misc]
+
+
+def test_no_leaks_names_a_leaked_thread_and_passes_once_it_is_gone() -> None:
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="leaky-worker")
+    with pytest.raises(rlnb.LeakError, match="'leaky-worker'"), no_leaks(grace=0.05):
+        thread.start()
+    stop.set()
+    thread.join()
+    with no_leaks():
+        t = threading.Thread(target=lambda: None)
+        t.start()
+        t.join()
+
+
+def test_no_leaks_names_a_leaked_fd_and_a_leaked_child() -> None:
+    handle = None
+    child = None
+    try:
+        with pytest.raises(rlnb.LeakError) as info, no_leaks(grace=0.05, process_grace=0.1):
+            handle = open(__file__)  # noqa: SIM115
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        message = str(info.value)
+        assert f"-> {__file__}" in message
+        assert f"pid {child.pid}" in message
+    finally:
+        if handle is not None:
+            handle.close()
+        if child is not None:
+            child.kill()
+            child.wait()
+
+
+def test_no_leaks_waits_out_a_child_that_is_exiting() -> None:
+    with no_leaks():
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    child.wait()
+
+
+def test_the_no_leaks_fixture_is_available_to_any_test(no_leaks: object) -> None:
+    assert isinstance(no_leaks, rlnb.probe.Snapshot)

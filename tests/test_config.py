@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import rlnb
+
+
+@pytest.mark.parametrize(
+    ("make", "field", "fix"),
+    [
+        (lambda: rlnb.Config(seed=-1), "Config.seed", "seed=0"),
+        (lambda: rlnb.Config(seed=True), "Config.seed", "int"),
+        (lambda: rlnb.Config(close_timeout=0), "Config.close_timeout", "close_timeout=5.0"),
+        (lambda: rlnb.Config(buffer={"capacity": 8}), "Config.buffer", "rlnb.BufferConfig(capacity=256)"),
+        (lambda: rlnb.BufferConfig(capacity=0), "BufferConfig.capacity", "capacity=256"),
+        (lambda: rlnb.BufferConfig(max_staleness=-1), "BufferConfig.max_staleness", "max_staleness=1"),
+        (lambda: rlnb.BufferConfig(partitions=["train"]), "BufferConfig.partitions", "tuple"),
+        (lambda: rlnb.BufferConfig(partitions=("val",)), "BufferConfig.partitions", '"train"'),
+        (lambda: rlnb.BufferConfig(partitions=("train", "train")), "BufferConfig.partitions", "distinct"),
+    ],
+)
+def test_bad_values_name_the_field_and_the_fix(make, field: str, fix: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(rlnb.ConfigError) as info:
+        make()
+    assert field in str(info.value)
+    assert fix in str(info.value)
+    assert isinstance(info.value, ValueError)  # plain `except ValueError` still catches it
+
+
+def test_configs_are_frozen_and_replace_validates() -> None:
+    cfg = rlnb.Config(seed=3, buffer=rlnb.BufferConfig(capacity=16, max_staleness=1))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.seed = 4  # type: ignore[misc]
+    assert cfg.replace(seed=4).seed == 4 and cfg.seed == 3
+    with pytest.raises(rlnb.ConfigError, match="Config.seed"):
+        cfg.replace(seed=-4)
+
+
+def test_the_session_builds_its_buffer_from_the_config() -> None:
+    cfg = rlnb.Config(buffer=rlnb.BufferConfig(capacity=2, max_staleness=0, partitions=("train", "eval")))
+    with rlnb.Session(cfg, name="configured") as sess:
+        stats = sess.buffer.statistics()
+        assert stats.capacity == 2 and stats.max_staleness == 0
+        assert set(stats.sizes) == {"train", "eval"}
+        assert sess.config is cfg

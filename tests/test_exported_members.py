@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import rlnb
+
+
+def test_all_is_sorted_and_complete() -> None:
+    # "@py..." names come from pytest rewriting the package that provides its plugin
+    public = {name for name in dir(rlnb) if not name.startswith(("_", "@"))}
+    assert rlnb.__all__ == sorted(rlnb.__all__)
+    assert set(rlnb.__all__) == public - {"buffer", "cli", "config", "runtime", "session", "testing", "bench"}
+
+
+def test_import_rlnb_stays_light() -> None:
+    code = "import sys, rlnb; print(sorted(m for m in ('torch', 'ray', 'wandb', 'ipywidgets', 'vllm') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_runtime_layer_imports_no_heavy_library() -> None:
+    code = (
+        "import sys, rlnb.runtime, rlnb.probe, rlnb.testing; "
+        "print(sorted(m for m in ('torch', 'ray', 'wandb', 'ipywidgets') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
