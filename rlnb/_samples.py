@@ -33,9 +33,7 @@ class Sample:
         for field in ("logprobs", "versions"):
             got = len(getattr(self, field))
             if got not in (0, n):
-                raise ValueError(
-                    f"Sample.{field} has {got} entries but token_ids has {n}: give one per token or none"
-                )
+                raise ValueError(f"Sample.{field} has {got} entries but token_ids has {n}: give one per token or none")
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"Sample.finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
 

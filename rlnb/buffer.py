@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import threading
 import time
 import warnings
@@ -66,6 +67,10 @@ class ReplayBuffer:
         poll_interval: float = 1.0,
         name: str = "buffer",
     ) -> None:
+        if isinstance(partitions, str):  # tuple("train") would make one partition per letter
+            raise ConfigError(
+                f'ReplayBuffer partitions must be a sequence of names, e.g. ("train",), got {partitions!r}'
+            )
         parts = tuple(partitions)
         _validate(capacity, parts, max_staleness, feeder, poll_interval)
         self._name = name
@@ -229,7 +234,7 @@ class ReplayBuffer:
         self._check_partition(partition)
 
     def _check_request(self, n_groups: int, partition: str) -> None:
-        if not isinstance(n_groups, int) or n_groups < 1:
+        if not isinstance(n_groups, int) or isinstance(n_groups, bool) or n_groups < 1:
             raise ValueError(f"n_groups must be a positive int, got {n_groups!r}")
         if n_groups > self._capacity:
             raise ValueError(
@@ -276,10 +281,14 @@ class ReplayBuffer:
         if self._max_staleness is None:
             return
         oldest_ok = self._version - self._max_staleness
+        evicted = 0
         for partition, queue in self._parts.items():
             keep = collections.deque(g for g in queue if (v := g.min_version) is None or v >= oldest_ok)
-            self._evicted += len(queue) - len(keep)
+            evicted += len(queue) - len(keep)
             self._parts[partition] = keep
+        if evicted:
+            self._evicted += evicted
+            self._cond.notify_all()  # room for a blocked put
 
     def _timeout_message(self, n_groups: int, partition: str, timeout: float | None) -> str:
         have = len(self._parts[partition])
@@ -295,21 +304,19 @@ class ReplayBuffer:
     def _feed(self) -> None:
         """The feeder thread (no lock held on entry)."""
         assert self._feeder is not None
-        while not self._stop.is_set():
-            try:
-                groups = list(self._feeder() or ())
-                for group in groups:
+        try:
+            while not self._stop.is_set():
+                for group in list(self._feeder() or ()):
                     self.put(group)
-            except ClosedError:
-                return
-            except BaseException as exc:  # reported to the next caller, never swallowed
                 with self._cond:
-                    self._error, self._error_text = exc, repr(exc)
-                    self._cond.notify_all()
-                return
+                    self._polls += 1
+                self._stop.wait(self._poll_interval)
+        except ClosedError:
+            return
+        except BaseException as exc:  # reported to the next caller, never swallowed
             with self._cond:
-                self._polls += 1
-            self._stop.wait(self._poll_interval)
+                self._error, self._error_text = exc, repr(exc)
+                self._cond.notify_all()
 
 
 def _validate(
@@ -325,11 +332,16 @@ def _validate(
         raise ConfigError(f"ReplayBuffer partitions must be non-empty names, got {partitions!r}")
     if len(set(partitions)) != len(partitions):
         raise ConfigError(f"ReplayBuffer partitions must be distinct, got {partitions!r}")
-    if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
-        raise ConfigError(
-            f"ReplayBuffer max_staleness must be None (no bound) or an int >= 0, got {max_staleness!r}"
-        )
+    if max_staleness is not None and (
+        not isinstance(max_staleness, int) or isinstance(max_staleness, bool) or max_staleness < 0
+    ):
+        raise ConfigError(f"ReplayBuffer max_staleness must be None (no bound) or an int >= 0, got {max_staleness!r}")
     if feeder is not None and not callable(feeder):
         raise ConfigError(f"ReplayBuffer feeder must be a callable returning groups, got {type(feeder).__name__}")
-    if not isinstance(poll_interval, int | float) or poll_interval <= 0:
+    if (
+        not isinstance(poll_interval, int | float)
+        or isinstance(poll_interval, bool)
+        or not math.isfinite(poll_interval)
+        or poll_interval <= 0
+    ):
         raise ConfigError(f"ReplayBuffer poll_interval must be a number of seconds > 0, got {poll_interval!r}")

@@ -41,15 +41,28 @@ class BufferConfig:
     partitions: tuple[str, ...] = ("train", "val")
 
     def __post_init__(self) -> None:
-        _require(_is_int(self.capacity) and self.capacity >= 1, "BufferConfig.capacity", self.capacity,
-                 "use a positive number of groups, e.g. capacity=256")
-        _require(self.max_staleness is None or (_is_int(self.max_staleness) and self.max_staleness >= 0),
-                 "BufferConfig.max_staleness", self.max_staleness,
-                 "use None for no bound or an int >= 0, e.g. max_staleness=1")
+        _require(
+            _is_int(self.capacity) and self.capacity >= 1,
+            "BufferConfig.capacity",
+            self.capacity,
+            "use a positive number of groups, e.g. capacity=256",
+        )
+        _require(
+            self.max_staleness is None or (_is_int(self.max_staleness) and self.max_staleness >= 0),
+            "BufferConfig.max_staleness",
+            self.max_staleness,
+            "use None for no bound or an int >= 0, e.g. max_staleness=1",
+        )
         parts = self.partitions
-        _require(isinstance(parts, tuple) and len(parts) > 0 and all(isinstance(p, str) and p for p in parts)
-                 and len(set(parts)) == len(parts),
-                 "BufferConfig.partitions", parts, 'use a tuple of distinct names, e.g. ("train", "val")')
+        _require(
+            isinstance(parts, tuple)
+            and len(parts) > 0
+            and all(isinstance(p, str) and p for p in parts)
+            and len(set(parts)) == len(parts),
+            "BufferConfig.partitions",
+            parts,
+            'use a tuple of distinct names, e.g. ("train", "val")',
+        )
         _require("train" in parts, "BufferConfig.partitions", parts, 'include "train": the learner reads it')
 
 
@@ -69,10 +82,18 @@ class Config:
 
     def __post_init__(self) -> None:
         _require(_is_int(self.seed) and self.seed >= 0, "Config.seed", self.seed, "use an int >= 0, e.g. seed=0")
-        _require(isinstance(self.buffer, BufferConfig), "Config.buffer", self.buffer,
-                 "pass a rlnb.BufferConfig, e.g. buffer=rlnb.BufferConfig(capacity=256)")
-        _require(_is_number(self.close_timeout) and self.close_timeout > 0, "Config.close_timeout",
-                 self.close_timeout, "use a number of seconds > 0, e.g. close_timeout=5.0")
+        _require(
+            isinstance(self.buffer, BufferConfig),
+            "Config.buffer",
+            self.buffer,
+            "pass a rlnb.BufferConfig, e.g. buffer=rlnb.BufferConfig(capacity=256)",
+        )
+        _require(
+            _is_number(self.close_timeout) and self.close_timeout > 0,
+            "Config.close_timeout",
+            self.close_timeout,
+            "use a number of seconds > 0, e.g. close_timeout=5.0",
+        )
 
     def replace(self, **changes: Any) -> Config:
         """A copy with ``changes`` applied (and validated)."""

@@ -52,8 +52,7 @@ class Session:
             config = Config()
         if not isinstance(config, Config):
             raise ConfigError(
-                f"Session(config=...) takes a rlnb.Config, got {type(config).__name__}: "
-                "build one with rlnb.Config(...)"
+                f"Session(config=...) takes a rlnb.Config, got {type(config).__name__}: build one with rlnb.Config(...)"
             )
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"Session(name={name!r}) is invalid: use a non-empty string, e.g. name='demo'")

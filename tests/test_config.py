@@ -34,7 +34,7 @@ def test_configs_are_frozen_and_replace_validates() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.seed = 4  # type: ignore[misc]
     assert cfg.replace(seed=4).seed == 4 and cfg.seed == 3
-    with pytest.raises(rlnb.ConfigError, match="Config.seed"):
+    with pytest.raises(rlnb.ConfigError, match=r"Config\.seed"):
         cfg.replace(seed=-4)
 
 

@@ -14,7 +14,10 @@ def test_all_is_sorted_and_complete() -> None:
 
 
 def test_import_rlnb_stays_light() -> None:
-    code = "import sys, rlnb; print(sorted(m for m in ('torch', 'ray', 'wandb', 'ipywidgets', 'vllm') if m in sys.modules))"
+    code = (
+        "import sys, rlnb; "
+        "print(sorted(m for m in ('torch', 'ray', 'wandb', 'ipywidgets', 'vllm') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -65,7 +65,7 @@ def test_same_name_replaces_the_live_session_and_says_so(capsys: pytest.CaptureF
 def test_bad_input_raises_before_anything_is_closed_or_built() -> None:
     live = rlnb.Session(name="keep")
     before = snapshot()
-    with pytest.raises(rlnb.ConfigError, match="rlnb.Config"):
+    with pytest.raises(rlnb.ConfigError, match=r"rlnb\.Config"):
         rlnb.Session({"seed": 1}, name="keep")  # type: ignore[arg-type]
     with pytest.raises(rlnb.ConfigError, match="name"):
         rlnb.Session(name="")

@@ -158,9 +158,7 @@ class AsyncBridge:
             if fut.done():  # the coroutine itself raised TimeoutError
                 raise
             self._cancel_call(fut)
-            raise TimeoutError(
-                f"AsyncBridge.run() timed out after {timeout} s; the coroutine was cancelled"
-            ) from None
+            raise TimeoutError(f"AsyncBridge.run() timed out after {timeout} s; the coroutine was cancelled") from None
         except KeyboardInterrupt:
             self._cancel_call(fut)
             raise
@@ -316,7 +314,7 @@ class AsyncBridge:
             for task in tasks:
                 task.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
-            for task, result in zip(tasks, results):
+            for task, result in zip(tasks, results, strict=True):
                 # Our own calls deliver their errors to their callers; report the rest.
                 if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                     loop.call_exception_handler(
@@ -362,9 +360,7 @@ def _after_fork_in_child() -> None:
 
 def live_loops() -> tuple[str, ...]:
     """Names of bridges whose event loop exists and is not closed."""
-    return tuple(
-        sorted(b._name for b in list(_BRIDGES) if b._loop is not None and not b._loop.is_closed())
-    )
+    return tuple(sorted(b._name for b in list(_BRIDGES) if b._loop is not None and not b._loop.is_closed()))
 
 
 if hasattr(os, "register_at_fork"):

@@ -84,7 +84,7 @@ class Snapshot:
     def new_since(self, before: Snapshot) -> dict[str, list[str]]:
         """What this snapshot holds that ``before`` did not, by kind (empty kinds omitted)."""
         found = {
-            "threads": [f"{name!r} (ident {ident})" for ident, name in self.threads.items() if ident not in before.threads],
+            "threads": [f"{name!r} (ident {i})" for i, name in self.threads.items() if i not in before.threads],
             "fds": [f"fd {fd} -> {target}" for fd, target in self.fds.items() if before.fds.get(fd) != target],
             "children": [str(c) for c in self.children if c.pid not in {b.pid for b in before.children}],
             "loops": [name for name in self.loops if name not in before.loops],

@@ -83,7 +83,7 @@ def test_no_leaks_names_a_leaked_fd_and_a_leaked_child() -> None:
     child = None
     try:
         with pytest.raises(rlnb.LeakError) as info, no_leaks(grace=0.05, process_grace=0.1):
-            handle = open(__file__)  # noqa: SIM115
+            handle = open(__file__)
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         message = str(info.value)
         assert f"-> {__file__}" in message
