@@ -3,8 +3,10 @@
 Re-running the cell that made a session closes the old one (same name); atexit,
 SIGTERM and a Jupyter kernel's shutdown request close them all. The kernel hook is
 what keeps a kernel restart graceful: jupyter_client SIGTERMs the kernel 2.5 s after
-a restart request, and ipykernel waits on child processes for far longer than that,
-so exit hooks alone would never run.
+a restart request, and when the kernel has child processes (dataloader workers,
+engines) ipykernel waits on them far longer than that, so exit hooks alone may never
+run. The hook closes sessions, and so reaps their children, before ipykernel starts
+signalling them.
 """
 
 from __future__ import annotations
