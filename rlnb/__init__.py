@@ -14,10 +14,13 @@ from rlnb._errors import (
     FeederError,
     LeakError,
     RlnbError,
+    RolloutError,
+    WeightSyncError,
 )
-from rlnb._samples import Group, Sample
+from rlnb._samples import Group, PromptItem, Sample
 from rlnb.buffer import BufferStatistics, ReplayBuffer
-from rlnb.config import BufferConfig, Config
+from rlnb.config import BufferConfig, Config, EngineConfig, ModelConfig, RolloutConfig
+from rlnb.rollout import PauseMode
 from rlnb.runtime import AsyncBridge, close_all, sessions
 from rlnb.session import Session, SessionStatistics
 
@@ -33,14 +36,21 @@ __all__ = [
     "ClosedError",
     "Config",
     "ConfigError",
+    "EngineConfig",
     "FeederError",
     "Group",
     "LeakError",
+    "ModelConfig",
+    "PauseMode",
+    "PromptItem",
     "ReplayBuffer",
     "RlnbError",
+    "RolloutConfig",
+    "RolloutError",
     "Sample",
     "Session",
     "SessionStatistics",
+    "WeightSyncError",
     "close_all",
     "probe",
     "sessions",

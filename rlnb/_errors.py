@@ -33,3 +33,11 @@ class FeederError(RlnbError, RuntimeError):
 
 class LeakError(AssertionError):
     """``rlnb.testing.no_leaks`` found threads, FDs, processes, loops or runs left behind."""
+
+
+class RolloutError(RlnbError, RuntimeError):
+    """A rollout (generation or reward) failed after its retries; the cause is chained."""
+
+
+class WeightSyncError(RolloutError):
+    """A weight sync failed; the rollouter stays paused and nothing is half-synced."""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["Group", "Sample"]
+__all__ = ["Group", "PromptItem", "Sample"]
 
 FINISH_REASONS = ("stop", "length", "aborted")
 
@@ -69,3 +70,12 @@ class Group:
         """The oldest policy version among the group's tokens; None if unversioned."""
         versions = [v for s in self.samples if (v := s.min_version) is not None]
         return min(versions) if versions else None
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptItem:
+    """One prompt to roll out: its id, its text and what the reward needs (``answer``)."""
+
+    prompt_id: int
+    prompt: str
+    answer: Any = None

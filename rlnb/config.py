@@ -9,8 +9,9 @@ import dataclasses
 from typing import Any
 
 from rlnb._errors import ConfigError
+from rlnb.data import get_task
 
-__all__ = ["BufferConfig", "Config"]
+__all__ = ["BufferConfig", "Config", "EngineConfig", "ModelConfig", "RolloutConfig"]
 
 
 def _require(ok: bool, field: str, value: Any, fix: str) -> None:
@@ -67,27 +68,147 @@ class BufferConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The built-in tiny policy (a decoder-only transformer).
+
+    d_model, n_layers, n_heads: width, depth and attention heads.
+    max_len: context length in tokens (prompt and completion together).
+    """
+
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    max_len: int = 32
+
+    def __post_init__(self) -> None:
+        for field in ("d_model", "n_layers", "n_heads", "max_len"):
+            value = getattr(self, field)
+            _require(_is_int(value) and value >= 1, f"ModelConfig.{field}", value, "use a positive int")
+        _require(
+            self.d_model % self.n_heads == 0,
+            "ModelConfig.n_heads",
+            self.n_heads,
+            f"use a divisor of d_model={self.d_model}, e.g. n_heads=4",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """The generation engine.
+
+    kind: "tiny" (the built-in continuous-batching CPU engine).
+    max_batch: sequences decoded together (KV-cache slots).
+    """
+
+    kind: str = "tiny"
+    max_batch: int = 64
+
+    def __post_init__(self) -> None:
+        _require(self.kind in ("tiny",), "EngineConfig.kind", self.kind, 'use "tiny"')
+        _require(
+            _is_int(self.max_batch) and self.max_batch >= 1,
+            "EngineConfig.max_batch",
+            self.max_batch,
+            "use a positive int, e.g. max_batch=64",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """How prompts become groups of samples.
+
+    group_size: samples per prompt (GRPO's G).
+    max_inflight: samples generating at once (the rollouter's capacity).
+    max_staleness: policy versions a sample may lag the learner; None for no bound.
+    groups_per_step: groups the learner takes per step (sets the staleness budget).
+    temperature, top_p, top_k: sampling (top_k 0 and top_p 1.0: no truncation).
+    max_new_tokens: completion length limit; None takes the task's.
+    max_continuations: times a partial rollout is continued after pauses.
+    max_retries: retries of a failing generation or reward before it is reported.
+    """
+
+    group_size: int = 8
+    max_inflight: int = 128
+    max_staleness: int | None = 1
+    groups_per_step: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int | None = None
+    max_continuations: int = 4
+    max_retries: int = 2
+
+    def __post_init__(self) -> None:
+        for field in ("group_size", "max_inflight", "groups_per_step"):
+            value = getattr(self, field)
+            _require(_is_int(value) and value >= 1, f"RolloutConfig.{field}", value, "use a positive int")
+        _require(
+            self.max_inflight >= self.group_size,
+            "RolloutConfig.max_inflight",
+            self.max_inflight,
+            f"use at least group_size={self.group_size}: a whole group is dispatched at once",
+        )
+        _require(
+            self.max_staleness is None or (_is_int(self.max_staleness) and self.max_staleness >= 0),
+            "RolloutConfig.max_staleness",
+            self.max_staleness,
+            "use None or an int >= 0",
+        )
+        _require(
+            _is_number(self.temperature) and self.temperature >= 0,
+            "RolloutConfig.temperature",
+            self.temperature,
+            "use a number >= 0 (0 is greedy)",
+        )
+        _require(
+            _is_number(self.top_p) and 0 < self.top_p <= 1, "RolloutConfig.top_p", self.top_p, "use a number in (0, 1]"
+        )
+        _require(
+            _is_int(self.top_k) and self.top_k >= 0, "RolloutConfig.top_k", self.top_k, "use an int >= 0 (0: no limit)"
+        )
+        _require(
+            self.max_new_tokens is None or (_is_int(self.max_new_tokens) and self.max_new_tokens >= 1),
+            "RolloutConfig.max_new_tokens",
+            self.max_new_tokens,
+            "use None (the task's) or a positive int",
+        )
+        for field in ("max_continuations", "max_retries"):
+            value = getattr(self, field)
+            _require(_is_int(value) and value >= 0, f"RolloutConfig.{field}", value, "use an int >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """Everything a :class:`~rlnb.Session` is built from.
 
+    task: the name of a registered task (``rlnb.data.task_names()``).
     seed: seeds every random number generator the session owns.
-    buffer: the replay buffer (:class:`BufferConfig`).
+    model, engine, rollout, buffer: the parts (see each class).
     close_timeout: seconds ``Session.close()`` may spend in all before it gives up
         on a part that will not stop (it then warns and abandons it).
     """
 
+    task: str = "addition"
     seed: int = 0
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
     close_timeout: float = 5.0
 
     def __post_init__(self) -> None:
         _require(_is_int(self.seed) and self.seed >= 0, "Config.seed", self.seed, "use an int >= 0, e.g. seed=0")
-        _require(
-            isinstance(self.buffer, BufferConfig),
-            "Config.buffer",
-            self.buffer,
-            "pass a rlnb.BufferConfig, e.g. buffer=rlnb.BufferConfig(capacity=256)",
-        )
+        parts = (("model", ModelConfig), ("engine", EngineConfig), ("rollout", RolloutConfig), ("buffer", BufferConfig))
+        for field, cls in parts:
+            value = getattr(self, field)
+            _require(
+                isinstance(value, cls),
+                f"Config.{field}",
+                value,
+                f"pass a rlnb.{cls.__name__}, e.g. {field}=rlnb.{cls.__name__}(...)",
+            )
+        _require(isinstance(self.task, str), "Config.task", self.task, 'use a task name, e.g. task="addition"')
+        get_task(self.task)  # an unknown name fails here, naming the known ones
         _require(
             _is_number(self.close_timeout) and self.close_timeout > 0,
             "Config.close_timeout",

@@ -18,6 +18,9 @@ from typing import Any
 from rlnb._errors import ClosedError, ConfigError
 from rlnb.buffer import BufferStatistics, ReplayBuffer
 from rlnb.config import Config
+from rlnb.data import Task, get_task
+from rlnb.notebook import RolloutBatch
+from rlnb.rollout import EngineStatistics, PauseMode, Rollouter, RolloutStatistics, SamplingParams
 from rlnb.runtime import AsyncBridge, _registry
 
 __all__ = ["Session", "SessionStatistics"]
@@ -32,6 +35,8 @@ class SessionStatistics:
     name: str
     closed: bool
     buffer: BufferStatistics
+    rollout: RolloutStatistics
+    engine: EngineStatistics
 
 
 class Session:
@@ -45,7 +50,7 @@ class Session:
     """
 
     # Construction stages, in order; each ``_build_<stage>`` registers its own close.
-    _STAGES = ("bridge", "buffer", "registry")
+    _STAGES = ("bridge", "buffer", "policy", "engine", "rollouter", "registry")
 
     def __init__(self, config: Config | None = None, *, name: str = "default") -> None:
         if config is None:
@@ -64,6 +69,9 @@ class Session:
         self._stack = contextlib.ExitStack()
         self._bridge: AsyncBridge | None = None
         self._buffer: ReplayBuffer | None = None
+        self._task: Task = get_task(config.task)
+        self._engine: Any = None
+        self._rollouter: Rollouter | None = None
         self._replace_previous()
         try:
             for stage in self._STAGES:
@@ -86,6 +94,67 @@ class Session:
         self._stack.callback(self._close_part, buffer)
         self._buffer = buffer
 
+    def _build_policy(self) -> None:
+        # torch is imported here, not at `import rlnb`
+        from rlnb.models import CharTokenizer, PolicyConfig, TinyPolicy
+
+        m = self._config.model
+        self._tokenizer = CharTokenizer(self._task.alphabet)
+        policy_config = PolicyConfig(
+            vocab_size=self._tokenizer.vocab_size,
+            d_model=m.d_model,
+            n_layers=m.n_layers,
+            n_heads=m.n_heads,
+            max_len=m.max_len,
+            seed=self._config.seed,
+        )
+        self._policy = TinyPolicy(policy_config)
+
+    def _build_engine(self) -> None:
+        from rlnb.rollout._tiny import TinyEngine
+
+        engine = TinyEngine(
+            self._policy,
+            eos_id=self._tokenizer.EOS,
+            max_batch=self._config.engine.max_batch,
+            name=f"rlnb-{self._name}-engine",
+        )
+        self._stack.callback(self._close_part, engine)
+        self._engine = engine
+
+    def _build_rollouter(self) -> None:
+        r = self._config.rollout
+        assert self._buffer is not None and self._bridge is not None
+        task, tokenizer = self._task, self._tokenizer
+        rollouter = Rollouter(
+            self._engine,
+            prompts=task.prompts(self._config.seed),
+            encode=lambda text: tokenizer.encode(text, bos=True),
+            decode=tokenizer.decode,
+            reward_fn=lambda item, completion: task.reward(completion, item.answer),
+            buffer=self._buffer,
+            group_size=r.group_size,
+            max_inflight=r.max_inflight,
+            max_staleness=r.max_staleness,
+            groups_per_step=r.groups_per_step,
+            sampling=SamplingParams(
+                temperature=r.temperature,
+                top_p=r.top_p,
+                top_k=r.top_k,
+                max_new_tokens=r.max_new_tokens or task.max_new_tokens,
+            ),
+            max_continuations=r.max_continuations,
+            max_retries=r.max_retries,
+            seed=self._config.seed,
+        )
+        self._stack.callback(self._close_rollouter, rollouter)
+        self._rollouter = rollouter
+
+    def _close_rollouter(self, rollouter: Rollouter) -> None:
+        assert self._bridge is not None
+        if self._bridge.started:  # it never ran anything otherwise: nothing to cancel
+            self._bridge.run(rollouter.aclose(), timeout=self._remaining())
+
     def _build_registry(self) -> None:
         _registry.register(self)
         self._stack.callback(_registry.unregister, self)
@@ -100,9 +169,11 @@ class Session:
             file=sys.stderr,
         )
 
-    def _close_part(self, part: AsyncBridge | ReplayBuffer) -> None:
-        remaining = None if self._deadline is None else max(0.01, self._deadline - time.monotonic())
-        part.close(timeout=remaining)
+    def _remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.01, self._deadline - time.monotonic())
+
+    def _close_part(self, part: Any) -> None:
+        part.close(timeout=self._remaining())
 
     # -- public API ---------------------------------------------------------------
 
@@ -132,11 +203,69 @@ class Session:
         assert self._buffer is not None
         return self._buffer
 
+    @property
+    def task(self) -> Task:
+        """The task this session trains on."""
+        return self._task
+
     def statistics(self) -> SessionStatistics:
-        """A frozen snapshot of the session's figures."""
+        """A frozen snapshot of the session's figures: buffer, rollouter and engine."""
         self._check_open()
-        assert self._buffer is not None
-        return SessionStatistics(name=self._name, closed=self._closed, buffer=self._buffer.statistics())
+        assert self._buffer is not None and self._rollouter is not None
+        return SessionStatistics(
+            name=self._name,
+            closed=self._closed,
+            buffer=self._buffer.statistics(),
+            rollout=self._rollouter.statistics(),
+            engine=self._engine.statistics(),
+        )
+
+    # -- rollouts ---------------------------------------------------------------------
+
+    def rollout(self, n_groups: int = 1, *, timeout: float | None = None) -> RolloutBatch:
+        """Roll out ``n_groups`` new prompts now and return them (they do not go to the buffer).
+
+        Blocks until they finish (or ``timeout``). Raises :class:`~rlnb.RolloutError`
+        if rollouts are paused or a generation or reward failed after its retries.
+        """
+        rollouter = self._check()
+        if not isinstance(n_groups, int) or n_groups < 1:
+            raise ValueError(f"rollout(n_groups={n_groups!r}): use a positive int")
+        return RolloutBatch(self.bridge.run(rollouter.collect(n_groups), timeout=timeout))
+
+    def start_rollouts(self) -> None:
+        """Generate in the background into the buffer, within the staleness bound. Idempotent."""
+        self.bridge.run(self._check().start())
+
+    def stop_rollouts(self) -> None:
+        """Stop dispatching new prompts; those in flight still finish into the buffer."""
+        self.bridge.run(self._check().stop())
+
+    def pause(self, mode: PauseMode | str = PauseMode.ABORT) -> None:
+        """Pause generation. ``"abort"`` (default) keeps every in-flight sample as a
+        partial rollout and continues it after :meth:`resume`; ``"keep"`` freezes the
+        engine in place; ``"wait"`` lets in-flight samples finish (:meth:`wait_paused`
+        waits for that). Blocks until paused, except in ``"wait"`` mode."""
+        try:
+            mode = PauseMode(mode)
+        except ValueError:
+            raise ValueError(f"pause(mode={mode!r}): use one of 'abort', 'keep', 'wait'") from None
+        self.bridge.run(self._check().pause(mode))
+
+    def resume(self) -> None:
+        """Leave a pause: partial rollouts continue with their prefixes and dispatch goes on."""
+        self.bridge.run(self._check().resume())
+
+    def wait_paused(self, timeout: float | None = None) -> None:
+        """Block until a pause has taken effect; :class:`TimeoutError` after ``timeout`` s."""
+        self.bridge.run(self._check().wait_paused(), timeout=timeout)
+
+    def _check(self) -> Rollouter:
+        """Every public call starts here: closed sessions and background errors raise."""
+        self._check_open()
+        assert self._rollouter is not None
+        self._rollouter.raise_pending()
+        return self._rollouter
 
     def close(self, timeout: float | None = None) -> None:
         """Close every part, newest first; idempotent and thread-safe.

@@ -13,7 +13,7 @@ import rlnb
         (lambda: rlnb.Config(seed=-1), "Config.seed", "seed=0"),
         (lambda: rlnb.Config(seed=True), "Config.seed", "int"),
         (lambda: rlnb.Config(close_timeout=0), "Config.close_timeout", "close_timeout=5.0"),
-        (lambda: rlnb.Config(buffer={"capacity": 8}), "Config.buffer", "rlnb.BufferConfig(capacity=256)"),
+        (lambda: rlnb.Config(buffer={"capacity": 8}), "Config.buffer", "rlnb.BufferConfig(...)"),
         (lambda: rlnb.BufferConfig(capacity=0), "BufferConfig.capacity", "capacity=256"),
         (lambda: rlnb.BufferConfig(max_staleness=-1), "BufferConfig.max_staleness", "max_staleness=1"),
         (lambda: rlnb.BufferConfig(partitions=["train"]), "BufferConfig.partitions", "tuple"),

@@ -5,12 +5,26 @@ import sys
 
 import rlnb
 
+SUBMODULES = {
+    "bench",
+    "buffer",
+    "cli",
+    "config",
+    "data",
+    "models",
+    "notebook",
+    "rollout",
+    "runtime",
+    "session",
+    "testing",
+}
+
 
 def test_all_is_sorted_and_complete() -> None:
     # "@py..." names come from pytest rewriting the package that provides its plugin
     public = {name for name in dir(rlnb) if not name.startswith(("_", "@"))}
     assert rlnb.__all__ == sorted(rlnb.__all__)
-    assert set(rlnb.__all__) == public - {"buffer", "cli", "config", "runtime", "session", "testing", "bench"}
+    assert set(rlnb.__all__) == public - SUBMODULES
 
 
 def test_import_rlnb_stays_light() -> None:

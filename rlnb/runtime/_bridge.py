@@ -124,8 +124,12 @@ class AsyncBridge:
                 f"AsyncBridge.submit() takes a coroutine object, got {type(coro).__name__}; "
                 "call the async function first: bridge.submit(fn(*args))"
             )
-        ctx = contextvars.copy_context()
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._schedule(coro, fut)
+        return fut
+
+    def _schedule(self, coro: Coroutine[Any, Any, T], fut: concurrent.futures.Future[T]) -> None:
+        ctx = contextvars.copy_context()
         with self._lock:
             if self._state is _State.CLOSED:
                 coro.close()
@@ -133,7 +137,6 @@ class AsyncBridge:
             loop = self._ensure_started()
             self._calls[fut] = None
             loop.call_soon_threadsafe(self._start_call, coro, fut, ctx)
-        return fut
 
     def run(self, coro: Coroutine[Any, Any, T], /, *, timeout: float | None = None) -> T:
         """Run ``coro`` on the bridge loop and block until it returns its result.
@@ -151,16 +154,20 @@ class AsyncBridge:
                 f"AsyncBridge.run() was called on bridge {self._name!r}'s own loop thread, "
                 "which would deadlock; inside a coroutine on the bridge, use `await coro`"
             )
-        fut = self.submit(coro)
+        if not asyncio.iscoroutine(coro):
+            raise TypeError(f"AsyncBridge.run() takes a coroutine object, got {type(coro).__name__}")
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        # Ctrl-C may land on any bytecode: from here on every path cancels the call.
         try:
+            self._schedule(coro, fut)
             return fut.result(timeout)
         except concurrent.futures.TimeoutError:
             if fut.done():  # the coroutine itself raised TimeoutError
                 raise
-            self._cancel_call(fut)
+            self._cancel_call(fut, coro)
             raise TimeoutError(f"AsyncBridge.run() timed out after {timeout} s; the coroutine was cancelled") from None
         except KeyboardInterrupt:
-            self._cancel_call(fut)
+            self._cancel_call(fut, coro)
             raise
 
     def close(self, timeout: float | None = 5.0) -> None:
@@ -283,9 +290,10 @@ class AsyncBridge:
         finally:
             self._calls.pop(fut, None)
 
-    def _cancel_call(self, fut: concurrent.futures.Future[Any]) -> None:
+    def _cancel_call(self, fut: concurrent.futures.Future[Any], coro: Coroutine[Any, Any, Any]) -> None:
         """Cancel a call from the caller's thread and wait briefly for its cleanup."""
-        if fut.cancel():  # not started yet
+        if fut.cancel():  # not started (perhaps not even scheduled): it never will be
+            coro.close()
             return
         loop = self._loop
         if loop is None or loop.is_closed():

@@ -1,0 +1,333 @@
+"""``TinyEngine``: continuous batching with a slot KV cache, on a thread of its own.
+
+New requests join at step boundaries (one batched prefill), every active sequence
+advances one token per decode step, and a finished sequence leaves at once and
+frees its slot. torch releases the GIL in its kernels, so the bridge loop stays
+responsive while the engine decodes. The thread never sees SIGINT (Python runs
+signal handlers on the main thread only), so the notebook's interrupt button
+cannot break it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import dataclasses
+import random
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from rlnb._errors import ClosedError
+from rlnb.models import TinyPolicy
+from rlnb.rollout._engine import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
+from rlnb.rollout._sampling import sample_next
+
+__all__ = ["TinyEngine"]
+
+
+@dataclasses.dataclass(eq=False)
+class _Seq:
+    request: GenerateRequest
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[GenerateResult]
+    rng: random.Random
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    slot: int = -1
+    position: int = 0  # where the next fed token goes
+    aborted: bool = False
+
+
+def _deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any) -> None:
+    """Resolve an asyncio future from the engine thread (a no-op if its loop is gone)."""
+
+    def settle() -> None:
+        if future.done():
+            return
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the loop closed: nobody is waiting any more
+        pass
+
+
+class TinyEngine:
+    """Serves a :class:`~rlnb.models.TinyPolicy` (a private copy) with continuous batching.
+
+    ``max_batch`` bounds the sequences decoded together (the KV cache's slots).
+    ``continuous=False`` gives static batching (a batch admits new requests only
+    once all of its sequences have finished), for comparison.
+    """
+
+    def __init__(
+        self,
+        policy: TinyPolicy,
+        *,
+        eos_id: int,
+        max_batch: int = 64,
+        continuous: bool = True,
+        name: str = "rlnb-engine",
+    ) -> None:
+        self._model = copy.deepcopy(policy).eval().requires_grad_(False)
+        self._max_len = policy.config.max_len
+        self._eos = eos_id
+        self._continuous = continuous
+        self._cache = self._model.new_cache(max_batch)
+        self._free = list(range(max_batch - 1, -1, -1))
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Seq] = collections.deque()
+        self._active: list[_Seq] = []
+        self._paused: PauseMode | None = None
+        self._barriers: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._updates: list[tuple[Mapping[str, Any], int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._version = 0
+        self._closed = False
+        self._counts = {"finished": 0, "aborted": 0, "tokens": 0, "steps": 0, "batch_sum": 0}
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    # -- the async API (called on the bridge loop) -----------------------------------
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        needed = len(request.prompt_ids) + len(request.prefix_ids) + 1
+        if needed > self._max_len:
+            raise ValueError(
+                f"request {request.request_id}: prompt and prefix take {needed - 1} tokens, "
+                f"leaving no room in the model's context of {self._max_len}"
+            )
+        loop = asyncio.get_running_loop()
+        seq = _Seq(request, loop, loop.create_future(), random.Random(request.seed))
+        with self._cond:
+            if self._closed:
+                raise ClosedError("the engine is closed")
+            self._queue.append(seq)
+            self._cond.notify()
+        try:
+            return await seq.future
+        except asyncio.CancelledError:
+            with self._cond:  # the caller is gone: free its slot at the next boundary
+                seq.aborted = True
+                self._cond.notify()
+            raise
+
+    async def abort(self, request_ids: list[str]) -> None:
+        ids = set(request_ids)
+        with self._cond:
+            for seq in [*self._queue, *self._active]:
+                if seq.request.request_id in ids:
+                    seq.aborted = True
+            self._cond.notify()
+
+    async def pause(self, mode: PauseMode | str = PauseMode.KEEP) -> None:
+        mode = PauseMode(mode)
+        with self._cond:
+            self._check_open()
+            self._paused = mode
+            if mode is PauseMode.ABORT:
+                for seq in [*self._queue, *self._active]:
+                    seq.aborted = True
+            self._cond.notify()
+        if mode is not PauseMode.WAIT:
+            await self._barrier()  # quiescent once the current step has ended
+
+    async def resume(self) -> None:
+        with self._cond:
+            self._check_open()
+            self._paused = None
+            self._cond.notify()
+
+    async def update_weights(self, state: Mapping[str, Any], version: int) -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        with self._cond:
+            self._check_open()
+            self._updates.append((state, version, loop, done))
+            self._cond.notify()
+        await done
+
+    async def _barrier(self) -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        with self._cond:
+            self._barriers.append((loop, done))
+            self._cond.notify()
+        await done
+
+    def statistics(self) -> EngineStatistics:
+        with self._cond:
+            steps = self._counts["steps"]
+            return EngineStatistics(
+                version=self._version,
+                paused=None if self._paused is None else self._paused.value,
+                waiting=len(self._queue),
+                running=len(self._active),
+                finished=self._counts["finished"],
+                aborted=self._counts["aborted"],
+                generated_tokens=self._counts["tokens"],
+                decode_steps=steps,
+                extra={"mean_batch": self._counts["batch_sum"] / steps if steps else 0.0},
+            )
+
+    def close(self, timeout: float | None = 5.0) -> None:
+        """Stop the engine thread; waiting callers get :class:`~rlnb.ClosedError`. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        with self._cond:
+            pending = [*self._queue, *self._active]
+            self._queue.clear()
+            self._active.clear()
+            barriers, self._barriers = self._barriers, []
+            updates, self._updates = self._updates, []
+        error = ClosedError("the engine closed")
+        for seq in pending:
+            _deliver(seq.loop, seq.future, error)
+        for loop, fut in barriers:
+            _deliver(loop, fut, None)
+        for _, _, loop, fut in updates:
+            _deliver(loop, fut, error)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the engine is closed")
+
+    # -- the engine thread ---------------------------------------------------------
+
+    def _has_work(self) -> bool:
+        if self._closed or self._updates or self._barriers:
+            return True
+        if any(s.aborted for s in self._queue) or any(s.aborted for s in self._active):
+            return True
+        if self._paused is PauseMode.KEEP:
+            return False
+        return bool(self._active) or (bool(self._queue) and self._may_admit())
+
+    def _may_admit(self) -> bool:
+        if self._paused is not None or not self._free:
+            return False
+        return self._continuous or not self._active
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(self._has_work)
+                if self._closed:
+                    return
+                updates, self._updates = self._updates, []
+                finished = self._take_aborted()
+                stepping = list(self._active) if self._paused is not PauseMode.KEEP else []
+                admitted = self._admit() if self._may_admit() else []
+            for seq in finished:
+                self._finish(seq, "aborted")
+            self._apply_updates(updates)
+            try:
+                if stepping:
+                    self._decode(stepping)
+                if admitted:  # joins at this boundary; decodes with the rest from the next step
+                    self._prefill(admitted)
+            except Exception as exc:  # fail the requests in hand, keep serving the rest
+                self._fail_active(exc)
+            with self._cond:
+                barriers, self._barriers = self._barriers, []
+            for loop, fut in barriers:
+                _deliver(loop, fut, None)
+
+    def _take_aborted(self) -> list[_Seq]:
+        """Remove aborted sequences (queued or active) and free their slots. Lock held."""
+        out = [s for s in self._queue if s.aborted] + [s for s in self._active if s.aborted]
+        if out:
+            self._queue = collections.deque(s for s in self._queue if not s.aborted)
+            self._active = [s for s in self._active if not s.aborted]
+            self._free.extend(s.slot for s in out if s.slot >= 0)
+        return out
+
+    def _admit(self) -> list[_Seq]:
+        admitted = []
+        while self._queue and self._free:
+            seq = self._queue.popleft()
+            seq.slot = self._free.pop()
+            admitted.append(seq)
+        self._active.extend(admitted)
+        return admitted
+
+    def _apply_updates(self, updates: list[tuple[Mapping[str, Any], int, asyncio.AbstractEventLoop, Any]]) -> None:
+        for state, version, loop, fut in updates:
+            try:
+                self._model.load_state_dict(state)
+            except Exception as exc:
+                _deliver(loop, fut, exc)
+            else:
+                self._version = version
+                _deliver(loop, fut, None)
+
+    def _prefill(self, seqs: list[_Seq]) -> None:
+        inputs = [list(s.request.prompt_ids) + list(s.request.prefix_ids) for s in seqs]
+        lengths = torch.tensor([len(x) for x in inputs])
+        ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long)
+        for row, x in enumerate(inputs):
+            ids[row, : len(x)] = torch.tensor(x)
+        slots = torch.tensor([s.slot for s in seqs])
+        logits = self._model.prefill(self._cache, slots, ids, lengths)
+        for seq, n in zip(seqs, lengths.tolist(), strict=True):
+            seq.position = n
+        self._advance(seqs, logits)
+
+    def _decode(self, seqs: list[_Seq]) -> None:
+        slots = torch.tensor([s.slot for s in seqs])
+        ids = torch.tensor([s.tokens[-1] for s in seqs])
+        positions = torch.tensor([s.position for s in seqs])
+        logits = self._model.decode(self._cache, slots, ids, positions)
+        for seq in seqs:
+            seq.position += 1
+        self._advance(seqs, logits)
+
+    def _advance(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
+        """Sample one token for each sequence from ``logits`` and retire the finished."""
+        tokens, logprobs = sample_next(logits, [s.request for s in seqs], [s.rng for s in seqs], self._eos)
+        version = self._version
+        done: list[tuple[_Seq, str]] = []
+        for seq, token, logprob in zip(seqs, tokens, logprobs, strict=True):
+            seq.tokens.append(token)
+            seq.logprobs.append(logprob)
+            seq.versions.append(version)
+            if token == self._eos and not seq.request.sampling.ignore_eos:
+                done.append((seq, "stop"))
+            elif len(seq.tokens) >= seq.request.sampling.max_new_tokens or seq.position >= self._max_len:
+                done.append((seq, "length"))
+        with self._cond:
+            self._counts["tokens"] += len(seqs)
+            self._counts["steps"] += 1
+            self._counts["batch_sum"] += len(seqs)
+            for seq, _ in done:
+                self._active.remove(seq)
+                self._free.append(seq.slot)
+        for seq, reason in done:
+            self._finish(seq, reason)
+
+    def _finish(self, seq: _Seq, reason: str) -> None:
+        with self._cond:
+            self._counts["aborted" if reason == "aborted" else "finished"] += 1
+        result = GenerateResult(
+            seq.request.request_id, tuple(seq.tokens), tuple(seq.logprobs), tuple(seq.versions), reason
+        )
+        _deliver(seq.loop, seq.future, result)
+
+    def _fail_active(self, exc: Exception) -> None:
+        with self._cond:
+            failed, self._active = self._active, []
+            self._free.extend(s.slot for s in failed)
+        for seq in failed:
+            _deliver(seq.loop, seq.future, exc)
