@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 __all__ = ["main"]
 
-BENCHES = ("bridge", "close")
+BENCHES = ("bridge", "close", "rollout")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -68,11 +68,9 @@ def _demo(as_json: bool) -> int:
 
 
 def _bench(name: str, as_json: bool, strict: bool) -> int:
-    if name == "bridge":
-        from rlnb.bench import _bridge as module
-    else:
-        from rlnb.bench import _close as module  # type: ignore[no-redef]
-    result = module.run()
+    import importlib
+
+    result = importlib.import_module(f"rlnb.bench._{name}").run()
     print(result.to_json() if as_json else result.report())
     return 1 if strict and not result.ok else 0
 

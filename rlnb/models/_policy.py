@@ -179,9 +179,11 @@ class _Block(nn.Module):
         q, k, v = self._qkv(x)  # [A, n_heads, head_dim]
         k_cache[slots, :, positions] = k
         v_cache[slots, :, positions] = v
+        # Gather each slot's first `context` positions; the mask hides those after its own.
         # index_select copies whole rows, several times faster than k_cache[slots] on CPU.
-        # Attend over the whole context; the mask hides positions after each slot's own.
-        keys, values = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
+        context = mask.shape[-1]
+        keys = k_cache[:, :, :context].index_select(0, slots)
+        values = v_cache[:, :, :context].index_select(0, slots)
         a = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=mask)
         x = x + self.proj(a.reshape(a_n, d))
         return x + self._mlp(x)
@@ -309,10 +311,11 @@ class TinyPolicy(nn.Module):
         """Advance each active slot by one token.
 
         slots [A]: distinct slot indices; ids [A]: the new tokens; positions [A]:
-        each token's position (its slot's current length, < max_len). Writes the
+        each token's position (its slot's current length, >= 0 and < max_len). Writes the
         token's keys and values at that position and attends to positions
         ``0..position`` of its own slot only. Returns logits ``[A, vocab_size]``.
-        Raises ``ValueError`` for mismatched shapes or a cache that does not fit.
+        Raises ``ValueError`` for mismatched shapes, a position >= max_len, or a
+        cache that does not fit.
         """
         self._check_cache(cache)
         if ids.dim() != 1 or slots.shape != ids.shape or positions.shape != ids.shape:
@@ -321,9 +324,19 @@ class TinyPolicy(nn.Module):
                 f"{tuple(ids.shape)} and {tuple(positions.shape)}"
             )
         a_n = ids.shape[0]
+        if a_n == 0:
+            return self.tok_emb.weight.new_empty(0, self.config.vocab_size)
+        # Nothing past the furthest slot's position can be attended to, so gather and
+        # attend over only the first `context` positions (short prompts: a few of max_len).
+        context = int(positions.max()) + 1
+        if context > self.config.max_len:
+            raise ValueError(
+                f"TinyPolicy.decode got position {context - 1}, past the context: positions run to "
+                f"max_len - 1 = {self.config.max_len - 1}"
+            )
         x = self.tok_emb(ids) + self.pos_emb(positions)
         # One mask for all layers: slot a sees its positions 0..positions[a].
-        mask = (self._positions <= positions[:, None]).view(a_n, 1, 1, self.config.max_len)
+        mask = (self._positions[:context] <= positions[:, None]).view(a_n, 1, 1, context)
         for i, block in enumerate(self._blocks()):
             x = block.step(x, cache.k[i], cache.v[i], slots, positions, mask)
         return self._head(x)

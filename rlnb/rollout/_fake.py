@@ -8,6 +8,7 @@ aborts and weight updates exactly as the protocol says.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -24,6 +25,7 @@ EOS = 2
 class _Running:
     request: GenerateRequest
     aborted: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # pause, resume, abort or new weights
 
 
 class FakeEngine:
@@ -55,7 +57,7 @@ class FakeEngine:
         self._resumed: asyncio.Event | None = None
         self._running: dict[str, _Running] = {}
         self._waiting = 0
-        self._counts = {"finished": 0, "aborted": 0, "tokens": 0, "steps": 0}
+        self._counts = {"finished": 0, "aborted": 0, "tokens": 0}
         self._closed = False
         self.requests: list[GenerateRequest] = []  # every request seen, for tests to inspect
 
@@ -88,46 +90,48 @@ class FakeEngine:
     async def _decode(self, running: _Running) -> GenerateResult:
         request = running.request
         total = max(1, self._lengths(request)) - len(request.prefix_ids)
-        budget = request.sampling.max_new_tokens
-        tokens: list[int] = []
+        target = max(0, min(total, request.sampling.max_new_tokens))
         versions: list[int] = []
-        while len(tokens) < min(total, budget):
-            while self._paused is PauseMode.KEEP and not running.aborted.is_set():
-                await self._resume_event().wait()
+        loop = asyncio.get_running_loop()
+        while len(versions) < target:
             if running.aborted.is_set():
                 self._counts["aborted"] += 1
-                return self._result(request, tokens, versions, "aborted")
-            if self._delay:
-                try:
-                    await asyncio.wait_for(running.aborted.wait(), self._delay)
-                    continue  # aborted while generating this token
-                except TimeoutError:
-                    pass
-            else:
-                await asyncio.sleep(0)
-            if self._paused is PauseMode.KEEP or running.aborted.is_set():
+                return self._result(request, total, versions, "aborted")
+            if self._paused is PauseMode.KEEP:
+                running.wake.clear()
+                await running.wake.wait()  # resume or abort
                 continue
-            last = len(tokens) == total - 1
-            tokens.append(EOS if last else self._token)
-            versions.append(self._version)
-            self._counts["tokens"] += 1
-            self._counts["steps"] += 1
+            if not self._delay:
+                versions.append(self._version)
+                await asyncio.sleep(0)
+                continue
+            # Sleep until done, waking only for a pause, an abort or new weights: one
+            # wake-up per request instead of one per token keeps thousands in flight cheap.
+            version, start = self._version, loop.time()
+            running.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(running.wake.wait(), (target - len(versions)) * self._delay)
+            done = int((loop.time() - start) / self._delay) if running.wake.is_set() else target
+            versions += [version] * min(done, target - len(versions))
         self._counts["finished"] += 1
-        return self._result(request, tokens, versions, "stop" if len(tokens) == total else "length")
+        return self._result(request, total, versions, "stop" if len(versions) == total else "length")
 
-    @staticmethod
-    def _result(request: GenerateRequest, tokens: list[int], versions: list[int], reason: str) -> GenerateResult:
+    def _result(self, request: GenerateRequest, total: int, versions: list[int], reason: str) -> GenerateResult:
+        self._counts["tokens"] += len(versions)
+        tokens = [EOS if i == total - 1 else self._token for i in range(len(versions))]
         return GenerateResult(request.request_id, tuple(tokens), tuple(-1.0 for _ in tokens), tuple(versions), reason)
 
     async def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             if (running := self._running.get(rid)) is not None:
                 running.aborted.set()
+                running.wake.set()
 
     async def pause(self, mode: PauseMode | str = PauseMode.KEEP) -> None:
         mode = PauseMode(mode)
         self._paused = mode
         self._resume_event().clear()
+        self._wake_all()
         if mode is PauseMode.ABORT:
             await self.abort(list(self._running))
             while self._running:  # quiescent: every in-flight request has returned
@@ -136,12 +140,18 @@ class FakeEngine:
     async def resume(self) -> None:
         self._paused = None
         self._resume_event().set()
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for running in self._running.values():
+            running.wake.set()
 
     async def update_weights(self, state: Mapping[str, Any], version: int) -> None:
         if self.update_error is not None:
             raise self.update_error
         self.weights = state
         self._version = version
+        self._wake_all()  # tokens from now on carry the new version
 
     def statistics(self) -> EngineStatistics:
         return EngineStatistics(
@@ -152,7 +162,7 @@ class FakeEngine:
             finished=self._counts["finished"],
             aborted=self._counts["aborted"],
             generated_tokens=self._counts["tokens"],
-            decode_steps=self._counts["steps"],
+            decode_steps=self._counts["tokens"],  # one token a step per request
         )
 
     def close(self, timeout: float | None = None) -> None:

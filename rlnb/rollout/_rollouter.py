@@ -202,9 +202,12 @@ class Rollouter:
             return
         if self._state is RolloutState.SYNCING:
             raise RolloutError("cannot resume during a weight sync; it resumes by itself")
-        await self._engine.resume()
         self._resumed_at = time.perf_counter()
+        # State first, then one turn of the loop so the dispatcher goes before whatever
+        # the engine's resume wakes (a request dispatched a moment early just queues).
         await self._set_state(RolloutState.RUNNING)
+        await asyncio.sleep(0)
+        await self._engine.resume()
 
     async def wait_paused(self) -> None:
         """Wait until the state is PAUSED (a WAIT-mode drain has finished)."""

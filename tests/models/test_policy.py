@@ -148,6 +148,18 @@ def test_a_cache_from_another_shape_is_refused() -> None:
         KVCache(torch.zeros(1, 2, 3, 4, 5), torch.zeros(1, 2, 3, 4, 6))
 
 
+def test_decode_edges() -> None:
+    model = TinyPolicy(SMALL)
+    cache = model.new_cache(2)
+    none = torch.zeros(0, dtype=torch.long)
+    assert model.decode(cache, none, none, none).shape == (0, SMALL.vocab_size)
+    one = torch.tensor([1])
+    with pytest.raises(ValueError, match="position 16, past the context"):
+        model.decode(cache, one, one, torch.tensor([16]))
+    with pytest.raises(ValueError, match="one shape"):
+        model.decode(cache, one, torch.tensor([1, 2]), one)
+
+
 def test_save_load_round_trip(tmp_path: Path) -> None:
     model = TinyPolicy(SMALL)
     with torch.no_grad():  # differ from a fresh init, so a load that ignores the file would fail

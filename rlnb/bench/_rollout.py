@@ -1,0 +1,165 @@
+"""``rlnb bench rollout``: pausing and resuming generation, and continuous batching.
+
+- resume → next dispatch with at least 64 long-tail (lognormal) samples in flight,
+  against the floor of a drain that waits for all of them;
+- ``pause("abort")`` → engine quiescent, on a real session generating in the background;
+- TinyEngine tokens/s with continuous batching against static batching (each batch
+  waits for its longest sequence): same model, same long-tail lengths, one run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import threading
+import time
+
+from rlnb._samples import PromptItem
+from rlnb.bench._common import BenchResult, Target, median, p99, time_ms
+from rlnb.buffer import ReplayBuffer
+from rlnb.config import BufferConfig, Config, ModelConfig, RolloutConfig
+from rlnb.rollout import FakeEngine, GenerateRequest, PauseMode, Rollouter, SamplingParams
+from rlnb.runtime import AsyncBridge
+from rlnb.session import Session
+
+
+def _lognormal_lengths(seed: int, median_len: float, sigma: float, cap: int) -> dict[str, int]:
+    rng = random.Random(seed)
+    cache: dict[str, int] = {}
+
+    def length(request: GenerateRequest) -> int:
+        key = request.request_id.rsplit(".", 2)[0]  # the same sample keeps its length across continuations
+        if key not in cache:
+            cache[key] = max(1, min(cap, round(rng.lognormvariate(0, sigma) * median_len)))
+        return cache[key]
+
+    return length  # type: ignore[return-value]
+
+
+async def _resume_latency(trials: int) -> dict[str, float]:
+    """Resume → dispatch with a long tail in flight, and what a wait-for-all drain costs."""
+    engine = FakeEngine(lengths=_lognormal_lengths(0, 60, 1.0, 2000), token_delay=0.002)
+    buffer = ReplayBuffer(capacity=100_000)
+    rollouter = Rollouter(
+        engine,
+        prompts=(PromptItem(i, "p") for i in itertools.count()),
+        encode=lambda text: [3],
+        decode=lambda ids: "",
+        reward_fn=lambda item, completion: 0.0,
+        buffer=buffer,
+        group_size=8,
+        max_inflight=100_000,
+        max_staleness=0,
+        groups_per_step=1,  # one more group per version: each trial opens room for one
+        sampling=SamplingParams(max_new_tokens=2000),
+    )
+    latencies, in_flight = [], []
+    try:
+        await rollouter.set_version(7)  # 8 groups: 64 samples in flight
+        await rollouter.start()
+        while rollouter.statistics().in_flight < 64:
+            await asyncio.sleep(0.001)
+        for i in range(trials):
+            await rollouter.pause(PauseMode.KEEP)
+            await rollouter.set_version(8 + i)
+            # A person resumes from a later cell: let the pause's own wake-ups settle.
+            await asyncio.sleep(0.005)
+            in_flight.append(rollouter.statistics().in_flight)
+            await rollouter.resume()
+            while (ms := rollouter.statistics().last_resume_to_dispatch_ms) is None:
+                await asyncio.sleep(0)
+            latencies.append(ms)
+            rollouter._resume_to_dispatch_ms = None
+        # The floor: a drain that waits for every in-flight sample before resuming.
+        await rollouter.stop()
+        start = time.perf_counter()
+        await rollouter.pause(PauseMode.WAIT)
+        await rollouter.wait_paused()
+        drain_ms = (time.perf_counter() - start) * 1e3
+    finally:
+        await rollouter.aclose()
+        buffer.close()
+    return {
+        "resume_to_dispatch_median_ms": median(latencies),
+        "resume_to_dispatch_p99_ms": p99(latencies),
+        "in_flight_at_resume_min": float(min(in_flight)),
+        "drain_all_ms": drain_ms,
+    }
+
+
+def _pause_abort_latency(trials: int) -> dict[str, float]:
+    config = Config(
+        model=ModelConfig(max_len=48),
+        rollout=RolloutConfig(max_staleness=None, max_new_tokens=40, max_inflight=128),
+        buffer=BufferConfig(capacity=100_000),
+    )
+    rng = random.Random(1)
+    latencies, busy = [], []
+    with Session(config, name="bench-rollout-pause") as sess:
+        sess.start_rollouts()
+        for _ in range(trials):
+            threading.Event().wait(rng.uniform(0.02, 0.05))
+            busy.append(sess.statistics().engine.running)
+            latencies.append(time_ms(lambda: sess.pause("abort")))
+            assert sess.statistics().engine.running == 0, "pause('abort') returned before the engine was quiescent"
+            sess.resume()
+        sess.stop_rollouts()
+        stats = sess.statistics().rollout
+    return {
+        "pause_abort_median_ms": median(latencies),
+        "pause_abort_p99_ms": p99(latencies),
+        "engine_running_at_pause_median": median([float(b) for b in busy]),
+        "partials_continued": float(stats.continuations),
+    }
+
+
+def _batching_tokens_per_s(requests: int) -> dict[str, float]:
+    from rlnb.models import PolicyConfig, TinyPolicy
+    from rlnb.rollout._tiny import TinyEngine
+
+    policy = TinyPolicy(PolicyConfig(vocab_size=16, max_len=256))
+    rng = random.Random(2)
+    lengths = [max(1, min(240, round(rng.lognormvariate(0, 1.0) * 16))) for _ in range(requests)]
+
+    async def run(engine: TinyEngine) -> float:
+        reqs = [
+            GenerateRequest(f"r{i}", (1, 5, 6), SamplingParams(max_new_tokens=n, ignore_eos=True), seed=i)
+            for i, n in enumerate(lengths)
+        ]
+        start = time.perf_counter()
+        results = await asyncio.gather(*map(engine.generate, reqs))
+        elapsed = time.perf_counter() - start
+        return sum(len(r.token_ids) for r in results) / elapsed
+
+    figures = {}
+    with AsyncBridge(name="bench-batching") as bridge:
+        for label, continuous in (("continuous", True), ("static", False)):
+            engine = TinyEngine(policy, eos_id=2, max_batch=64, continuous=continuous, name=f"bench-{label}")
+            try:
+                bridge.run(run(engine))  # warm-up
+                figures[f"{label}_tokens_per_s"] = bridge.run(run(engine))
+            finally:
+                engine.close()
+    figures["lengths_median"] = median([float(n) for n in lengths])
+    figures["lengths_max"] = float(max(lengths))
+    return figures
+
+
+def run(*, trials: int = 200, pause_trials: int = 50, requests: int = 256) -> BenchResult:
+    """Measure; blocks for half a minute or so."""
+    figures: dict[str, object] = {}
+    figures.update(asyncio.run(_resume_latency(trials)))
+    figures.update(_pause_abort_latency(pause_trials))
+    figures.update(_batching_tokens_per_s(requests))
+    speedup = float(figures["continuous_tokens_per_s"]) / float(figures["static_tokens_per_s"])  # type: ignore[arg-type]
+    figures["continuous_over_static"] = speedup
+    return BenchResult(
+        "rollout",
+        figures,
+        (
+            Target("resume_to_dispatch_p99", float(figures["resume_to_dispatch_p99_ms"]), "<=", 1.0, " ms"),  # type: ignore[arg-type]
+            Target("pause_abort_p99", float(figures["pause_abort_p99_ms"]), "<=", 50.0, " ms"),  # type: ignore[arg-type]
+            Target("continuous_over_static", speedup, ">=", 1.5, "x"),
+        ),
+    )

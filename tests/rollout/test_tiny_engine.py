@@ -1,0 +1,224 @@
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import rlnb
+from rlnb.models import CharTokenizer, PolicyConfig, TinyPolicy
+from rlnb.rollout import GenerateRequest, PauseMode, SamplingParams
+from rlnb.rollout._tiny import TinyEngine
+from rlnb.runtime import AsyncBridge
+
+TOKENIZER = CharTokenizer("0123456789+=")
+EOS = TOKENIZER.EOS
+
+
+@pytest.fixture(scope="module")
+def policy() -> TinyPolicy:
+    return TinyPolicy(PolicyConfig(vocab_size=TOKENIZER.vocab_size, d_model=32, n_layers=2, n_heads=2, max_len=40))
+
+
+@pytest.fixture
+def engine(policy: TinyPolicy) -> Iterator[TinyEngine]:
+    eng = TinyEngine(policy, eos_id=EOS, max_batch=8)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def bridge() -> Iterator[AsyncBridge]:
+    with AsyncBridge(name="engine-test") as b:
+        yield b
+
+
+def request(rid: str, prompt: str = "12+34=", *, seed: int = 0, prefix: tuple[int, ...] = (), **sampling: object):
+    return GenerateRequest(
+        rid, tuple(TOKENIZER.encode(prompt, bos=True)), SamplingParams(**sampling), prefix_ids=prefix, seed=seed
+    )
+
+
+def greedy_continuation(policy: TinyPolicy, ids: list[int], n: int) -> list[int]:
+    """The reference: n greedy tokens by re-running forward() on the whole sequence."""
+    out = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            out.append(int(policy(torch.tensor([out]))[0, -1].argmax()))
+    return out[len(ids) :]
+
+
+def test_greedy_decoding_matches_the_model_run_from_scratch(
+    engine: TinyEngine, bridge: AsyncBridge, policy: TinyPolicy
+) -> None:
+    result = bridge.run(engine.generate(request("g", temperature=0.0, max_new_tokens=6, ignore_eos=True)))
+    ids = TOKENIZER.encode("12+34=", bos=True)
+    assert list(result.token_ids) == greedy_continuation(policy, ids, 6)
+    assert result.finish_reason == "length" and result.versions == (0,) * 6
+
+
+def test_logprobs_are_those_of_the_sampling_distribution(
+    engine: TinyEngine, bridge: AsyncBridge, policy: TinyPolicy
+) -> None:
+    # No ignore_eos here: masking EOS changes the sampling distribution, and the
+    # recorded log-probs follow the distribution actually sampled from.
+    result = bridge.run(engine.generate(request("s", seed=3, max_new_tokens=8)))
+    assert result.token_ids
+    ids = TOKENIZER.encode("12+34=", bos=True) + list(result.token_ids)
+    with torch.no_grad():
+        logp = policy(torch.tensor([ids]))[0].log_softmax(-1)
+    start = len(ids) - len(result.token_ids) - 1
+    expected = [float(logp[start + i, t]) for i, t in enumerate(result.token_ids)]
+    assert result.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_top_k_one_is_greedy_and_seeds_reproduce_whatever_shares_the_batch(
+    engine: TinyEngine, bridge: AsyncBridge
+) -> None:
+    async def alone() -> list[tuple[int, ...]]:
+        return [(await engine.generate(request("a", seed=7, max_new_tokens=8))).token_ids]
+
+    async def crowded() -> list[tuple[int, ...]]:
+        others = [request(f"o{i}", "5+5=", seed=100 + i, max_new_tokens=8) for i in range(5)]
+        results = await asyncio.gather(engine.generate(request("a", seed=7, max_new_tokens=8)), *map(engine.generate, others))
+        return [results[0].token_ids]
+
+    assert bridge.run(alone()) == bridge.run(crowded())
+    top1 = bridge.run(engine.generate(request("k", top_k=1, max_new_tokens=5, ignore_eos=True)))
+    greedy = bridge.run(engine.generate(request("t", temperature=0.0, max_new_tokens=5, ignore_eos=True)))
+    assert top1.token_ids == greedy.token_ids
+
+
+def test_short_requests_finish_while_a_long_one_keeps_decoding(engine: TinyEngine, bridge: AsyncBridge) -> None:
+    async def scenario() -> list[str]:
+        order: list[str] = []
+
+        async def run(rid: str, n: int) -> None:
+            await engine.generate(request(rid, max_new_tokens=n, ignore_eos=True))
+            order.append(rid)
+
+        long = asyncio.create_task(run("long", 30))
+        await asyncio.sleep(0.01)
+        await asyncio.gather(run("short1", 2), run("short2", 3))  # join at a step boundary, leave at once
+        await long
+        return order
+
+    assert bridge.run(scenario()) == ["short1", "short2", "long"]
+    assert engine.statistics().extra["mean_batch"] > 1
+
+
+def test_a_continuation_conditions_on_its_prefix(engine: TinyEngine, bridge: AsyncBridge, policy: TinyPolicy) -> None:
+    ids = TOKENIZER.encode("12+34=", bos=True)
+    reference = greedy_continuation(policy, ids, 6)
+    cont = bridge.run(
+        engine.generate(request("c", prefix=tuple(reference[:2]), temperature=0.0, max_new_tokens=4, ignore_eos=True))
+    )
+    assert list(cont.token_ids) == reference[2:]
+
+
+def test_pause_keep_freezes_and_abort_returns_partial_rollouts(engine: TinyEngine, bridge: AsyncBridge) -> None:
+    async def scenario() -> None:
+        running = [asyncio.create_task(engine.generate(request(f"r{i}", max_new_tokens=35, ignore_eos=True))) for i in range(4)]
+        while engine.statistics().generated_tokens < 8:
+            await asyncio.sleep(0.001)
+        await engine.pause(PauseMode.KEEP)
+        frozen = engine.statistics().generated_tokens
+        await asyncio.sleep(0.05)
+        assert engine.statistics().generated_tokens == frozen  # nothing decodes while kept
+        await engine.resume()
+        await engine.pause(PauseMode.ABORT)
+        assert engine.statistics().running == 0  # quiescent when pause() returns
+        results = await asyncio.gather(*running)
+        assert {r.finish_reason for r in results} == {"aborted"}
+        assert all(0 < len(r.token_ids) < 35 for r in results)
+        queued = asyncio.create_task(engine.generate(request("later", max_new_tokens=2)))
+        await asyncio.sleep(0.02)
+        assert not queued.done()  # paused engines admit nothing
+        await engine.resume()
+        assert (await queued).finish_reason in ("stop", "length")
+
+    bridge.run(scenario())
+
+
+def test_pause_wait_lets_in_flight_finish_but_admits_nothing(engine: TinyEngine, bridge: AsyncBridge) -> None:
+    async def scenario() -> None:
+        first = asyncio.create_task(engine.generate(request("first", max_new_tokens=10, ignore_eos=True)))
+        while engine.statistics().running == 0:
+            await asyncio.sleep(0.001)
+        await engine.pause(PauseMode.WAIT)
+        second = asyncio.create_task(engine.generate(request("second", max_new_tokens=2)))
+        assert (await first).finish_reason == "length"
+        await asyncio.sleep(0.02)
+        assert not second.done()
+        await engine.resume()
+        await second
+
+    bridge.run(scenario())
+
+
+def test_weights_update_between_steps_and_stamp_later_tokens(
+    engine: TinyEngine, bridge: AsyncBridge, policy: TinyPolicy
+) -> None:
+    async def scenario() -> tuple[int, ...]:
+        task = asyncio.create_task(engine.generate(request("w", max_new_tokens=35, ignore_eos=True)))
+        while engine.statistics().generated_tokens < 3:
+            await asyncio.sleep(0.001)
+        await engine.update_weights(policy.state_dict(), 1)
+        return (await task).versions
+
+    versions = bridge.run(scenario())
+    assert versions[0] == 0 and versions[-1] == 1 and list(versions) == sorted(versions)
+    with pytest.raises(RuntimeError, match="state_dict"):
+        bridge.run(engine.update_weights({"nope": torch.zeros(1)}, 2))
+    assert engine.statistics().version == 1  # a failed update changes nothing
+
+
+def test_abort_by_id_and_context_overflow(engine: TinyEngine, bridge: AsyncBridge) -> None:
+    async def scenario() -> str:
+        task = asyncio.create_task(engine.generate(request("x", max_new_tokens=35, ignore_eos=True)))
+        while engine.statistics().running == 0:
+            await asyncio.sleep(0.001)
+        await engine.abort(["x", "unknown"])
+        return (await task).finish_reason
+
+    assert bridge.run(scenario()) == "aborted"
+    with pytest.raises(ValueError, match="no room"):
+        bridge.run(engine.generate(request("big", "1" * 45)))
+
+
+def test_close_fails_waiting_callers_and_stops_the_thread(policy: TinyPolicy, bridge: AsyncBridge) -> None:
+    engine = TinyEngine(policy, eos_id=EOS, max_batch=2)
+    bridge.run(engine.pause(PauseMode.KEEP))
+    fut = bridge.submit(engine.generate(request("stuck")))
+    engine.close()
+    engine.close()
+    with pytest.raises(rlnb.ClosedError):
+        fut.result(timeout=5)
+    assert not engine._thread.is_alive()
+    with pytest.raises(rlnb.ClosedError):
+        bridge.run(engine.generate(request("after")))
+
+
+def test_ctrl_c_interrupts_the_caller_not_the_engine(engine: TinyEngine, bridge: AsyncBridge) -> None:
+    started = threading.Event()
+
+    async def long_generation() -> None:
+        started.set()
+        await engine.generate(request("long", max_new_tokens=35, ignore_eos=True))
+        await asyncio.sleep(30)
+
+    def press_ctrl_c() -> None:
+        started.wait(5)
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    presser = threading.Thread(target=press_ctrl_c)
+    presser.start()
+    with pytest.raises(KeyboardInterrupt):
+        bridge.run(long_generation())
+    presser.join()
+    assert engine._thread.is_alive()
+    result = bridge.run(engine.generate(request("next", max_new_tokens=3, ignore_eos=True)))
+    assert len(result.token_ids) == 3
