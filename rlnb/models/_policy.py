@@ -165,28 +165,91 @@ class _Block(nn.Module):
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
         return x + self._mlp(x), k, v
 
-    def step(
-        self,
-        x: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slots: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor,
-    ) -> torch.Tensor:
+    def step(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _DecodePlan) -> torch.Tensor:
         """One token per slot: x [A, d]; k_cache, v_cache [slots, n_heads, max_len, head_dim] (written)."""
         a_n, d = x.shape
         q, k, v = self._qkv(x)  # [A, n_heads, head_dim]
-        k_cache[slots, :, positions] = k
-        v_cache[slots, :, positions] = v
-        # Gather each slot's first `context` positions; the mask hides those after its own.
-        # index_select copies whole rows, several times faster than k_cache[slots] on CPU.
-        context = mask.shape[-1]
-        keys = k_cache[:, :, :context].index_select(0, slots)
-        values = v_cache[:, :, :context].index_select(0, slots)
-        a = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=mask)
+        k_cache[plan.slots, :, plan.positions] = k
+        v_cache[plan.slots, :, plan.positions] = v
+        if len(plan.buckets) == 1:
+            a = plan.buckets[0].attend(q, k_cache, v_cache)
+        else:
+            a = torch.empty_like(q)
+            for bucket in plan.buckets:
+                a[bucket.rows] = bucket.attend(q.index_select(0, bucket.rows), k_cache, v_cache)
         x = x + self.proj(a.reshape(a_n, d))
         return x + self._mlp(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Bucket:
+    """Rows of a decode batch that attend over the same number of cached positions."""
+
+    rows: torch.Tensor  # indices into the batch
+    slots: torch.Tensor  # their cache slots
+    context: int  # positions 0..context-1 are read
+    mask: torch.Tensor  # [n, 1, 1, context]: each row sees up to its own position
+    first_slot: int | None  # set when slots are one ascending run: read a view, copy nothing
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        if self.first_slot is not None:
+            end = self.first_slot + self.slots.shape[0]
+            keys = k_cache[self.first_slot : end, :, : self.context]
+            values = v_cache[self.first_slot : end, :, : self.context]
+        else:  # index_select copies whole rows, several times faster than k_cache[slots] on CPU
+            keys = k_cache[:, :, : self.context].index_select(0, self.slots)
+            values = v_cache[:, :, : self.context].index_select(0, self.slots)
+        return F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=self.mask).squeeze(2)
+
+
+@dataclasses.dataclass(frozen=True)
+class _DecodePlan:
+    """How one decode step reads the cache, worked out once and shared by every layer.
+
+    Attention over a padded batch costs rows × the longest context in it; with long
+    tails (a few long sequences among many short ones) splitting the batch in two at
+    the best position is several times cheaper, so decode() does that when it pays.
+    """
+
+    slots: torch.Tensor
+    positions: torch.Tensor
+    buckets: tuple[_Bucket, ...]
+
+    @classmethod
+    def make(cls, slots: torch.Tensor, positions: torch.Tensor, arange: torch.Tensor) -> _DecodePlan:
+        a_n = slots.shape[0]
+        context = int(positions.max()) + 1
+        whole = torch.arange(a_n)
+        split = None
+        if a_n >= 8:
+            order = positions.argsort()
+            ends = positions[order] + 1  # the context a bucket ending at each row would need
+            n_short = torch.arange(1, a_n)
+            costs = n_short * ends[:-1] + (a_n - n_short) * context
+            best = int(costs.argmin())
+            if int(costs[best]) < 0.6 * a_n * context:  # worth the extra gathers
+                split = (order[: best + 1], order[best + 1 :], int(ends[best]))
+        if split is None:
+            return cls(slots, positions, (_bucket(whole, slots, positions, context, arange),))
+        short, long, short_context = split
+        return cls(
+            slots,
+            positions,
+            (
+                _bucket(short, slots[short], positions[short], short_context, arange),
+                _bucket(long, slots[long], positions[long], context, arange),
+            ),
+        )
+
+
+def _bucket(
+    rows: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, context: int, arange: torch.Tensor
+) -> _Bucket:
+    n = slots.shape[0]
+    mask = (arange[:context] <= positions[:, None]).view(n, 1, 1, context)
+    first = int(slots[0])
+    run = torch.equal(slots, torch.arange(first, first + n, dtype=slots.dtype))
+    return _Bucket(rows, slots, context, mask, first if run else None)
 
 
 class TinyPolicy(nn.Module):
@@ -335,10 +398,9 @@ class TinyPolicy(nn.Module):
                 f"max_len - 1 = {self.config.max_len - 1}"
             )
         x = self.tok_emb(ids) + self.pos_emb(positions)
-        # One mask for all layers: slot a sees its positions 0..positions[a].
-        mask = (self._positions[:context] <= positions[:, None]).view(a_n, 1, 1, context)
+        plan = _DecodePlan.make(slots, positions, self._positions)  # shared by all layers
         for i, block in enumerate(self._blocks()):
-            x = block.step(x, cache.k[i], cache.v[i], slots, positions, mask)
+            x = block.step(x, cache.k[i], cache.v[i], plan)
         return self._head(x)
 
     def num_parameters(self) -> int:

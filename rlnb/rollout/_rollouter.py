@@ -123,6 +123,7 @@ class Rollouter:
             ),
             0,
         )
+        self._budget_used = 0  # groups dispatched into the buffer (collect()'s do not count)
         self._in_flight = 0
         self._kept_partial = 0
         self._generating = 0  # engine.generate calls outstanding (the WAIT drain waits for 0)
@@ -271,7 +272,7 @@ class Rollouter:
         if self._max_staleness is None:
             return True
         allowed = (self._version + self._max_staleness + 1) * self._groups_per_step
-        return self._counts["groups_dispatched"] < allowed
+        return self._budget_used < allowed
 
     def _may_dispatch(self) -> bool:
         return self._state is RolloutState.RUNNING and self._staleness_ok()
@@ -290,6 +291,7 @@ class Rollouter:
                 continue
             item = next(self._prompts)
             self._note_dispatch()
+            self._budget_used += 1  # only groups bound for the learner count against staleness
             self._spawn(self._run_group(item, to_buffer=True), name=f"rlnb-group-{item.prompt_id}")
 
     def _note_dispatch(self) -> None:

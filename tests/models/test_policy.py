@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from rlnb import ConfigError
-from rlnb.models import KVCache, PolicyConfig, TinyPolicy
+from rlnb.models import KVCache, PolicyConfig, TinyPolicy, _policy
 
 SMALL = PolicyConfig(vocab_size=11, d_model=32, n_layers=2, n_heads=4, max_len=16, mlp_ratio=2, seed=3)
 
@@ -112,6 +112,36 @@ def test_prefill_and_decode_match_forward() -> None:
     got = _generate(model, cache, [5, 0, 3, 6], seqs, prompt_lens, pad=7)
     for g, want in zip(got, _reference(model, seqs, prompt_lens), strict=True):
         torch.testing.assert_close(torch.stack(g), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("slot_order", ["run", "scattered"])
+def test_long_tail_batches_split_for_attention_and_still_match_forward(
+    slot_order: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ten short sequences beside two long ones: decode() then attends over two buckets
+    # (short and long contexts) instead of padding everyone to the longest.
+    buckets_seen: list[int] = []
+    make = _policy._DecodePlan.make
+
+    def spy(*args: torch.Tensor) -> _policy._DecodePlan:
+        plan = make(*args)
+        buckets_seen.append(len(plan.buckets))
+        return plan
+
+    monkeypatch.setattr(_policy._DecodePlan, "make", spy)
+    model = TinyPolicy(SMALL)
+    gen = torch.Generator().manual_seed(1)
+    lengths = [4, 5, 4, 6, 5, 4, 5, 6, 4, 5, 16, 15]
+    prompt_lens = [1] * 10 + [12, 11]
+    seqs = [torch.randint(3, SMALL.vocab_size, (n,), generator=gen) for n in lengths]
+    cache = model.new_cache(16)
+    cache.k.normal_(generator=gen).mul_(50)
+    cache.v.normal_(generator=gen).mul_(50)
+    slots = list(range(12)) if slot_order == "run" else [15, 2, 9, 4, 11, 0, 7, 13, 5, 1, 8, 3]
+    got = _generate(model, cache, slots, seqs, prompt_lens, pad=7)
+    for g, want in zip(got, _reference(model, seqs, prompt_lens), strict=True):
+        torch.testing.assert_close(torch.stack(g), want, atol=1e-4, rtol=1e-4)
+    assert 2 in buckets_seen  # the split path really ran
 
 
 def test_reusing_a_slot_after_a_longer_sequence_gives_the_same_logits() -> None:
