@@ -55,3 +55,13 @@ def test_unknown_commands_are_rejected_with_usage(capsys: pytest.CaptureFixture[
         main(["bench", "nope"])
     assert info.value.code == 2
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_bench_rollout_measures_resume_pause_and_batching_in_one_run() -> None:
+    from rlnb.bench import _rollout
+
+    result = _rollout.run(trials=5, pause_trials=3, requests=32)
+    assert result.figures["in_flight_at_resume_min"] >= 64
+    assert result.figures["drain_all_ms"] > result.figures["resume_to_dispatch_p99_ms"]
+    assert result.figures["continuous_tokens_per_s"] > 0 and result.figures["static_tokens_per_s"] > 0
+    assert {t.name for t in result.targets} == {"resume_to_dispatch_p99", "pause_abort_p99", "continuous_over_static"}

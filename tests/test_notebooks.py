@@ -60,3 +60,20 @@ def test_quickstart_runs_and_leaves_no_session(tmp_path: Path) -> None:
     assert "2 of 4 groups ready" in outputs[4]
     assert "loops: ('rlnb-quickstart',)" in outputs[5]
     assert outputs[-1].strip() == "[] ()"
+
+
+def test_rollouts_notebook_pauses_and_resumes_without_losing_samples(tmp_path: Path) -> None:
+    nb = nbformat.read(NOTEBOOKS / "rollouts.ipynb", as_version=4)
+    done = execute(nb, tmp_path)
+    outputs = [text_of(c) for c in done.cells if c.cell_type == "code"]
+    table = done.cells[3].outputs[0]["data"]
+    assert "<table>" in table["text/html"] and "+" in table["text/html"]
+    assert "'train': 16" in outputs[2]  # (0 + 1 + 1) versions x 8 groups: the staleness budget
+    assert outputs[3].startswith("paused | engine running: 0")
+    state, counts = outputs[4].split("|", 1)
+    assert state.strip() == "running"
+    dispatched, total = (
+        int(x) for x in counts.replace("dispatched:", "").split("= finished + partial + failed + in flight:")
+    )
+    assert dispatched == total
+    assert outputs[-1].strip() == "[]"

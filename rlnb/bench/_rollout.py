@@ -16,6 +16,7 @@ import itertools
 import random
 import threading
 import time
+from collections.abc import Callable
 
 from rlnb._samples import PromptItem
 from rlnb.bench._common import BenchResult, Target, median, p99, time_ms
@@ -26,7 +27,7 @@ from rlnb.runtime import AsyncBridge
 from rlnb.session import Session
 
 
-def _lognormal_lengths(seed: int, median_len: float, sigma: float, cap: int) -> dict[str, int]:
+def _lognormal_lengths(seed: int, median_len: float, sigma: float, cap: int) -> Callable[[GenerateRequest], int]:
     rng = random.Random(seed)
     cache: dict[str, int] = {}
 
@@ -36,7 +37,7 @@ def _lognormal_lengths(seed: int, median_len: float, sigma: float, cap: int) -> 
             cache[key] = max(1, min(cap, round(rng.lognormvariate(0, sigma) * median_len)))
         return cache[key]
 
-    return length  # type: ignore[return-value]
+    return length
 
 
 async def _resume_latency(trials: int) -> dict[str, float]:
@@ -134,15 +135,19 @@ def _batching_tokens_per_s(requests: int) -> dict[str, float]:
         elapsed = time.perf_counter() - start
         return sum(len(r.token_ids) for r in results) / elapsed
 
-    figures = {}
+    # Alternate the two modes over two rounds and keep each one's best, so that a
+    # burst of load from elsewhere on the machine does not decide the ratio.
+    best = {"continuous": 0.0, "static": 0.0}
     with AsyncBridge(name="bench-batching") as bridge:
-        for label, continuous in (("continuous", True), ("static", False)):
-            engine = TinyEngine(policy, eos_id=2, max_batch=64, continuous=continuous, name=f"bench-{label}")
-            try:
-                bridge.run(run(engine, 64))  # warm-up
-                figures[f"{label}_tokens_per_s"] = bridge.run(run(engine, requests))
-            finally:
-                engine.close()
+        for _ in range(2):
+            for label, continuous in (("continuous", True), ("static", False)):
+                engine = TinyEngine(policy, eos_id=2, max_batch=64, continuous=continuous, name=f"bench-{label}")
+                try:
+                    bridge.run(run(engine, 64))  # warm-up
+                    best[label] = max(best[label], bridge.run(run(engine, requests)))
+                finally:
+                    engine.close()
+    figures = {f"{label}_tokens_per_s": value for label, value in best.items()}
     figures["lengths_median"] = median([float(n) for n in lengths])
     figures["lengths_max"] = float(max(lengths))
     return figures

@@ -206,7 +206,7 @@ class _Bucket:
 class _DecodePlan:
     """How one decode step reads the cache, worked out once and shared by every layer.
 
-    Attention over a padded batch costs rows × the longest context in it; with long
+    Attention over a padded batch costs rows times the longest context in it; with long
     tails (a few long sequences among many short ones) splitting the batch in two at
     the best position is several times cheaper, so decode() does that when it pays.
     """

@@ -83,7 +83,8 @@ def test_top_k_one_is_greedy_and_seeds_reproduce_whatever_shares_the_batch(
 
     async def crowded() -> list[tuple[int, ...]]:
         others = [request(f"o{i}", "5+5=", seed=100 + i, max_new_tokens=8) for i in range(5)]
-        results = await asyncio.gather(engine.generate(request("a", seed=7, max_new_tokens=8)), *map(engine.generate, others))
+        mine = engine.generate(request("a", seed=7, max_new_tokens=8))
+        results = await asyncio.gather(mine, *map(engine.generate, others))
         return [results[0].token_ids]
 
     assert bridge.run(alone()) == bridge.run(crowded())
@@ -121,7 +122,9 @@ def test_a_continuation_conditions_on_its_prefix(engine: TinyEngine, bridge: Asy
 
 def test_pause_keep_freezes_and_abort_returns_partial_rollouts(engine: TinyEngine, bridge: AsyncBridge) -> None:
     async def scenario() -> None:
-        running = [asyncio.create_task(engine.generate(request(f"r{i}", max_new_tokens=35, ignore_eos=True))) for i in range(4)]
+        running = [
+            asyncio.create_task(engine.generate(request(f"r{i}", max_new_tokens=35, ignore_eos=True))) for i in range(4)
+        ]
         while engine.statistics().generated_tokens < 8:
             await asyncio.sleep(0.001)
         await engine.pause(PauseMode.KEEP)
