@@ -209,8 +209,10 @@ class Session:
         return self._task
 
     def statistics(self) -> SessionStatistics:
-        """A frozen snapshot of the session's figures: buffer, rollouter and engine."""
-        self._check_open()
+        """A frozen snapshot of the session's figures: buffer, rollouter and engine.
+
+        Like every public call, raises a background failure not yet reported (once)."""
+        self._check()
         assert self._buffer is not None and self._rollouter is not None
         return SessionStatistics(
             name=self._name,

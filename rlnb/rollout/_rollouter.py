@@ -59,6 +59,16 @@ class RolloutStatistics:
 
 
 RewardFn = Callable[[PromptItem, str], float]
+
+
+@dataclasses.dataclass
+class _Ticket:
+    """How many of a group's samples have given back their capacity."""
+
+    samples: int
+    settled: int = 0
+
+
 _DEFAULT_SAMPLING = SamplingParams()
 
 
@@ -124,6 +134,8 @@ class Rollouter:
             0,
         )
         self._budget_used = 0  # groups dispatched into the buffer (collect()'s do not count)
+        self._pause_mode: PauseMode | None = None
+        self._ungrouped = 0  # samples done generating whose group has not been put yet
         self._in_flight = 0
         self._kept_partial = 0
         self._generating = 0  # engine.generate calls outstanding (the WAIT drain waits for 0)
@@ -180,19 +192,31 @@ class Rollouter:
         (``wait_paused()`` waits for it; ``resume()`` interrupts it)."""
         mode = PauseMode(mode)
         self._check_open()
-        if self._state in (RolloutState.PAUSED, RolloutState.PAUSING):
-            return
         if self._state is RolloutState.SYNCING:
             raise RolloutError("cannot pause during a weight sync; try again when it returns")
+        if self._state is not RolloutState.RUNNING:
+            # Already paused: the same mode (or a milder one) changes nothing, while
+            # "abort" still turns a frozen or draining pause into partial rollouts.
+            if mode is not PauseMode.ABORT or self._pause_mode is PauseMode.ABORT:
+                return
+        self._pause_mode = mode
         await self._set_state(RolloutState.PAUSING)
-        await self._engine.pause(mode)
-        if mode is PauseMode.WAIT:
-            self._spawn(self._drain(), name="rlnb-drain")
-        else:
-            await self._set_state(RolloutState.PAUSED)
+        try:
+            await self._engine.pause(mode)
+        finally:
+            # Even if interrupted, the engine has stopped admitting: never stay PAUSING
+            # with nothing left to finish the pause.
+            if mode is PauseMode.WAIT:
+                self._spawn(self._drain(), name="rlnb-drain")
+            else:
+                await self._set_state(RolloutState.PAUSED)
+
+    def _drained(self) -> bool:
+        # Nothing generating, and every finished sample has reached its group's put.
+        return self._generating == 0 and self._ungrouped == 0
 
     async def _drain(self) -> None:
-        await self._wait_for(lambda: self._generating == 0 or self._state is not RolloutState.PAUSING)
+        await self._wait_for(lambda: self._drained() or self._state is not RolloutState.PAUSING)
         if self._state is RolloutState.PAUSING:
             await self._set_state(RolloutState.PAUSED)
 
@@ -242,16 +266,25 @@ class Rollouter:
 
     async def set_version(self, version: int) -> None:
         """Tell the rollouter the learner's policy version (opens the staleness bound)."""
+        self._check_open()
         self._version = version
         await self._notify()
 
     # -- errors -------------------------------------------------------------------------
 
     def raise_pending(self) -> None:
-        """Raise the oldest background failure not yet reported, chained; never swallowed."""
-        if self._errors:
-            error = self._errors.pop(0)
-            raise RolloutError(f"a background rollout failed: {error}") from error
+        """Raise background failures not yet reported: one error chained to the first,
+        holding them all in ``.errors``; each failure is reported exactly once."""
+        if not self._errors:
+            return
+        errors, self._errors = self._errors, []
+        if len(errors) == 1:
+            message = f"a background rollout failed: {errors[0]}"
+        else:
+            message = f"{len(errors)} background rollouts failed; the first: {errors[0]}"
+        exc = RolloutError(message)
+        exc.errors = errors  # type: ignore[attr-defined]
+        raise exc from errors[0]
 
     def _spawn(self, coro: Any, *, name: str, report: bool = True) -> asyncio.Task[Any]:
         """A supervised task: its failure is stored for ``raise_pending`` when ``report``
@@ -278,8 +311,15 @@ class Rollouter:
         return self._state is RolloutState.RUNNING and self._staleness_ok()
 
     async def _acquire_group(self) -> None:
-        for _ in range(self._group_size):
-            await self._capacity.acquire()
+        taken = 0
+        try:
+            for _ in range(self._group_size):
+                await self._capacity.acquire()
+                taken += 1
+        except BaseException:  # cancelled half-way (stop(), Ctrl-C): give back what we took
+            for _ in range(taken):
+                self._capacity.release()
+            raise
 
     async def _dispatch_loop(self) -> None:
         while True:
@@ -292,7 +332,28 @@ class Rollouter:
             item = next(self._prompts)
             self._note_dispatch()
             self._budget_used += 1  # only groups bound for the learner count against staleness
-            self._spawn(self._run_group(item, to_buffer=True), name=f"rlnb-group-{item.prompt_id}")
+            self._spawn_group(item, to_buffer=True)
+
+    def _spawn_group(self, item: PromptItem, *, to_buffer: bool) -> asyncio.Task[Any]:
+        """Start a group whose capacity was acquired; settle what its samples never will."""
+        ticket = _Ticket(self._group_size)
+        task = self._spawn(
+            self._run_group(item, ticket, to_buffer=to_buffer),
+            name=f"rlnb-group-{item.prompt_id}",
+            report=to_buffer,  # collect() raises its groups' failures itself
+        )
+        task.add_done_callback(lambda _task: self._settle(ticket))
+        return task
+
+    def _settle(self, ticket: _Ticket) -> None:
+        # A group cancelled before its samples ran (Ctrl-C during collect(), close)
+        # still owes their capacity and their count.
+        missing = ticket.samples - ticket.settled
+        for _ in range(missing):
+            self._capacity.release()
+        self._in_flight -= missing
+        self._counts["failed"] += missing
+        ticket.settled = ticket.samples
 
     def _note_dispatch(self) -> None:
         self._counts["groups_dispatched"] += 1
@@ -307,14 +368,19 @@ class Rollouter:
         self._check_open()
         if self._state is not RolloutState.RUNNING:
             raise RolloutError(f"rollouts are {self._state.value}; call resume() first")
-        tasks = []
-        for _ in range(n_groups):
-            await self._acquire_group()
-            item = next(self._prompts)
-            self._note_dispatch()
-            group = self._run_group(item, to_buffer=False)
-            tasks.append(self._spawn(group, name=f"rlnb-group-{item.prompt_id}", report=False))
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            for _ in range(n_groups):
+                await self._acquire_group()
+                item = next(self._prompts)
+                self._note_dispatch()
+                tasks.append(self._spawn_group(item, to_buffer=False))
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        except BaseException:  # interrupted: what we started must not go on generating
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         for result in results:
             if isinstance(result, BaseException):
                 raise RolloutError(f"rollout failed: {result}") from result
@@ -322,25 +388,31 @@ class Rollouter:
 
     # -- one group, one sample ----------------------------------------------------------
 
-    async def _run_group(self, item: PromptItem, *, to_buffer: bool) -> Group:
+    async def _run_group(self, item: PromptItem, ticket: _Ticket, *, to_buffer: bool) -> Group | None:
         prompt_ids = tuple(self._encode(item.prompt))
         base_seed = self._seed * 1_000_003 + item.prompt_id * 1009
-        coros = [self._run_sample(item, prompt_ids, i, base_seed + i) for i in range(self._group_size)]
+        coros = [self._run_sample(item, prompt_ids, i, base_seed + i, ticket) for i in range(self._group_size)]
         results = await asyncio.gather(*coros, return_exceptions=True)
-        failures = [r for r in results if isinstance(r, BaseException)]
-        if failures:
-            self._counts["groups_failed"] += 1
-            for f in failures:
-                if isinstance(f, asyncio.CancelledError):
-                    raise f
-            raise failures[0]
-        group = Group(
-            prompt=item.prompt, samples=tuple(r for r in results if isinstance(r, Sample)), prompt_id=item.prompt_id
-        )
-        self._counts["groups_finished"] += 1
-        if to_buffer:
-            await self._put(group)
-        return group
+        try:
+            for result in results:
+                if isinstance(result, asyncio.CancelledError):
+                    raise result
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:
+                self._counts["groups_failed"] += 1
+                if not to_buffer:
+                    raise failures[0]  # collect() raises it to its caller
+                self._errors.append(failures[0])  # reported at the next call, counted now
+                return None
+            samples = tuple(r for r in results if isinstance(r, Sample))
+            group = Group(prompt=item.prompt, samples=samples, prompt_id=item.prompt_id)
+            self._counts["groups_finished"] += 1
+            if to_buffer:
+                await self._put(group)
+            return group
+        finally:
+            self._ungrouped -= sum(isinstance(r, Sample) for r in results)
+            await self._notify_if_drained()
 
     async def _put(self, group: Group) -> None:
         try:
@@ -348,7 +420,9 @@ class Rollouter:
         except BufferFull:  # wait for the learner off the loop, so dispatch goes on
             await asyncio.to_thread(self._buffer.put, group)
 
-    async def _run_sample(self, item: PromptItem, prompt_ids: tuple[int, ...], index: int, seed: int) -> Sample:
+    async def _run_sample(
+        self, item: PromptItem, prompt_ids: tuple[int, ...], index: int, seed: int, ticket: _Ticket
+    ) -> Sample:
         tokens: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -371,6 +445,7 @@ class Rollouter:
                 self._kept_partial += 1
                 self._in_flight -= 1
                 try:
+                    await self._notify_if_drained()
                     await self._wait_for(lambda: self._state is RolloutState.RUNNING)
                 finally:
                     self._kept_partial -= 1
@@ -382,6 +457,7 @@ class Rollouter:
             raise
         else:
             self._counts["finished"] += 1
+            self._ungrouped += 1
             return Sample(
                 prompt=item.prompt,
                 completion=completion,
@@ -393,8 +469,14 @@ class Rollouter:
                 resumed=continuations,
             )
         finally:
+            ticket.settled += 1
             self._in_flight -= 1
             self._capacity.release()
+            await self._notify_if_drained()
+
+    async def _notify_if_drained(self) -> None:
+        if self._state is RolloutState.PAUSING and self._drained():
+            await self._notify()  # a WAIT drain is waiting for this
 
     async def _generate_with_retries(
         self,
@@ -423,15 +505,13 @@ class Rollouter:
                 raise
             except Exception as exc:
                 attempt += 1
-                self._counts["retries"] += 1
                 if attempt > self._max_retries:
                     raise RolloutError(
                         f"generation for prompt {item.prompt_id} sample {index} failed {attempt} times"
                     ) from exc
+                self._counts["retries"] += 1
             finally:
                 self._generating -= 1
-                if self._generating == 0 and self._state is RolloutState.PAUSING:
-                    await self._notify()  # a WAIT drain is waiting for this
 
     def _reward(self, item: PromptItem, completion: str) -> float:
         attempt = 0
@@ -440,11 +520,11 @@ class Rollouter:
                 return float(self._reward_fn(item, completion))
             except Exception as exc:
                 attempt += 1
-                self._counts["retries"] += 1
                 if attempt > self._max_retries:
                     raise RolloutError(
                         f"reward function failed {attempt} times on prompt {item.prompt_id} ({item.prompt!r})"
                     ) from exc
+                self._counts["retries"] += 1
 
     # -- figures and lifecycle ------------------------------------------------------------
 

@@ -39,6 +39,7 @@ class _Seq:
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
+    order: int = 0  # arrival order
     slot: int = -1
     position: int = 0  # where the next fed token goes
     aborted: bool = False
@@ -96,6 +97,8 @@ class TinyEngine:
         self._barriers: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._updates: list[tuple[Mapping[str, Any], int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._version = 0
+        self._arrivals = 0
+        self._wait_cutoff = 0  # in WAIT mode, requests that arrived up to here still run
         self._closed = False
         self._counts = {"finished": 0, "aborted": 0, "tokens": 0, "steps": 0, "batch_sum": 0}
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
@@ -115,6 +118,8 @@ class TinyEngine:
         with self._cond:
             if self._closed:
                 raise ClosedError("the engine is closed")
+            self._arrivals += 1
+            seq.order = self._arrivals
             self._queue.append(seq)
             self._cond.notify()
         try:
@@ -138,6 +143,7 @@ class TinyEngine:
         with self._cond:
             self._check_open()
             self._paused = mode
+            self._wait_cutoff = self._arrivals
             if mode is PauseMode.ABORT:
                 for seq in [*self._queue, *self._active]:
                     seq.aborted = True
@@ -222,7 +228,11 @@ class TinyEngine:
         return bool(self._active) or (bool(self._queue) and self._may_admit())
 
     def _may_admit(self) -> bool:
-        if self._paused is not None or not self._free:
+        if not self._free or not self._queue:
+            return False
+        if self._paused is PauseMode.WAIT:  # in flight means already asked for: those still run
+            return self._queue[0].order <= self._wait_cutoff
+        if self._paused is not None:
             return False
         if not self._continuous:
             return not self._active
@@ -270,6 +280,8 @@ class TinyEngine:
     def _admit(self) -> list[_Seq]:
         admitted = []
         while self._queue and self._free:
+            if self._paused is PauseMode.WAIT and self._queue[0].order > self._wait_cutoff:
+                break
             seq = self._queue.popleft()
             seq.slot = heapq.heappop(self._free)
             admitted.append(seq)

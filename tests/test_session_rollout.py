@@ -1,0 +1,228 @@
+"""The Session's rollout API on the real TinyEngine with a tiny random policy.
+
+A notebook user's view: rollout() to inspect, background rollouts into the buffer,
+pause/resume, errors that surface on the next call, Ctrl-C and close mid-generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import rlnb
+from rlnb.notebook import RolloutBatch
+from rlnb.rollout import GenerateRequest, GenerateResult, RolloutStatistics
+
+CONFIG = rlnb.Config(
+    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
+)
+# Background dispatch stops at (max_staleness + 1) * groups_per_step groups until the learner advances.
+BUDGET = (1 + 1) * 4
+PROMPT = re.compile(r"\d\d\+\d\d=")
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Poll ``predicate``; the timeout only turns a hang into a failure."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.001)
+
+
+def assert_counts_add_up(s: RolloutStatistics) -> None:
+    assert s.dispatched == s.finished + s.kept_partial + s.failed + s.in_flight, s
+
+
+def engine_threads(session_name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"rlnb-{session_name}-engine"]
+
+
+def cause_chain(error: BaseException) -> list[BaseException]:
+    chain = []
+    current: BaseException | None = error
+    while current is not None:
+        chain.append(current)
+        current = current.__cause__
+    return chain
+
+
+def test_rollout_returns_rewarded_groups_that_render_as_tables() -> None:
+    with rlnb.Session(CONFIG, name="inspect") as sess:
+        batch = sess.rollout(3)
+        assert sess.statistics().buffer.put == 0  # inspection only, nothing for the learner
+
+    assert isinstance(batch, RolloutBatch) and len(batch) == 3
+    for group in batch:
+        assert PROMPT.fullmatch(group.prompt), group.prompt
+        assert len(group.samples) == CONFIG.rollout.group_size
+        for sample in group.samples:
+            assert sample.prompt == group.prompt
+            assert sample.reward is not None and 0.0 <= sample.reward <= 1.0
+            assert 1 <= len(sample.token_ids) == len(sample.logprobs) == len(sample.versions)
+            assert set(sample.versions) == {0}
+            assert sample.finish_reason in ("stop", "length") and sample.resumed == 0
+
+    html = batch._repr_html_()
+    assert html.startswith("<table>") and html.endswith("</table>")
+    assert all(group.prompt in html for group in batch)
+    text = repr(batch)
+    lines = text.splitlines()
+    assert lines[0] == "RolloutBatch(3 groups)"
+    assert lines[1].split() == ["prompt", "completion", "reward", "versions", "marks"]
+    assert len(lines) == 2 + 3 * CONFIG.rollout.group_size
+    assert "<" not in text
+
+
+def test_background_rollouts_fill_the_buffer_to_the_staleness_budget_through_pause_and_resume() -> None:
+    with rlnb.Session(CONFIG, name="background") as sess:
+        sess.start_rollouts()
+        sess.pause()  # "abort": whatever is generating is kept as a partial rollout
+        stats = sess.statistics()
+        assert stats.rollout.state == "paused"
+        assert stats.engine.running == 0 and stats.engine.paused == "abort"  # quiescent
+        assert_counts_add_up(stats.rollout)
+
+        sess.resume()
+        wait_until(lambda: sess.statistics().buffer.sizes["train"] == BUDGET, f"{BUDGET} groups in the buffer")
+        stats = sess.statistics()
+        assert stats.rollout.groups_dispatched == BUDGET and stats.rollout.dispatching
+        assert_counts_add_up(stats.rollout)
+
+        sess.stop_rollouts()
+        stats = sess.statistics()
+        assert not stats.rollout.dispatching and stats.rollout.state == "running"
+        assert stats.rollout.in_flight == 0 and stats.rollout.kept_partial == 0
+        assert_counts_add_up(stats.rollout)
+        groups = sess.buffer.get(BUDGET, timeout=1)
+        assert all(set(s.versions) == {0} for g in groups for s in g.samples)
+
+
+def test_bad_pause_mode_and_rollout_while_paused_raise_helpful_errors() -> None:
+    with rlnb.Session(CONFIG, name="modes") as sess:
+        with pytest.raises(ValueError, match="'abort', 'keep', 'wait'"):
+            sess.pause(mode="bogus")
+        assert sess.statistics().rollout.state == "running"  # the bad call changed nothing
+
+        sess.pause("keep")
+        with pytest.raises(rlnb.RolloutError, match=r"resume\(\)"):
+            sess.rollout(1)
+        sess.resume()
+        assert len(sess.rollout(1)) == 1
+
+
+def test_closing_during_generation_leaves_nothing_behind() -> None:
+    # A large budget so that generation is surely under way when close() comes.
+    config = CONFIG.replace(rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=64))
+    sess = rlnb.Session(config, name="close-early")
+    assert len(engine_threads("close-early")) == 1
+    sess.start_rollouts()
+    wait_until(lambda: sess.statistics().engine.running > 0, "the engine to generate")
+    sess.close()
+    assert sess.closed and rlnb.sessions() == []
+    assert engine_threads("close-early") == []
+    with pytest.raises(rlnb.ClosedError):
+        sess.start_rollouts()
+
+
+def test_an_engine_failure_surfaces_chained_on_the_next_call_and_the_session_recovers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    original = RuntimeError("engine exploded")
+
+    async def broken(request: GenerateRequest) -> GenerateResult:
+        raise original
+
+    with rlnb.Session(CONFIG, name="engine-failure") as sess:
+        engine: Any = sess._engine
+        monkeypatch.setattr(engine, "generate", broken)
+        sess.start_rollouts()
+
+        # The next public call after a group fails reports it, statistics() included.
+        errors: list[rlnb.RolloutError] = []
+
+        def reported() -> bool:
+            try:
+                sess.statistics()
+            except rlnb.RolloutError as exc:
+                errors.append(exc)
+            return bool(errors)
+
+        wait_until(reported, "the failure to be reported")
+        assert "background rollout" in str(errors[0]) and "failed" in str(errors[0])
+        assert cause_chain(errors[0])[-1] is original
+        assert all(cause_chain(e)[-1] is original for e in errors[0].errors)  # type: ignore[attr-defined]
+
+        # Every failure is reported once; with generate fixed, rollouts work again.
+        monkeypatch.delattr(engine, "generate")
+
+        def settled() -> bool:
+            try:
+                return sess.statistics().rollout.in_flight == 0
+            except rlnb.RolloutError:  # groups that failed since the last call
+                return False
+
+        wait_until(settled, "the failing groups to settle")
+        while True:
+            try:
+                sess.stop_rollouts()
+                break
+            except rlnb.RolloutError:
+                continue
+        assert len(sess.rollout(1)) == 1
+        assert_counts_add_up(sess.statistics().rollout)
+
+
+def test_ctrl_c_during_rollout_raises_keyboard_interrupt_and_the_session_stays_usable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    generating = threading.Event()
+
+    with rlnb.Session(CONFIG, name="ctrl-c") as sess:
+        engine: Any = sess._engine
+        real_generate = engine.generate
+
+        async def slow_generate(request: GenerateRequest) -> GenerateResult:
+            generating.set()
+            await asyncio.sleep(0.2)  # the rollout is surely still running when Ctrl-C comes
+            return await real_generate(request)
+
+        monkeypatch.setattr(engine, "generate", slow_generate)
+
+        def press_ctrl_c() -> None:
+            if generating.wait(10):
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+        presser = threading.Thread(target=press_ctrl_c, name="press-ctrl-c")
+        presser.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                sess.rollout(64)
+        finally:
+            presser.join()
+        monkeypatch.delattr(engine, "generate")
+
+        assert [t.is_alive() for t in engine_threads("ctrl-c")] == [True]
+        batch = sess.rollout(2)
+        assert len(batch) == 2 and all(len(g.samples) == CONFIG.rollout.group_size for g in batch)
+        assert_counts_add_up(sess.statistics().rollout)
+
+
+def test_pause_wait_drains_even_with_more_samples_in_flight_than_engine_slots() -> None:
+    config = CONFIG.replace(engine=rlnb.EngineConfig(max_batch=1))
+    with rlnb.Session(config, name="wait-drain") as sess:
+        sess.start_rollouts()
+        wait_until(lambda: sess.statistics().engine.waiting > 0, "requests queued in the engine")
+        sess.pause("wait")
+        sess.wait_paused(timeout=1.0)
+        stats = sess.statistics()
+        assert stats.rollout.state == "paused"
+        assert stats.engine.running == 0 and stats.engine.waiting == 0
