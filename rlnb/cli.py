@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -18,7 +17,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlnb", description="Notebook-first RL post-training of language models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="run the built-in demo session on CPU")
+    demo = sub.add_parser("demo", help="run the built-in demo on CPU")
     demo.add_argument("--json", action="store_true", help="end with one JSON line of results")
 
     bench = sub.add_parser("bench", help="run a benchmark against a floor measured in the same run")
@@ -29,7 +28,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _demo(as_json: bool) -> int:
-    """A session smoke: bridge, buffer and close, with what the process holds before and after."""
+    """Until training lands: rollouts from the built-in (untrained) policy through the
+    background rollouter, a pause and a resume, and what the process holds before,
+    during and after the session."""
     import rlnb
     from rlnb.probe import snapshot
     from rlnb.runtime._bridge import warm_up_loop_backend
@@ -37,34 +38,43 @@ def _demo(as_json: bool) -> int:
     start = time.perf_counter()
     warm_up_loop_backend()
     before = snapshot()
-    with rlnb.Session(rlnb.Config(), name="demo") as sess:
-
-        async def make_group(i: int) -> rlnb.Group:
-            await asyncio.sleep(0)
-            samples = [rlnb.Sample(prompt=f"{i}+{i}=", completion=str(2 * i), reward=1.0) for _ in range(4)]
-            return rlnb.Group(prompt=f"{i}+{i}=", samples=tuple(samples), prompt_id=i)
-
-        for i in range(8):
-            sess.buffer.put(sess.bridge.run(make_group(i)))
-        batch = sess.buffer.get(4, timeout=1.0)
+    with rlnb.Session(rlnb.Config(task="addition"), name="demo") as sess:
+        print(f"rlnb demo: task {sess.task.name!r}, built-in tiny policy (untrained), CPU")
+        print(repr(sess.rollout(2)))
+        sess.start_rollouts()
+        sess.buffer.get(4, timeout=60)  # background generation reached the buffer
+        sess.pause("abort")
+        paused = sess.statistics()
+        sess.resume()
+        sess.stop_rollouts()
         during = snapshot()
         stats = sess.statistics()
     after = snapshot()
+    r = stats.rollout
     result = {
-        "groups_put": stats.buffer.put,
-        "groups_taken": stats.buffer.taken,
-        "first_prompt": batch[0].prompt,
+        "task": sess.task.name,
+        "groups_finished": r.groups_finished,
+        "samples_dispatched": r.dispatched,
+        "samples_accounted": r.finished + r.kept_partial + r.failed + r.in_flight,
+        "kept_partial_at_pause": paused.rollout.kept_partial,
+        "engine_running_at_pause": paused.engine.running,
+        "generated_tokens": stats.engine.generated_tokens,
         "threads": [before.num_threads, during.num_threads, after.num_threads],
         "fds": [before.num_fds, during.num_fds, after.num_fds],
         "left_behind": after.new_since(before),
         "seconds": round(time.perf_counter() - start, 3),
     }
-    print(f"rlnb demo: put {result['groups_put']} groups, took {result['groups_taken']} through the bridge and buffer")
-    print(f"  threads before/during/after: {result['threads']}, FDs: {result['fds']}")
-    print(f"  left behind after close: {result['left_behind'] or 'nothing'}")
+    print(
+        f"background rollouts: {result['groups_finished']} groups, {result['generated_tokens']} tokens; "
+        f"pause kept {result['kept_partial_at_pause']} partial samples with the engine quiescent "
+        f"({result['engine_running_at_pause']} running); dispatched {result['samples_dispatched']} = "
+        f"accounted {result['samples_accounted']}"
+    )
+    print(f"threads before/during/after: {result['threads']}, FDs: {result['fds']}")
+    print(f"left behind after close: {result['left_behind'] or 'nothing'}")
     if as_json:
         print(json.dumps(result, sort_keys=True))
-    return 1 if result["left_behind"] else 0
+    return 1 if result["left_behind"] or result["samples_dispatched"] != result["samples_accounted"] else 0
 
 
 def _bench(name: str, as_json: bool, strict: bool) -> int:

@@ -14,12 +14,15 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "rlnb", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_demo_runs_a_session_and_leaves_nothing_behind() -> None:
+def test_demo_rolls_out_pauses_resumes_and_leaves_nothing_behind() -> None:
     proc = run_cli("demo", "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["groups_put"] == 8 and result["groups_taken"] == 4
+    assert result["task"] == "addition" and result["groups_finished"] >= 4
+    assert result["samples_dispatched"] == result["samples_accounted"]
+    assert result["engine_running_at_pause"] == 0
     assert result["left_behind"] == {}
+    assert "RolloutBatch(2 groups)" in proc.stdout
     assert "left behind after close: nothing" in proc.stdout
 
 
