@@ -1,23 +1,13 @@
 from __future__ import annotations
 
+import pkgutil
 import subprocess
 import sys
 
 import rlnb
 
-SUBMODULES = {
-    "bench",
-    "buffer",
-    "cli",
-    "config",
-    "data",
-    "models",
-    "notebook",
-    "rollout",
-    "runtime",
-    "session",
-    "testing",
-}
+# Submodules become attributes of the package once anything imports them.
+SUBMODULES = {m.name for m in pkgutil.iter_modules(rlnb.__path__)}
 
 
 def test_all_is_sorted_and_complete() -> None:

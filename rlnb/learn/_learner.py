@@ -1,0 +1,204 @@
+"""The ``Learner``: groups of rewarded samples in, one optimisation step, metrics out.
+
+It owns the trainable policy, its AdamW optimiser and, when ``kl_coef > 0``, a
+frozen reference copy. It knows nothing about sessions, loops or notebooks.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from rlnb._samples import Group
+from rlnb.learn._loss import grpo_advantages, policy_loss
+from rlnb.models import TinyPolicy
+
+__all__ = ["LearnerConfig", "Learner", "TrainBatch", "collate"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    """lr, betas, weight_decay: AdamW. max_grad_norm: gradient clipping.
+    clip_eps: PPO clip range. is_cap: truncation of the off-policy importance weight.
+    kl_coef: weight of the KL to the frozen initial policy (0: no reference kept).
+    epochs, minibatches: passes over each batch and the groups split per pass."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_eps: float = 0.2
+    is_cap: float = 2.0
+    kl_coef: float = 0.0
+    epochs: int = 1
+    minibatches: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainBatch:
+    """Sequences (BOS, prompt, completion) right-padded, with per-target annotations.
+
+    ``ids`` [N, L]; the model reads ``ids[:, :-1]`` and predicts ``ids[:, 1:]``;
+    ``mask`` [N, L-1] marks completion targets, ``behav_logp`` [N, L-1] their
+    behaviour log-probs; ``advantages`` [N]; ``rewards`` [N]; ``min_versions`` [N].
+    """
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    behav_logp: torch.Tensor
+    advantages: torch.Tensor
+    rewards: torch.Tensor
+    min_versions: torch.Tensor
+    group_of: torch.Tensor  # [N] index of each sample's group
+
+
+def collate(groups: Sequence[Group], encode: Callable[[str], list[int]], pad_id: int) -> TrainBatch:
+    """Build a :class:`TrainBatch`; raises ``ValueError`` for samples without tokens or log-probs."""
+    rows: list[list[int]] = []
+    spans: list[tuple[int, int]] = []
+    behav: list[tuple[float, ...]] = []
+    advantages: list[torch.Tensor] = []
+    rewards: list[float] = []
+    versions: list[int] = []
+    group_of: list[int] = []
+    for g_index, group in enumerate(groups):
+        prompt = encode(group.prompt)
+        r = torch.tensor([float(s.reward or 0.0) for s in group.samples])
+        advantages.append(grpo_advantages(r[None, :])[0])
+        for sample in group.samples:
+            if len(sample.logprobs) != len(sample.token_ids):
+                raise ValueError(f"sample of prompt {group.prompt!r} has no behaviour log-probs for its tokens")
+            rows.append(prompt + list(sample.token_ids))
+            spans.append((len(prompt), len(sample.token_ids)))
+            behav.append(sample.logprobs)
+            rewards.append(float(sample.reward or 0.0))
+            versions.append(sample.min_version if sample.min_version is not None else 0)
+            group_of.append(g_index)
+    n, length = len(rows), max(len(r) for r in rows)
+    ids = torch.full((n, length), pad_id, dtype=torch.long)
+    mask = torch.zeros(n, length - 1, dtype=torch.bool)
+    behav_logp = torch.zeros(n, length - 1)
+    for i, (row, (start, count)) in enumerate(zip(rows, spans, strict=True)):
+        ids[i, : len(row)] = torch.tensor(row)
+        # target j predicts ids[j + 1]: completion token k sits at ids[start + k]
+        mask[i, start - 1 : start - 1 + count] = True
+        behav_logp[i, start - 1 : start - 1 + count] = torch.tensor(behav[i])
+    return TrainBatch(
+        ids=ids,
+        mask=mask,
+        behav_logp=behav_logp,
+        advantages=torch.cat(advantages),
+        rewards=torch.tensor(rewards),
+        min_versions=torch.tensor(versions),
+        group_of=torch.tensor(group_of),
+    )
+
+
+class Learner:
+    """Optimises ``policy`` with the GRPO/PPO loss of :mod:`rlnb.learn._loss`."""
+
+    def __init__(
+        self,
+        policy: TinyPolicy,
+        *,
+        encode: Callable[[str], list[int]],
+        pad_id: int,
+        config: LearnerConfig = LearnerConfig(),
+    ) -> None:
+        self.policy = policy.train()
+        self.config = config
+        self._encode = encode
+        self._pad = pad_id
+        self.optimizer = torch.optim.AdamW(
+            policy.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+        )
+        self.reference = copy.deepcopy(policy).eval().requires_grad_(False) if config.kl_coef > 0 else None
+        self.version = 0
+
+    def _token_logp(self, model: TinyPolicy, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = model(ids[:, :-1]).float()
+        logp_all = logits.log_softmax(-1)
+        logp = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logp, entropy
+
+    def step(self, groups: Sequence[Group]) -> dict[str, float]:
+        """One optimisation step on ``groups``; returns its metrics. The policy's
+        version goes up by one. Raises ``ValueError`` for an empty or malformed batch."""
+        if not groups:
+            raise ValueError("Learner.step() needs at least one group")
+        cfg = self.config
+        start = time.perf_counter()
+        batch = collate(groups, self._encode, self._pad)
+        with torch.no_grad():
+            prox, _ = self._token_logp(self.policy, batch.ids)
+            ref = self._token_logp(self.reference, batch.ids)[0] if self.reference is not None else None
+        parts = torch.arange(len(groups)).chunk(max(1, min(cfg.minibatches, len(groups))))
+        sums: dict[str, float] = {k: 0.0 for k in ("loss", "policy", "kl", "clip", "isw", "istrunc", "ent", "gn")}
+        updates = 0
+        for _ in range(cfg.epochs):
+            for part in parts:
+                rows = torch.isin(batch.group_of, part)
+                logp, entropy = self._token_logp(self.policy, batch.ids[rows])
+                mask = batch.mask[rows]
+                terms = policy_loss(
+                    logp,
+                    prox[rows],
+                    batch.behav_logp[rows],
+                    batch.advantages[rows],
+                    mask,
+                    clip_eps=cfg.clip_eps,
+                    is_cap=cfg.is_cap,
+                    kl_coef=cfg.kl_coef,
+                    ref_logp=None if ref is None else ref[rows],
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                terms.loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+                updates += 1
+                for key, value in (
+                    ("loss", float(terms.loss.detach())),
+                    ("policy", terms.policy),
+                    ("kl", terms.kl),
+                    ("clip", terms.clip_fraction),
+                    ("isw", terms.is_weight_mean),
+                    ("istrunc", terms.is_truncated_fraction),
+                    ("ent", float((entropy.detach() * mask).sum() / mask.sum().clamp_min(1))),
+                    ("gn", float(grad_norm)),
+                ):
+                    sums[key] += value
+        self.version += 1
+        elapsed = time.perf_counter() - start
+        tokens = int(batch.mask.sum())
+        lengths = batch.mask.sum(dim=1).float()
+        mean = {k: v / updates for k, v in sums.items()}
+        return {
+            "loss": mean["loss"],
+            "policy_loss": mean["policy"],
+            "reward_mean": float(batch.rewards.mean()),
+            "reward_std": float(batch.rewards.std(unbiased=False)),
+            "accuracy": float((batch.rewards >= 1.0).float().mean()),
+            "response_length": float(lengths.mean()),
+            "entropy": mean["ent"],
+            "clip_fraction": mean["clip"],
+            "kl": mean["kl"],
+            "is_weight_mean": mean["isw"],
+            "is_truncated_fraction": mean["istrunc"],
+            "staleness": float((self.version - 1 - batch.min_versions).float().mean()),
+            "grad_norm": mean["gn"] if math.isfinite(mean["gn"]) else float("nan"),
+            "train_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+            "groups": float(len(groups)),
+            "version": float(self.version),
+        }
+
+    def export_weights(self) -> dict[str, Any]:
+        """The policy's weights for an engine's ``update_weights`` (tensors, not copies:
+        engines copy them into their own model)."""
+        return self.policy.state_dict()

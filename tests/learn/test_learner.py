@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rlnb
+from rlnb.learn import Learner, LearnerConfig, collate
+from rlnb.models import CharTokenizer, PolicyConfig, TinyPolicy
+
+TOK = CharTokenizer("0123456789+=")
+
+
+def encode(text: str) -> list[int]:
+    return TOK.encode(text, bos=True)
+
+
+def policy() -> TinyPolicy:
+    return TinyPolicy(PolicyConfig(vocab_size=TOK.vocab_size, d_model=32, n_layers=1, n_heads=2, max_len=16))
+
+
+def sample_with_behaviour(
+    model: TinyPolicy, prompt: str, completion: str, reward: float, version: int = 0
+) -> rlnb.Sample:
+    """A sample whose behaviour log-probs are the model's own (on-policy)."""
+    ids = encode(prompt) + TOK.encode(completion) + [TOK.EOS]
+    with torch.no_grad():
+        logp = model(torch.tensor([ids[:-1]]))[0].log_softmax(-1)
+    start = len(encode(prompt))
+    tokens = ids[start:]
+    logprobs = tuple(float(logp[start - 1 + k, tok]) for k, tok in enumerate(tokens))
+    return rlnb.Sample(
+        prompt=prompt,
+        completion=completion,
+        token_ids=tuple(tokens),
+        logprobs=logprobs,
+        versions=(version,) * len(tokens),
+        reward=reward,
+    )
+
+
+def sequence_logp(model: TinyPolicy, prompt: str, sample: rlnb.Sample) -> float:
+    ids = encode(prompt) + list(sample.token_ids)
+    with torch.no_grad():
+        logp = model(torch.tensor([ids[:-1]]))[0].log_softmax(-1)
+    start = len(encode(prompt))
+    return sum(float(logp[start - 1 + k, tok]) for k, tok in enumerate(sample.token_ids))
+
+
+def test_collate_aligns_completion_targets_and_behaviour_logprobs() -> None:
+    model = policy()
+    good = sample_with_behaviour(model, "12+34=", "46", 1.0)
+    bad = sample_with_behaviour(model, "12+34=", "5", 0.0)
+    batch = collate([rlnb.Group("12+34=", (good, bad))], encode, TOK.PAD)
+    prompt_len = len(encode("12+34="))
+    # target j predicts ids[j + 1]: the completion's targets start at prompt_len - 1
+    assert batch.mask[0].nonzero().flatten().tolist() == [prompt_len - 1, prompt_len, prompt_len + 1]
+    assert batch.ids[0, prompt_len:].tolist() == list(good.token_ids)
+    assert batch.behav_logp[0, batch.mask[0]].tolist() == pytest.approx(list(good.logprobs))
+    assert batch.advantages.tolist() == pytest.approx([1.0, -1.0], abs=1e-5)
+    assert batch.ids[1, prompt_len + 2 :].tolist() == [TOK.PAD]  # right padding
+
+
+def test_a_step_moves_probability_towards_the_rewarded_completion() -> None:
+    model = policy()
+    learner = Learner(model, encode=encode, pad_id=TOK.PAD, config=LearnerConfig(lr=1e-2))
+    good = sample_with_behaviour(model, "12+34=", "46", 1.0)
+    bad = sample_with_behaviour(model, "12+34=", "91", 0.0)
+    group = rlnb.Group("12+34=", (good, bad))
+    before = sequence_logp(model, "12+34=", good) - sequence_logp(model, "12+34=", bad)
+    metrics = learner.step([group])
+    after = sequence_logp(model, "12+34=", good) - sequence_logp(model, "12+34=", bad)
+    assert after > before
+    assert learner.version == 1 and metrics["version"] == 1
+    assert metrics["reward_mean"] == pytest.approx(0.5) and metrics["accuracy"] == pytest.approx(0.5)
+    assert metrics["is_weight_mean"] == pytest.approx(1.0, abs=1e-4)  # on-policy
+    assert metrics["staleness"] == 0 and metrics["grad_norm"] > 0
+    expected = {
+        "loss",
+        "policy_loss",
+        "reward_mean",
+        "reward_std",
+        "accuracy",
+        "response_length",
+        "entropy",
+        "clip_fraction",
+        "kl",
+        "is_weight_mean",
+        "is_truncated_fraction",
+        "staleness",
+        "grad_norm",
+        "train_tokens_per_s",
+        "groups",
+        "version",
+    }
+    assert set(metrics) == expected
+
+
+def test_stale_samples_are_reweighted_and_counted_as_stale() -> None:
+    model = policy()
+    learner = Learner(model, encode=encode, pad_id=TOK.PAD, config=LearnerConfig(is_cap=1.5))
+    learner.version = 3
+    # behaviour log-probs far below the current policy's: an old, different policy
+    fresh = sample_with_behaviour(model, "1+1=", "2", 1.0, version=3)
+    stale = sample_with_behaviour(model, "1+1=", "3", 0.0, version=1)
+    stale = rlnb.Sample(**{**stale.__dict__, "logprobs": tuple(lp - 2.0 for lp in stale.logprobs)})
+    metrics = learner.step([rlnb.Group("1+1=", (fresh, stale))])
+    assert metrics["staleness"] == pytest.approx(1.0)  # (0 + 2) / 2 versions behind
+    assert metrics["is_truncated_fraction"] == pytest.approx(0.5)  # the stale sample's tokens
+    assert 1.0 < metrics["is_weight_mean"] <= 1.5
+
+
+def test_kl_to_the_reference_is_zero_at_first_and_grows_after_updates() -> None:
+    model = policy()
+    learner = Learner(model, encode=encode, pad_id=TOK.PAD, config=LearnerConfig(lr=5e-2, kl_coef=0.1))
+    assert learner.reference is not None and learner.reference is not model
+    group = rlnb.Group(
+        "2+2=",
+        (sample_with_behaviour(model, "2+2=", "4", 1.0), sample_with_behaviour(model, "2+2=", "5", 0.0)),
+    )
+    first = learner.step([group])
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6)
+    group = rlnb.Group(
+        "2+2=",
+        (sample_with_behaviour(model, "2+2=", "4", 1.0), sample_with_behaviour(model, "2+2=", "5", 0.0)),
+    )
+    assert learner.step([group])["kl"] > 0
+
+
+def test_malformed_batches_are_refused() -> None:
+    learner = Learner(policy(), encode=encode, pad_id=TOK.PAD)
+    with pytest.raises(ValueError, match="at least one group"):
+        learner.step([])
+    no_logprobs = rlnb.Sample(prompt="1+1=", completion="2", token_ids=(5, 2), reward=1.0)
+    with pytest.raises(ValueError, match="behaviour log-probs"):
+        learner.step([rlnb.Group("1+1=", (no_logprobs,))])
