@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +17,8 @@ import pytest
 
 import rlnb
 from rlnb.notebook import RolloutBatch
-from rlnb.rollout import GenerateRequest, GenerateResult, RolloutStatistics
+from rlnb.rollout import GenerateRequest, GenerateResult
+from tests.helpers import assert_counts_add_up, cause_chain, ctrl_c_once
 
 CONFIG = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
@@ -38,21 +38,8 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) 
         time.sleep(0.001)
 
 
-def assert_counts_add_up(s: RolloutStatistics) -> None:
-    assert s.dispatched == s.finished + s.kept_partial + s.failed + s.in_flight, s
-
-
 def engine_threads(session_name: str) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == f"rlnb-{session_name}-engine"]
-
-
-def cause_chain(error: BaseException) -> list[BaseException]:
-    chain = []
-    current: BaseException | None = error
-    while current is not None:
-        chain.append(current)
-        current = current.__cause__
-    return chain
 
 
 def test_rollout_returns_rewarded_groups_that_render_as_tables() -> None:
@@ -197,17 +184,8 @@ def test_ctrl_c_during_rollout_raises_keyboard_interrupt_and_the_session_stays_u
 
         monkeypatch.setattr(engine, "generate", slow_generate)
 
-        def press_ctrl_c() -> None:
-            if generating.wait(10):
-                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
-
-        presser = threading.Thread(target=press_ctrl_c, name="press-ctrl-c")
-        presser.start()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                sess.rollout(64)
-        finally:
-            presser.join()
+        with ctrl_c_once(generating):
+            sess.rollout(64)
         monkeypatch.delattr(engine, "generate")
 
         assert [t.is_alive() for t in engine_threads("ctrl-c")] == [True]

@@ -29,6 +29,7 @@ from rlnb.rollout import (
     RolloutStatistics,
     SamplingParams,
 )
+from tests.helpers import assert_counts_add_up, cause_chain
 
 EOS = 2  # FakeEngine ends every "stop" sequence with this token
 DELAY = 0.01  # FakeEngine seconds per token where a test acts mid-generation
@@ -130,20 +131,6 @@ async def settle(iterations: int = 50) -> None:
     """Let every ready task run a while, to show that something does NOT happen."""
     for _ in range(iterations):
         await asyncio.sleep(0)
-
-
-def assert_counts_add_up(s: RolloutStatistics) -> None:
-    assert s.dispatched == s.finished + s.kept_partial + s.failed + s.in_flight, s
-    assert min(s.finished, s.kept_partial, s.failed, s.in_flight) >= 0, s
-
-
-def cause_chain(error: BaseException) -> list[BaseException]:
-    chain = []
-    current: BaseException | None = error
-    while current is not None:
-        chain.append(current)
-        current = current.__cause__
-    return chain
 
 
 async def next_pending_error(r: Rollouter) -> rlnb.RolloutError:

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 from collections.abc import Iterator
 
@@ -13,6 +12,7 @@ from rlnb.models import CharTokenizer, PolicyConfig, TinyPolicy
 from rlnb.rollout import GenerateRequest, PauseMode, SamplingParams
 from rlnb.rollout._tiny import TinyEngine
 from rlnb.runtime import AsyncBridge
+from tests.helpers import ctrl_c_once
 
 TOKENIZER = CharTokenizer("0123456789+=")
 EOS = TOKENIZER.EOS
@@ -213,15 +213,8 @@ def test_ctrl_c_interrupts_the_caller_not_the_engine(engine: TinyEngine, bridge:
         await engine.generate(request("long", max_new_tokens=35, ignore_eos=True))
         await asyncio.sleep(30)
 
-    def press_ctrl_c() -> None:
-        started.wait(5)
-        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
-
-    presser = threading.Thread(target=press_ctrl_c)
-    presser.start()
-    with pytest.raises(KeyboardInterrupt):
+    with ctrl_c_once(started):
         bridge.run(long_generation())
-    presser.join()
     assert engine._thread.is_alive()
     result = bridge.run(engine.generate(request("next", max_new_tokens=3, ignore_eos=True)))
     assert len(result.token_ids) == 3

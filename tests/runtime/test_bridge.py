@@ -4,7 +4,6 @@ import asyncio
 import contextvars
 import gc
 import os
-import signal
 import threading
 from collections.abc import Iterator
 
@@ -13,6 +12,7 @@ import pytest
 import rlnb
 from rlnb.probe import snapshot
 from rlnb.runtime._bridge import AsyncBridge, live_loops
+from tests.helpers import ctrl_c_once
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="unset")
 
@@ -79,15 +79,8 @@ def test_keyboard_interrupt_cancels_the_coroutine(bridge: AsyncBridge) -> None:
         finally:
             events.append("cleaned up")
 
-    def press_ctrl_c() -> None:
-        started.wait(5)
-        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
-
-    presser = threading.Thread(target=press_ctrl_c)
-    presser.start()
-    with pytest.raises(KeyboardInterrupt):
+    with ctrl_c_once(started):
         bridge.run(long_running())
-    presser.join()
     # The coroutine's cleanup ran before run() re-raised: nothing is orphaned.
     assert events == ["cancelled", "cleaned up"]
     assert bridge.run(add(1, 1)) == 2
