@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from rlnb._errors import ConfigError
 from rlnb._samples import Group
 from rlnb.learn._loss import grpo_advantages, policy_loss
 from rlnb.models import TinyPolicy
@@ -38,6 +39,21 @@ class LearnerConfig:
     kl_coef: float = 0.0
     epochs: int = 1
     minibatches: int = 1
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("lr", self.lr > 0, "use a learning rate > 0, e.g. lr=1e-3"),
+            ("weight_decay", self.weight_decay >= 0, "use a value >= 0"),
+            ("max_grad_norm", self.max_grad_norm > 0, "use a norm > 0, e.g. max_grad_norm=1.0"),
+            ("clip_eps", 0 < self.clip_eps < 1, "use a value in (0, 1), e.g. clip_eps=0.2"),
+            ("is_cap", self.is_cap >= 1, "use a cap >= 1, e.g. is_cap=2.0"),
+            ("kl_coef", self.kl_coef >= 0, "use 0 (no KL) or a positive weight"),
+            ("epochs", isinstance(self.epochs, int) and self.epochs >= 1, "use an int >= 1"),
+            ("minibatches", isinstance(self.minibatches, int) and self.minibatches >= 1, "use an int >= 1"),
+        )
+        for field, ok, fix in checks:
+            if not ok:
+                raise ConfigError(f"LearnerConfig.{field}={getattr(self, field)!r} is invalid: {fix}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -133,3 +133,12 @@ def test_malformed_batches_are_refused() -> None:
     no_logprobs = rlnb.Sample(prompt="1+1=", completion="2", token_ids=(5, 2), reward=1.0)
     with pytest.raises(ValueError, match="behaviour log-probs"):
         learner.step([rlnb.Group("1+1=", (no_logprobs,))])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("lr", 0.0), ("clip_eps", 1.5), ("is_cap", 0.5), ("kl_coef", -1.0), ("epochs", 0), ("minibatches", 0)],
+)
+def test_learner_config_errors_name_the_field(field: str, value: float) -> None:
+    with pytest.raises(rlnb.ConfigError, match=f"LearnerConfig.{field}="):
+        LearnerConfig(**{field: value})
