@@ -136,6 +136,7 @@ class Rollouter:
         self._budget_used = 0  # groups dispatched into the buffer (collect()'s do not count)
         self._pause_mode: PauseMode | None = None
         self._ungrouped = 0  # samples done generating whose group has not been put yet
+        self._putting = 0  # finished groups waiting for room in the buffer
         self._in_flight = 0
         self._kept_partial = 0
         self._generating = 0  # engine.generate calls outstanding (the WAIT drain waits for 0)
@@ -308,7 +309,8 @@ class Rollouter:
         return self._budget_used < allowed
 
     def _may_dispatch(self) -> bool:
-        return self._state is RolloutState.RUNNING and self._staleness_ok()
+        # A full buffer is backpressure: finished groups waiting to go in stop new dispatch.
+        return self._state is RolloutState.RUNNING and self._staleness_ok() and self._putting == 0
 
     async def _acquire_group(self) -> None:
         taken = 0
@@ -417,8 +419,13 @@ class Rollouter:
     async def _put(self, group: Group) -> None:
         try:
             self._buffer.put_nowait(group)
-        except BufferFull:  # wait for the learner off the loop, so dispatch goes on
-            await asyncio.to_thread(self._buffer.put, group)
+        except BufferFull:  # wait for the learner off the loop; dispatch holds meanwhile
+            self._putting += 1
+            try:
+                await asyncio.to_thread(self._buffer.put, group)
+            finally:
+                self._putting -= 1
+                await self._notify()
 
     async def _run_sample(
         self, item: PromptItem, prompt_ids: tuple[int, ...], index: int, seed: int, ticket: _Ticket

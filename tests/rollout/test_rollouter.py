@@ -678,3 +678,40 @@ def test_cancelled_collect_stops_the_groups_it_already_dispatched() -> None:
             assert r.statistics().in_flight == 0
 
     asyncio.run(main())
+
+
+def test_a_full_buffer_holds_dispatch_back_and_taking_lets_it_go_on() -> None:
+    async def main() -> None:
+        buffer = ReplayBuffer(1)
+        rollouter = Rollouter(
+            FakeEngine(lengths=2),
+            prompts=prompt_stream(),
+            encode=encode,
+            decode=decode,
+            reward_fn=constant_reward,
+            buffer=buffer,
+            group_size=2,
+            max_inflight=4,
+            max_staleness=None,
+        )
+        try:
+            await rollouter.start()
+            await until(lambda: rollouter.statistics().groups_finished >= 3, "groups beyond the buffer's room")
+            await settle(200)
+            held = rollouter.statistics().groups_dispatched
+            await settle(200)
+            # One group in the buffer, one waiting to go in, the in-flight ones: no more.
+            assert rollouter.statistics().groups_dispatched == held <= 1 + 1 + 4 // 2
+            # Once the learner has taken every finished group, dispatch goes on.
+            for _ in range(held):
+                await asyncio.to_thread(buffer.get, 1, 5.0)
+                await settle(20)
+                if rollouter.statistics().groups_dispatched > held:
+                    break
+            await until(lambda: rollouter.statistics().groups_dispatched > held, "dispatch to go on")
+            assert_counts_add_up(rollouter.statistics())
+        finally:
+            await rollouter.aclose()
+            buffer.close()
+
+    asyncio.run(main())
