@@ -97,10 +97,11 @@ async def make_rollouter(
     engine: FakeEngine,
     *,
     reward_fn: Callable[[PromptItem, str], float] = constant_reward,
+    buffer_capacity: int = 256,
     **kwargs: Any,
 ) -> AsyncIterator[tuple[Rollouter, ReplayBuffer]]:
     kwargs.setdefault("sampling", NO_LENGTH_CUT)
-    buffer = ReplayBuffer(256)
+    buffer = ReplayBuffer(buffer_capacity)
     rollouter = Rollouter(
         engine,
         prompts=prompt_stream(),
@@ -682,19 +683,11 @@ def test_cancelled_collect_stops_the_groups_it_already_dispatched() -> None:
 
 def test_a_full_buffer_holds_dispatch_back_and_taking_lets_it_go_on() -> None:
     async def main() -> None:
-        buffer = ReplayBuffer(1)
-        rollouter = Rollouter(
-            FakeEngine(lengths=2),
-            prompts=prompt_stream(),
-            encode=encode,
-            decode=decode,
-            reward_fn=constant_reward,
-            buffer=buffer,
-            group_size=2,
-            max_inflight=4,
-            max_staleness=None,
-        )
-        try:
+        engine = FakeEngine(lengths=2)
+        async with make_rollouter(engine, buffer_capacity=1, group_size=2, max_inflight=4, max_staleness=None) as (
+            rollouter,
+            buffer,
+        ):
             await rollouter.start()
             await until(lambda: rollouter.statistics().groups_finished >= 3, "groups beyond the buffer's room")
             await settle(200)
@@ -710,8 +703,5 @@ def test_a_full_buffer_holds_dispatch_back_and_taking_lets_it_go_on() -> None:
                     break
             await until(lambda: rollouter.statistics().groups_dispatched > held, "dispatch to go on")
             assert_counts_add_up(rollouter.statistics())
-        finally:
-            await rollouter.aclose()
-            buffer.close()
 
     asyncio.run(main())
