@@ -19,7 +19,7 @@ from rlnb._errors import (
 )
 from rlnb._samples import Group, PromptItem, Sample
 from rlnb.buffer import BufferStatistics, ReplayBuffer
-from rlnb.config import BufferConfig, Config, EngineConfig, ModelConfig, RolloutConfig
+from rlnb.config import BufferConfig, Config, EngineConfig, LearnConfig, ModelConfig, RolloutConfig
 from rlnb.rollout import PauseMode
 from rlnb.runtime import AsyncBridge, close_all, sessions
 from rlnb.session import Session, SessionStatistics
@@ -40,6 +40,7 @@ __all__ = [
     "FeederError",
     "Group",
     "LeakError",
+    "LearnConfig",
     "ModelConfig",
     "PauseMode",
     "PromptItem",

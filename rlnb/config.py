@@ -11,7 +11,7 @@ from typing import Any
 from rlnb._errors import ConfigError
 from rlnb.data import get_task
 
-__all__ = ["BufferConfig", "Config", "EngineConfig", "ModelConfig", "RolloutConfig"]
+__all__ = ["BufferConfig", "Config", "EngineConfig", "LearnConfig", "ModelConfig", "RolloutConfig"]
 
 
 def _require(ok: bool, field: str, value: Any, fix: str) -> None:
@@ -178,12 +178,45 @@ class RolloutConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LearnConfig:
+    """lr, betas, weight_decay: AdamW. max_grad_norm: gradient clipping.
+    clip_eps: PPO clip range. is_cap: truncation of the off-policy importance weight.
+    kl_coef: weight of the KL to the frozen initial policy (0: no reference kept).
+    epochs, minibatches: passes over each batch and the groups split per pass."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_eps: float = 0.2
+    is_cap: float = 2.0
+    kl_coef: float = 0.0
+    epochs: int = 1
+    minibatches: int = 1
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("lr", self.lr > 0, "use a learning rate > 0, e.g. lr=1e-3"),
+            ("weight_decay", self.weight_decay >= 0, "use a value >= 0"),
+            ("max_grad_norm", self.max_grad_norm > 0, "use a norm > 0, e.g. max_grad_norm=1.0"),
+            ("clip_eps", 0 < self.clip_eps < 1, "use a value in (0, 1), e.g. clip_eps=0.2"),
+            ("is_cap", self.is_cap >= 1, "use a cap >= 1, e.g. is_cap=2.0"),
+            ("kl_coef", self.kl_coef >= 0, "use 0 (no KL) or a positive weight"),
+            ("epochs", isinstance(self.epochs, int) and self.epochs >= 1, "use an int >= 1"),
+            ("minibatches", isinstance(self.minibatches, int) and self.minibatches >= 1, "use an int >= 1"),
+        )
+        for field, ok, fix in checks:
+            if not ok:
+                raise ConfigError(f"LearnConfig.{field}={getattr(self, field)!r} is invalid: {fix}")
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """Everything a :class:`~rlnb.Session` is built from.
 
     task: the name of a registered task (``rlnb.data.task_names()``).
     seed: seeds every random number generator the session owns.
-    model, engine, rollout, buffer: the parts (see each class).
+    model, engine, rollout, learn, buffer: the parts (see each class).
     close_timeout: seconds ``Session.close()`` may spend in all before it gives up
         on a part that will not stop (it then warns and abandons it).
     """
@@ -193,12 +226,19 @@ class Config:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    learn: LearnConfig = dataclasses.field(default_factory=LearnConfig)
     buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
     close_timeout: float = 5.0
 
     def __post_init__(self) -> None:
         _require(_is_int(self.seed) and self.seed >= 0, "Config.seed", self.seed, "use an int >= 0, e.g. seed=0")
-        parts = (("model", ModelConfig), ("engine", EngineConfig), ("rollout", RolloutConfig), ("buffer", BufferConfig))
+        parts = (
+            ("model", ModelConfig),
+            ("engine", EngineConfig),
+            ("rollout", RolloutConfig),
+            ("learn", LearnConfig),
+            ("buffer", BufferConfig),
+        )
         for field, cls in parts:
             value = getattr(self, field)
             _require(

@@ -50,7 +50,7 @@ class Session:
     """
 
     # Construction stages, in order; each ``_build_<stage>`` registers its own close.
-    _STAGES = ("bridge", "buffer", "policy", "engine", "rollouter", "registry")
+    _STAGES = ("bridge", "buffer", "policy", "learner", "engine", "rollouter", "registry")
 
     def __init__(self, config: Config | None = None, *, name: str = "default") -> None:
         if config is None:
@@ -109,6 +109,17 @@ class Session:
             seed=self._config.seed,
         )
         self._policy = TinyPolicy(policy_config)
+
+    def _build_learner(self) -> None:
+        from rlnb.learn import Learner
+
+        tokenizer = self._tokenizer
+        self._learner = Learner(
+            self._policy,
+            encode=lambda text: tokenizer.encode(text, bos=True),
+            pad_id=tokenizer.PAD,
+            config=self._config.learn,
+        )
 
     def _build_engine(self) -> None:
         from rlnb.rollout._tiny import TinyEngine
@@ -261,6 +272,63 @@ class Session:
     def wait_paused(self, timeout: float | None = None) -> None:
         """Block until a pause has taken effect; :class:`TimeoutError` after ``timeout`` s."""
         self.bridge.run(self._check().wait_paused(), timeout=timeout)
+
+    # -- learning ---------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """The learner's policy version: the number of steps taken."""
+        return int(self._learner.version)
+
+    def step(self, *, timeout: float | None = None) -> dict[str, float]:
+        """One synchronous training step: roll out ``groups_per_step`` fresh groups with
+        the current policy, update on them, and sync the new weights to the engine.
+
+        Returns the step's metrics. Blocks. Ctrl-C while rolling out cancels the
+        rollout and changes nothing; once the update has started, it and the weight
+        sync finish first and the interrupt is raised after (all-or-nothing).
+        """
+        from rlnb.runtime._interrupts import defer_interrupts
+
+        rollouter = self._check()
+        groups = self.bridge.run(rollouter.collect(self._config.rollout.groups_per_step), timeout=timeout)
+        with defer_interrupts():
+            metrics = self._learner.step(groups)
+            version = self._learner.version
+            self.bridge.run(rollouter.sync_weights(self._learner.export_weights(), version))
+            self.bridge.run(rollouter.set_version(version))
+            self.buffer.set_version(version)
+        return metrics
+
+    def train(self, n_steps: int, *, progress: bool = True) -> list[dict[str, float]]:
+        """Run ``n_steps`` of :meth:`step` with a progress bar (terminal or notebook).
+
+        Ctrl-C stops after the current step is consistent; call ``train()`` again to
+        go on. Returns each step's metrics.
+        """
+        if not isinstance(n_steps, int) or n_steps < 1:
+            raise ValueError(f"train(n_steps={n_steps!r}): use a positive int")
+        from tqdm.auto import tqdm
+
+        class Bar(tqdm):
+            monitor_interval = 0  # no tqdm monitor thread: it would outlive the session
+
+        history: list[dict[str, float]] = []
+        with Bar(total=n_steps, desc=f"rlnb {self._name}", disable=not progress, leave=True) as bar:
+            for _ in range(n_steps):
+                metrics = self.step()
+                history.append(metrics)
+                bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
+                bar.update(1)
+        return history
+
+    def evaluate(self, n_prompts: int = 200, *, seed: int = 12345) -> float:
+        """Greedy exact-match accuracy on ``n_prompts`` held-out prompts of the task. Blocks."""
+        rollouter = self._check()
+        items = self._task.eval_set(n_prompts, seed=seed)
+        max_new = self._config.rollout.max_new_tokens or self._task.max_new_tokens
+        results = self.bridge.run(rollouter.evaluate(items, max_new_tokens=max_new))
+        return sum(reward >= 1.0 for _, reward in results) / len(results)
 
     def _check(self) -> Rollouter:
         """Every public call starts here: closed sessions and background errors raise."""

@@ -15,45 +15,12 @@ from typing import Any
 
 import torch
 
-from rlnb._errors import ConfigError
 from rlnb._samples import Group
+from rlnb.config import LearnConfig
 from rlnb.learn._loss import grpo_advantages, policy_loss
 from rlnb.models import TinyPolicy
 
-__all__ = ["LearnerConfig", "Learner", "TrainBatch", "collate"]
-
-
-@dataclasses.dataclass(frozen=True)
-class LearnerConfig:
-    """lr, betas, weight_decay: AdamW. max_grad_norm: gradient clipping.
-    clip_eps: PPO clip range. is_cap: truncation of the off-policy importance weight.
-    kl_coef: weight of the KL to the frozen initial policy (0: no reference kept).
-    epochs, minibatches: passes over each batch and the groups split per pass."""
-
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.99)
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    clip_eps: float = 0.2
-    is_cap: float = 2.0
-    kl_coef: float = 0.0
-    epochs: int = 1
-    minibatches: int = 1
-
-    def __post_init__(self) -> None:
-        checks = (
-            ("lr", self.lr > 0, "use a learning rate > 0, e.g. lr=1e-3"),
-            ("weight_decay", self.weight_decay >= 0, "use a value >= 0"),
-            ("max_grad_norm", self.max_grad_norm > 0, "use a norm > 0, e.g. max_grad_norm=1.0"),
-            ("clip_eps", 0 < self.clip_eps < 1, "use a value in (0, 1), e.g. clip_eps=0.2"),
-            ("is_cap", self.is_cap >= 1, "use a cap >= 1, e.g. is_cap=2.0"),
-            ("kl_coef", self.kl_coef >= 0, "use 0 (no KL) or a positive weight"),
-            ("epochs", isinstance(self.epochs, int) and self.epochs >= 1, "use an int >= 1"),
-            ("minibatches", isinstance(self.minibatches, int) and self.minibatches >= 1, "use an int >= 1"),
-        )
-        for field, ok, fix in checks:
-            if not ok:
-                raise ConfigError(f"LearnerConfig.{field}={getattr(self, field)!r} is invalid: {fix}")
+__all__ = ["Learner", "TrainBatch", "collate"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +83,9 @@ def collate(groups: Sequence[Group], encode: Callable[[str], list[int]], pad_id:
     )
 
 
+_DEFAULT = LearnConfig()
+
+
 class Learner:
     """Optimises ``policy`` with the GRPO/PPO loss of :mod:`rlnb.learn._loss`."""
 
@@ -125,7 +95,7 @@ class Learner:
         *,
         encode: Callable[[str], list[int]],
         pad_id: int,
-        config: LearnerConfig = LearnerConfig(),
+        config: LearnConfig = _DEFAULT,
     ) -> None:
         self.policy = policy.train()
         self.config = config

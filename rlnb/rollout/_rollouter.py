@@ -388,6 +388,21 @@ class Rollouter:
                 raise RolloutError(f"rollout failed: {result}") from result
         return [r for r in results if isinstance(r, Group)]
 
+    async def evaluate(self, items: list[PromptItem], *, max_new_tokens: int) -> list[tuple[str, float]]:
+        """Greedy completions and rewards for ``items`` (not put in the buffer)."""
+        self._check_open()
+        if self._state is not RolloutState.RUNNING:
+            raise RolloutError(f"rollouts are {self._state.value}; call resume() first")
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+
+        async def one(item: PromptItem) -> tuple[str, float]:
+            request = GenerateRequest(f"eval.{item.prompt_id}", tuple(self._encode(item.prompt)), sampling)
+            result = await self._engine.generate(request)
+            completion = self._decode(list(result.token_ids))
+            return completion, self._reward(item, completion)
+
+        return list(await asyncio.gather(*map(one, items)))
+
     # -- one group, one sample ----------------------------------------------------------
 
     async def _run_group(self, item: PromptItem, ticket: _Ticket, *, to_buffer: bool) -> Group | None:

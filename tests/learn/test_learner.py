@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import rlnb
-from rlnb.learn import Learner, LearnerConfig, collate
+from rlnb.learn import LearnConfig, Learner, collate
 from rlnb.models import CharTokenizer, PolicyConfig, TinyPolicy
 
 TOK = CharTokenizer("0123456789+=")
@@ -62,7 +62,7 @@ def test_collate_aligns_completion_targets_and_behaviour_logprobs() -> None:
 
 def test_a_step_moves_probability_towards_the_rewarded_completion() -> None:
     model = policy()
-    learner = Learner(model, encode=encode, pad_id=TOK.PAD, config=LearnerConfig(lr=1e-2))
+    learner = Learner(model, encode=encode, pad_id=TOK.PAD, config=LearnConfig(lr=1e-2))
     good = sample_with_behaviour(model, "12+34=", "46", 1.0)
     bad = sample_with_behaviour(model, "12+34=", "91", 0.0)
     group = rlnb.Group("12+34=", (good, bad))
@@ -97,7 +97,7 @@ def test_a_step_moves_probability_towards_the_rewarded_completion() -> None:
 
 def test_stale_samples_are_reweighted_and_counted_as_stale() -> None:
     model = policy()
-    learner = Learner(model, encode=encode, pad_id=TOK.PAD, config=LearnerConfig(is_cap=1.5))
+    learner = Learner(model, encode=encode, pad_id=TOK.PAD, config=LearnConfig(is_cap=1.5))
     learner.version = 3
     # behaviour log-probs far below the current policy's: an old, different policy
     fresh = sample_with_behaviour(model, "1+1=", "2", 1.0, version=3)
@@ -111,7 +111,7 @@ def test_stale_samples_are_reweighted_and_counted_as_stale() -> None:
 
 def test_kl_to_the_reference_is_zero_at_first_and_grows_after_updates() -> None:
     model = policy()
-    learner = Learner(model, encode=encode, pad_id=TOK.PAD, config=LearnerConfig(lr=5e-2, kl_coef=0.1))
+    learner = Learner(model, encode=encode, pad_id=TOK.PAD, config=LearnConfig(lr=5e-2, kl_coef=0.1))
     assert learner.reference is not None and learner.reference is not model
     group = rlnb.Group(
         "2+2=",
@@ -140,5 +140,5 @@ def test_malformed_batches_are_refused() -> None:
     [("lr", 0.0), ("clip_eps", 1.5), ("is_cap", 0.5), ("kl_coef", -1.0), ("epochs", 0), ("minibatches", 0)],
 )
 def test_learner_config_errors_name_the_field(field: str, value: float) -> None:
-    with pytest.raises(rlnb.ConfigError, match=f"LearnerConfig.{field}="):
-        LearnerConfig(**{field: value})
+    with pytest.raises(rlnb.ConfigError, match=f"LearnConfig.{field}="):
+        LearnConfig(**{field: value})
