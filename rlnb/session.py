@@ -13,6 +13,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rlnb._errors import ClosedError, ConfigError
@@ -272,6 +273,18 @@ class Session:
     def wait_paused(self, timeout: float | None = None) -> None:
         """Block until a pause has taken effect; :class:`TimeoutError` after ``timeout`` s."""
         self.bridge.run(self._check().wait_paused(), timeout=timeout)
+
+    def set_reward(self, reward_fn: Callable[[str, Any], float]) -> None:
+        """Use ``reward_fn(completion, answer) -> float`` from the next rollout on.
+
+        Completions already scored keep their rewards. Raises ``TypeError`` if it is
+        not callable.
+        """
+        if not callable(reward_fn):
+            raise TypeError(
+                f"set_reward() takes a callable (completion, answer) -> float, got {type(reward_fn).__name__}"
+            )
+        self.bridge.run(self._check().set_reward_fn(lambda item, completion: reward_fn(completion, item.answer)))
 
     # -- learning ---------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import Any
 from rlnb._errors import ConfigError
 from rlnb._samples import PromptItem
 
-__all__ = ["Task", "addition", "get_task", "register_task", "task_names"]
+__all__ = ["Task", "addition", "get_task", "register_task", "reverse", "sort", "task_names"]
 
 # Prompt ids of held-out sets live far from the training stream's.
 EVAL_ID_OFFSET = 1 << 40
@@ -78,7 +78,35 @@ addition = Task(
     max_new_tokens=4,
 )
 
-_TASKS: dict[str, Task] = {"addition": addition}
+
+def _reverse_prompt(rng: random.Random) -> tuple[str, str]:
+    word = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(3, 6)))
+    return f"{word}=", word[::-1]
+
+
+reverse = Task(
+    name="reverse",
+    alphabet="abcdefgh=",
+    make_prompt=_reverse_prompt,
+    reward=_positional_credit,
+    max_new_tokens=7,
+)
+
+
+def _sort_prompt(rng: random.Random) -> tuple[str, str]:
+    digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(3, 6)))
+    return f"{digits}=", "".join(sorted(digits))
+
+
+sort = Task(
+    name="sort",
+    alphabet="0123456789=",
+    make_prompt=_sort_prompt,
+    reward=_positional_credit,
+    max_new_tokens=7,
+)
+
+_TASKS: dict[str, Task] = {t.name: t for t in (addition, reverse, sort)}
 
 
 def register_task(task: Task, *, replace: bool = False) -> Task:

@@ -265,6 +265,11 @@ class Rollouter:
                 await self._engine.resume()
             await self._set_state(previous if synced else RolloutState.PAUSED)
 
+    async def set_reward_fn(self, reward_fn: RewardFn) -> None:
+        """Score every completion from now on with ``reward_fn`` (samples already scored keep theirs)."""
+        self._check_open()
+        self._reward_fn = reward_fn
+
     async def set_version(self, version: int) -> None:
         """Tell the rollouter the learner's policy version (opens the staleness bound)."""
         self._check_open()

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+import rlnb
+from rlnb.data import Task, addition, get_task, register_task, reverse, sort, task_names
+
+CORRECT = {
+    "addition": lambda prompt: str(sum(map(int, prompt.rstrip("=").split("+")))),
+    "reverse": lambda prompt: prompt.rstrip("=")[::-1],
+    "sort": lambda prompt: "".join(sorted(prompt.rstrip("="))),
+}
+
+
+@pytest.mark.parametrize("task", [addition, reverse, sort], ids=lambda t: t.name)
+def test_builtin_tasks_are_reproducible_verifiable_and_fit_their_alphabet(task: Task) -> None:
+    first = list(itertools.islice(task.prompts(seed=3), 20))
+    assert first == list(itertools.islice(task.prompts(seed=3), 20))
+    assert first != list(itertools.islice(task.prompts(seed=4), 20))
+    for item in first:
+        assert item.answer == CORRECT[task.name](item.prompt)
+        assert set(item.prompt) | set(item.answer) <= set(task.alphabet)
+        assert len(item.answer) + 1 <= task.max_new_tokens  # room for end-of-sequence
+        assert task.reward(item.answer, item.answer) == 1.0
+        wrong = item.answer[:-1] + ("0" if item.answer[-1] != "0" else "1")
+        assert 0.0 <= task.reward(wrong, item.answer) < 0.5  # partial credit stays below 0.5
+        assert task.reward("", item.answer) == 0.0
+    held_out = task.eval_set(50)
+    assert held_out == task.eval_set(50)
+    assert {i.prompt_id for i in held_out}.isdisjoint({i.prompt_id for i in first})
+
+
+def test_task_names_and_unknown_task_error() -> None:
+    assert {"addition", "reverse", "sort"} <= set(task_names())
+    with pytest.raises(rlnb.ConfigError, match="use one of"):
+        get_task("nope")
+    with pytest.raises(rlnb.ConfigError, match=r"Config\.task='nope'"):
+        rlnb.Config(task="nope")
+
+
+def test_a_task_made_from_notebook_callables_drives_a_session() -> None:
+    def make_prompt(rng: random.Random) -> tuple[str, str]:
+        n = rng.randint(1, 9)
+        return f"{n}*2=", str(2 * n)
+
+    task = register_task(
+        Task(
+            name="double",
+            alphabet="0123456789*=",
+            make_prompt=make_prompt,
+            reward=lambda completion, answer: float(completion == answer),
+            max_new_tokens=3,
+        ),
+        replace=True,
+    )
+    with pytest.raises(rlnb.ConfigError, match="exists already"):
+        register_task(Task("double", "0", make_prompt, lambda c, a: 0.0, 1))
+    config = rlnb.Config(task="double", model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2))
+    with rlnb.Session(config, name="user-task") as sess:
+        assert sess.task is task
+        batch = sess.rollout(2)
+        assert all(g.prompt.endswith("*2=") for g in batch)
+
+
+def test_swapping_the_reward_takes_effect_at_the_next_rollout() -> None:
+    config = rlnb.Config(
+        model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2), rollout=rlnb.RolloutConfig(group_size=4)
+    )
+    with rlnb.Session(config, name="reward-swap") as sess:
+        before = sess.rollout(1)
+        sess.set_reward(lambda completion, answer: 0.25)
+        after = sess.rollout(2)
+        assert {s.reward for g in after for s in g.samples} == {0.25}
+        for group in before:  # scored before the swap: the task's own reward, unchanged
+            answer = CORRECT["addition"](group.prompt)
+            assert [s.reward for s in group.samples] == [addition.reward(s.completion, answer) for s in group.samples]
+        with pytest.raises(TypeError, match="callable"):
+            sess.set_reward("not a function")  # type: ignore[arg-type]
