@@ -33,6 +33,9 @@ from tests.helpers import assert_counts_add_up, cause_chain
 
 EOS = 2  # FakeEngine ends every "stop" sequence with this token
 DELAY = 0.01  # FakeEngine seconds per token where a test acts mid-generation
+# Where a test must catch 20-token generations still running after waiting for 3 tokens,
+# a slower pace: a loaded machine stalling for a few hundred ms must not finish them.
+SLOW = 0.05
 NO_LENGTH_CUT = SamplingParams(max_new_tokens=10**9)  # the scripted lengths alone end a sample
 
 
@@ -162,11 +165,11 @@ def buffered_ids(buffer: ReplayBuffer) -> list[int]:
 
 def test_pause_abort_keeps_every_in_flight_sample_and_resume_continues_its_prefix() -> None:
     async def main() -> None:
-        engine = RecordingEngine(lengths=20, token_delay=DELAY)
+        engine = RecordingEngine(lengths=20, token_delay=SLOW)
         async with make_rollouter(engine, group_size=4, max_inflight=8) as (r, _):
             task = asyncio.create_task(r.collect(2))
             await until(lambda: engine.statistics().running == 8, "8 generations running")
-            await asyncio.sleep(3 * DELAY)  # about 3 of 20 tokens each: a real prefix, far from done
+            await asyncio.sleep(3 * SLOW)  # about 3 of 20 tokens each: a real prefix, far from done
             in_flight = r.statistics().in_flight
             assert in_flight == 8
 
@@ -242,12 +245,12 @@ def test_resume_dispatches_new_groups_while_64_long_generations_are_unfinished(m
 
 def test_weight_sync_mid_generation_stamps_later_tokens_with_the_new_version() -> None:
     async def main() -> None:
-        engine = RecordingEngine(lengths=20, token_delay=DELAY)
+        engine = RecordingEngine(lengths=20, token_delay=SLOW)
         state = {"w": 1.0}
         async with make_rollouter(engine, group_size=2, max_inflight=2) as (r, _):
             task = asyncio.create_task(r.collect(1))
             await until(lambda: engine.statistics().running == 2, "2 generations running")
-            await asyncio.sleep(3 * DELAY)  # some tokens at version 0, most still to come
+            await asyncio.sleep(3 * SLOW)  # some tokens at version 0, most still to come
             await r.sync_weights(state, version=1)
             assert r.state is RolloutState.RUNNING
             assert engine.weights is state and engine.statistics().version == 1
