@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -178,7 +177,7 @@ class Learner:
             "is_weight_mean": mean["isw"],
             "is_truncated_fraction": mean["istrunc"],
             "staleness": float((self.version - 1 - batch.min_versions).float().mean()),
-            "grad_norm": mean["gn"] if math.isfinite(mean["gn"]) else float("nan"),
+            "grad_norm": mean["gn"],
             "train_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
             "groups": float(len(groups)),
             "version": float(self.version),

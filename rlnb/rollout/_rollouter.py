@@ -336,13 +336,14 @@ class Rollouter:
                 for _ in range(self._group_size):
                     self._capacity.release()
                 continue
-            item = next(self._prompts)
-            self._note_dispatch()
             self._budget_used += 1  # only groups bound for the learner count against staleness
-            self._spawn_group(item, to_buffer=True)
+            self._spawn_group(to_buffer=True)
 
-    def _spawn_group(self, item: PromptItem, *, to_buffer: bool) -> asyncio.Task[Any]:
-        """Start a group whose capacity was acquired; settle what its samples never will."""
+    def _spawn_group(self, *, to_buffer: bool) -> asyncio.Task[Any]:
+        """Start a group on the next prompt, its capacity already acquired; settle
+        what its samples never will."""
+        item = next(self._prompts)
+        self._note_dispatch()
         ticket = _Ticket(self._group_size)
         task = self._spawn(
             self._run_group(item, ticket, to_buffer=to_buffer),
@@ -379,9 +380,7 @@ class Rollouter:
         try:
             for _ in range(n_groups):
                 await self._acquire_group()
-                item = next(self._prompts)
-                self._note_dispatch()
-                tasks.append(self._spawn_group(item, to_buffer=False))
+                tasks.append(self._spawn_group(to_buffer=False))
             results = await asyncio.gather(*tasks, return_exceptions=True)
         except BaseException:  # interrupted: what we started must not go on generating
             for task in tasks:
