@@ -19,7 +19,7 @@ from rlnb._errors import (
 )
 from rlnb._samples import Group, PromptItem, Sample
 from rlnb.buffer import BufferStatistics, ReplayBuffer
-from rlnb.config import BufferConfig, Config, EngineConfig, LearnConfig, ModelConfig, RolloutConfig
+from rlnb.config import BufferConfig, Config, EngineConfig, LearnConfig, ModelConfig, RolloutConfig, WarmupConfig
 from rlnb.rollout import PauseMode
 from rlnb.runtime import AsyncBridge, close_all, sessions
 from rlnb.session import Session, SessionStatistics
@@ -41,6 +41,7 @@ __all__ = [
     "Group",
     "LeakError",
     "LearnConfig",
+    "WarmupConfig",
     "ModelConfig",
     "PauseMode",
     "PromptItem",

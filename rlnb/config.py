@@ -11,7 +11,7 @@ from typing import Any
 from rlnb._errors import ConfigError
 from rlnb.data import get_task
 
-__all__ = ["BufferConfig", "Config", "EngineConfig", "LearnConfig", "ModelConfig", "RolloutConfig"]
+__all__ = ["BufferConfig", "Config", "EngineConfig", "LearnConfig", "ModelConfig", "RolloutConfig", "WarmupConfig"]
 
 
 def _require(ok: bool, field: str, value: Any, fix: str) -> None:
@@ -182,7 +182,9 @@ class LearnConfig:
     """lr, betas, weight_decay: AdamW. max_grad_norm: gradient clipping.
     clip_eps: PPO clip range. is_cap: truncation of the off-policy importance weight.
     kl_coef: weight of the KL to the frozen initial policy (0: no reference kept).
-    epochs, minibatches: passes over each batch and the groups split per pass."""
+    epochs, minibatches: passes over each batch and the groups split per pass.
+    scale_advantages: divide each group's centred rewards by their std (GRPO);
+        False only centres them (Dr. GRPO)."""
 
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.99)
@@ -193,6 +195,7 @@ class LearnConfig:
     kl_coef: float = 0.0
     epochs: int = 1
     minibatches: int = 1
+    scale_advantages: bool = True
 
     def __post_init__(self) -> None:
         checks = (
@@ -211,12 +214,35 @@ class LearnConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class WarmupConfig:
+    """A supervised warm-up before RL (``Session.warmup()``): teacher-forced
+    cross-entropy on the task's answers, with its own AdamW.
+
+    steps: how many steps ``warmup()`` takes by default (0: none).
+    batch_size: prompts per step. lr: its learning rate."""
+
+    steps: int = 0
+    batch_size: int = 128
+    lr: float = 1e-3
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("steps", _is_int(self.steps) and self.steps >= 0, "use an int >= 0, e.g. steps=300"),
+            ("batch_size", _is_int(self.batch_size) and self.batch_size >= 1, "use an int >= 1, e.g. 128"),
+            ("lr", _is_number(self.lr) and self.lr > 0, "use a learning rate > 0, e.g. lr=1e-3"),
+        )
+        for field, ok, fix in checks:
+            if not ok:
+                raise ConfigError(f"WarmupConfig.{field}={getattr(self, field)!r} is invalid: {fix}")
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """Everything a :class:`~rlnb.Session` is built from.
 
     task: the name of a registered task (``rlnb.data.task_names()``).
     seed: seeds every random number generator the session owns.
-    model, engine, rollout, learn, buffer: the parts (see each class).
+    model, engine, rollout, learn, warmup, buffer: the parts (see each class).
     close_timeout: seconds ``Session.close()`` may spend in all before it gives up
         on a part that will not stop (it then warns and abandons it).
     """
@@ -227,6 +253,7 @@ class Config:
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     learn: LearnConfig = dataclasses.field(default_factory=LearnConfig)
+    warmup: WarmupConfig = dataclasses.field(default_factory=WarmupConfig)
     buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
     close_timeout: float = 5.0
 
@@ -237,6 +264,7 @@ class Config:
             ("engine", EngineConfig),
             ("rollout", RolloutConfig),
             ("learn", LearnConfig),
+            ("warmup", WarmupConfig),
             ("buffer", BufferConfig),
         )
         for field, cls in parts:

@@ -28,6 +28,9 @@ __all__ = ["Session", "SessionStatistics"]
 
 log = logging.getLogger("rlnb")
 
+# The warm-up draws its prompts from a stream of its own, apart from training's.
+WARMUP_SEED_OFFSET = 1_000_000
+
 
 @dataclasses.dataclass(frozen=True)
 class SessionStatistics:
@@ -119,8 +122,12 @@ class Session:
             self._policy,
             encode=lambda text: tokenizer.encode(text, bos=True),
             pad_id=tokenizer.PAD,
+            eos_id=tokenizer.EOS,
             config=self._config.learn,
         )
+        self._warmup_prompts = self._task.prompts(self._config.seed + WARMUP_SEED_OFFSET)
+        self._warmup_optimizer: Any = None
+        self._warmup_steps = 0
 
     def _build_engine(self) -> None:
         from rlnb.rollout._tiny import TinyEngine
@@ -321,18 +328,52 @@ class Session:
         """
         if not isinstance(n_steps, int) or n_steps < 1:
             raise ValueError(f"train(n_steps={n_steps!r}): use a positive int")
-        from tqdm.auto import tqdm
-
-        class Bar(tqdm):
-            monitor_interval = 0  # no tqdm monitor thread: it would outlive the session
-
         history: list[dict[str, float]] = []
-        with Bar(total=n_steps, desc=f"rlnb {self._name}", disable=not progress, leave=True) as bar:
+        with _progress_bar(n_steps, f"rlnb {self._name}", progress) as bar:
             for _ in range(n_steps):
                 metrics = self.step()
                 history.append(metrics)
                 bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
                 bar.update(1)
+        return history
+
+    def warmup(self, n_steps: int | None = None, *, progress: bool = True) -> list[dict[str, float]]:
+        """Supervised warm-up: ``n_steps`` (``Config.warmup.steps`` by default) of
+        teacher-forced cross-entropy on the task's answers, then the weights go to the
+        engine. It is a stage of its own, before RL; the policy version stays put.
+
+        The task's answers must be the completion text (true of the built-in tasks).
+        Ctrl-C stops after the current step and the engine still gets the weights.
+        """
+        import torch
+
+        from rlnb.runtime._interrupts import defer_interrupts
+
+        cfg = self._config.warmup
+        n_steps = cfg.steps if n_steps is None else n_steps
+        if not isinstance(n_steps, int) or n_steps < 0:
+            raise ValueError(f"warmup(n_steps={n_steps!r}): use an int >= 0")
+        rollouter = self._check()
+        if self._warmup_optimizer is None:
+            self._warmup_optimizer = torch.optim.AdamW(self._learner.policy.parameters(), lr=cfg.lr)
+        history: list[dict[str, float]] = []
+        try:
+            with _progress_bar(n_steps, f"rlnb {self._name} warm-up", progress) as bar:
+                for _ in range(n_steps):
+                    items = [next(self._warmup_prompts) for _ in range(cfg.batch_size)]
+                    with defer_interrupts():
+                        metrics = self._learner.supervised_step(
+                            [(item.prompt, str(item.answer)) for item in items], self._warmup_optimizer
+                        )
+                        self._warmup_steps += 1
+                    history.append(metrics)
+                    bar.set_postfix(loss=f"{metrics['sft_loss']:.3f}")
+                    bar.update(1)
+        finally:
+            if history:
+                with defer_interrupts():
+                    version = self._learner.version
+                    self.bridge.run(rollouter.sync_weights(self._learner.export_weights(), version))
         return history
 
     def evaluate(self, n_prompts: int = 200, *, seed: int = 12345) -> float:
@@ -383,3 +424,13 @@ class Session:
 
     def __getstate__(self) -> Any:
         raise TypeError("a Session owns threads, loops and files and cannot be pickled")
+
+
+def _progress_bar(total: int, desc: str, enabled: bool) -> Any:
+    """A tqdm bar that renders in a notebook or a terminal and starts no monitor thread."""
+    from tqdm.auto import tqdm
+
+    class Bar(tqdm):
+        monitor_interval = 0  # tqdm's monitor thread would outlive the session
+
+    return Bar(total=total, desc=desc, disable=not enabled, leave=True)

@@ -40,7 +40,9 @@ class TrainBatch:
     group_of: torch.Tensor  # [N] index of each sample's group
 
 
-def collate(groups: Sequence[Group], encode: Callable[[str], list[int]], pad_id: int) -> TrainBatch:
+def collate(
+    groups: Sequence[Group], encode: Callable[[str], list[int]], pad_id: int, *, scale_advantages: bool = True
+) -> TrainBatch:
     """Build a :class:`TrainBatch`; raises ``ValueError`` for samples without tokens or log-probs."""
     rows: list[list[int]] = []
     spans: list[tuple[int, int]] = []
@@ -52,7 +54,7 @@ def collate(groups: Sequence[Group], encode: Callable[[str], list[int]], pad_id:
     for g_index, group in enumerate(groups):
         prompt = encode(group.prompt)
         r = torch.tensor([float(s.reward or 0.0) for s in group.samples])
-        advantages.append(grpo_advantages(r[None, :])[0])
+        advantages.append(grpo_advantages(r[None, :], scale=scale_advantages)[0])
         for sample in group.samples:
             if len(sample.logprobs) != len(sample.token_ids):
                 raise ValueError(f"sample of prompt {group.prompt!r} has no behaviour log-probs for its tokens")
@@ -94,12 +96,14 @@ class Learner:
         *,
         encode: Callable[[str], list[int]],
         pad_id: int,
+        eos_id: int = 2,
         config: LearnConfig = _DEFAULT,
     ) -> None:
         self.policy = policy.train()
         self.config = config
         self._encode = encode
         self._pad = pad_id
+        self._eos = eos_id
         self.optimizer = torch.optim.AdamW(
             policy.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
@@ -120,7 +124,7 @@ class Learner:
             raise ValueError("Learner.step() needs at least one group")
         cfg = self.config
         start = time.perf_counter()
-        batch = collate(groups, self._encode, self._pad)
+        batch = collate(groups, self._encode, self._pad, scale_advantages=cfg.scale_advantages)
         with torch.no_grad():
             prox, _ = self._token_logp(self.policy, batch.ids)
             ref = self._token_logp(self.reference, batch.ids)[0] if self.reference is not None else None
@@ -182,6 +186,31 @@ class Learner:
             "groups": float(len(groups)),
             "version": float(self.version),
         }
+
+    def supervised_step(self, pairs: Sequence[tuple[str, str]], optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        """One teacher-forced step on ``(prompt, target)`` pairs: cross-entropy on the
+        target's tokens and EOS, with ``optimizer`` (a warm-up keeps its own, so the
+        RL optimiser's moments start clean). The policy version does not change."""
+        if not pairs:
+            raise ValueError("Learner.supervised_step() needs at least one (prompt, target) pair")
+        rows, spans = [], []
+        for prompt, target in pairs:
+            p_ids, t_ids = self._encode(prompt), self._encode(target)[1:]  # encode() adds BOS
+            rows.append([*p_ids, *t_ids, self._eos])
+            spans.append((len(p_ids), len(t_ids) + 1))
+        n, length = len(rows), max(len(r) for r in rows)
+        ids = torch.full((n, length), self._pad, dtype=torch.long)
+        mask = torch.zeros(n, length - 1, dtype=torch.bool)
+        for i, (row, (start, count)) in enumerate(zip(rows, spans, strict=True)):
+            ids[i, : len(row)] = torch.tensor(row)
+            mask[i, start - 1 : start - 1 + count] = True
+        logp, _ = self._token_logp(self.policy, ids)
+        loss = -(logp * mask).sum() / mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.max_grad_norm)
+        optimizer.step()
+        return {"sft_loss": float(loss.detach()), "grad_norm": float(grad_norm)}
 
     def export_weights(self) -> dict[str, Any]:
         """The policy's weights for an engine's ``update_weights`` (tensors, not copies:

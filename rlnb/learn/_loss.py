@@ -25,17 +25,20 @@ import torch
 __all__ = ["LossTerms", "grpo_advantages", "policy_loss"]
 
 
-def grpo_advantages(rewards: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
+def grpo_advantages(rewards: torch.Tensor, *, scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """Group-normalised advantages: ``rewards`` [groups, G] -> [groups, G].
 
-    Uses the population standard deviation of each group; groups with a single
-    sample or identical rewards get zero advantage.
+    ``scale=True`` divides by the population standard deviation of each group
+    (GRPO); ``scale=False`` only subtracts the group mean (Dr. GRPO), so a group
+    whose rewards barely differ pushes barely. Groups with a single sample or
+    identical rewards get zero advantage.
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [groups, group_size], got shape {tuple(rewards.shape)}")
     mean = rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, keepdim=True, unbiased=False)
-    return torch.where(std > eps, (rewards - mean) / (std + eps), torch.zeros_like(rewards))
+    centred = (rewards - mean) / (std + eps) if scale else rewards - mean
+    return torch.where(std > eps, centred, torch.zeros_like(rewards))
 
 
 @dataclasses.dataclass(frozen=True)
