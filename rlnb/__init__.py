@@ -19,7 +19,16 @@ from rlnb._errors import (
 )
 from rlnb._samples import Group, PromptItem, Sample
 from rlnb.buffer import BufferStatistics, ReplayBuffer
-from rlnb.config import BufferConfig, Config, EngineConfig, LearnConfig, ModelConfig, RolloutConfig, WarmupConfig
+from rlnb.config import (
+    BufferConfig,
+    Config,
+    DataConfig,
+    EngineConfig,
+    LearnConfig,
+    ModelConfig,
+    RolloutConfig,
+    WarmupConfig,
+)
 from rlnb.rollout import PauseMode
 from rlnb.runtime import AsyncBridge, close_all, sessions
 from rlnb.session import Session, SessionStatistics
@@ -36,12 +45,12 @@ __all__ = [
     "ClosedError",
     "Config",
     "ConfigError",
+    "DataConfig",
     "EngineConfig",
     "FeederError",
     "Group",
     "LeakError",
     "LearnConfig",
-    "WarmupConfig",
     "ModelConfig",
     "PauseMode",
     "PromptItem",
@@ -52,6 +61,7 @@ __all__ = [
     "Sample",
     "Session",
     "SessionStatistics",
+    "WarmupConfig",
     "WeightSyncError",
     "close_all",
     "probe",

@@ -11,7 +11,16 @@ from typing import Any
 from rlnb._errors import ConfigError
 from rlnb.data import get_task
 
-__all__ = ["BufferConfig", "Config", "EngineConfig", "LearnConfig", "ModelConfig", "RolloutConfig", "WarmupConfig"]
+__all__ = [
+    "BufferConfig",
+    "Config",
+    "DataConfig",
+    "EngineConfig",
+    "LearnConfig",
+    "ModelConfig",
+    "RolloutConfig",
+    "WarmupConfig",
+]
 
 
 def _require(ok: bool, field: str, value: Any, fix: str) -> None:
@@ -65,6 +74,42 @@ class BufferConfig:
             'use a tuple of distinct names, e.g. ("train", "val")',
         )
         _require("train" in parts, "BufferConfig.partitions", parts, 'include "train": the learner reads it')
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The prompt pipeline (torchdata's ``StatefulDataLoader``).
+
+    num_workers: worker processes making prompts (0: in this process). The prompt
+        order is the same for any number.
+    prefetch_factor: prompts each worker keeps ready.
+    multiprocessing_context: ``None`` (the platform's default), "fork",
+        "forkserver" or "spawn".
+    """
+
+    num_workers: int = 1
+    prefetch_factor: int = 8
+    multiprocessing_context: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(
+            _is_int(self.num_workers) and self.num_workers >= 0,
+            "DataConfig.num_workers",
+            self.num_workers,
+            "use an int >= 0, e.g. num_workers=1",
+        )
+        _require(
+            _is_int(self.prefetch_factor) and self.prefetch_factor >= 1,
+            "DataConfig.prefetch_factor",
+            self.prefetch_factor,
+            "use an int >= 1, e.g. prefetch_factor=8",
+        )
+        _require(
+            self.multiprocessing_context in (None, "fork", "forkserver", "spawn"),
+            "DataConfig.multiprocessing_context",
+            self.multiprocessing_context,
+            'use None, "fork", "forkserver" or "spawn"',
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,13 +287,14 @@ class Config:
 
     task: the name of a registered task (``rlnb.data.task_names()``).
     seed: seeds every random number generator the session owns.
-    model, engine, rollout, learn, warmup, buffer: the parts (see each class).
+    data, model, engine, rollout, learn, warmup, buffer: the parts (see each class).
     close_timeout: seconds ``Session.close()`` may spend in all before it gives up
         on a part that will not stop (it then warns and abandons it).
     """
 
     task: str = "addition"
     seed: int = 0
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
@@ -260,6 +306,7 @@ class Config:
     def __post_init__(self) -> None:
         _require(_is_int(self.seed) and self.seed >= 0, "Config.seed", self.seed, "use an int >= 0, e.g. seed=0")
         parts = (
+            ("data", DataConfig),
             ("model", ModelConfig),
             ("engine", EngineConfig),
             ("rollout", RolloutConfig),

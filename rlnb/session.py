@@ -54,7 +54,7 @@ class Session:
     """
 
     # Construction stages, in order; each ``_build_<stage>`` registers its own close.
-    _STAGES = ("bridge", "buffer", "policy", "learner", "engine", "rollouter", "registry")
+    _STAGES = ("bridge", "buffer", "data", "policy", "learner", "engine", "rollouter", "registry")
 
     def __init__(self, config: Config | None = None, *, name: str = "default") -> None:
         if config is None:
@@ -97,6 +97,20 @@ class Session:
         buffer = ReplayBuffer(cfg.capacity, partitions=cfg.partitions, max_staleness=cfg.max_staleness)
         self._stack.callback(self._close_part, buffer)
         self._buffer = buffer
+
+    def _build_data(self) -> None:
+        from rlnb.data._loader import PromptLoader
+
+        d = self._config.data
+        loader = PromptLoader(
+            self._task,
+            seed=self._config.seed,
+            num_workers=d.num_workers,
+            prefetch_factor=d.prefetch_factor,
+            multiprocessing_context=d.multiprocessing_context,
+        )
+        self._stack.callback(self._close_part, loader)
+        self._prompts = loader
 
     def _build_policy(self) -> None:
         # torch is imported here, not at `import rlnb`
@@ -147,7 +161,7 @@ class Session:
         task, tokenizer = self._task, self._tokenizer
         rollouter = Rollouter(
             self._engine,
-            prompts=task.prompts(self._config.seed),
+            prompts=self._prompts,
             encode=lambda text: tokenizer.encode(text, bos=True),
             decode=tokenizer.decode,
             reward_fn=lambda item, completion: task.reward(completion, item.answer),

@@ -38,11 +38,15 @@ class Task:
     reward: Callable[[str, Any], float]
     max_new_tokens: int
 
+    def item(self, seed: int, index: int) -> PromptItem:
+        """Training prompt number ``index`` of the stream for ``seed``."""
+        prompt, answer = self.make_prompt(random.Random(f"{self.name}:{seed}:{index}"))
+        return PromptItem(index, prompt, answer)
+
     def prompts(self, seed: int, *, start: int = 0) -> Iterator[PromptItem]:
         """An endless, reproducible stream of training prompts (ids from ``start``)."""
         for i in itertools.count(start):
-            prompt, answer = self.make_prompt(random.Random(f"{self.name}:{seed}:{i}"))
-            yield PromptItem(i, prompt, answer)
+            yield self.item(seed, i)
 
     def eval_set(self, n: int, *, seed: int = 12345) -> list[PromptItem]:
         """``n`` held-out prompts, the same for the same seed."""
