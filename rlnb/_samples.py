@@ -38,6 +38,15 @@ class Sample:
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"Sample.finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe fields (floats round-trip exactly through ``json``)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Sample:
+        seqs = {k: tuple(d[k]) for k in ("token_ids", "logprobs", "versions")}
+        return cls(**{**d, **seqs})
+
     @property
     def min_version(self) -> int | None:
         """The oldest policy version that produced a token of this sample, if known."""
@@ -64,6 +73,14 @@ class Group:
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompt": self.prompt, "prompt_id": self.prompt_id, "samples": [s.to_dict() for s in self.samples]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Group:
+        samples = tuple(Sample.from_dict(s) for s in d["samples"])
+        return cls(prompt=d["prompt"], samples=samples, prompt_id=d["prompt_id"])
 
     @property
     def min_version(self) -> int | None:

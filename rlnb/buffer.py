@@ -16,6 +16,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from rlnb._errors import BufferEmpty, BufferFull, ClosedError, ConfigError, FeederError
 from rlnb._samples import Group
@@ -146,6 +147,17 @@ class ReplayBuffer:
             finally:
                 self._waiting -= 1
 
+    def put_back(self, groups: list[Group], *, partition: str = "train") -> None:
+        """Return ``groups`` taken by a step that did not happen to the front, in
+        order, so the next ``get`` takes them first. Ignores the capacity (they were
+        in the buffer a moment ago)."""
+        for group in groups:
+            self._check_group(group, partition)
+        with self._cond:
+            self._parts[partition].extendleft(reversed(groups))
+            self._taken -= len(groups)
+            self._cond.notify_all()
+
     def get_nowait(self, n_groups: int = 1, *, partition: str = "train") -> list[Group]:
         """Take ``n_groups`` groups or raise :class:`~rlnb.BufferEmpty` at once."""
         self._check_request(n_groups, partition)
@@ -182,6 +194,29 @@ class ReplayBuffer:
                 feeder_error=self._error_text,
                 closed=self._closed,
             )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The buffer's groups, version and counters, as JSON-safe data."""
+        with self._cond:
+            return {
+                "version": self._version,
+                "counters": {"put": self._put, "taken": self._taken, "evicted": self._evicted},
+                "partitions": {p: [g.to_dict() for g in q] for p, q in self._parts.items()},
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace the contents with a :meth:`state_dict`; raises ``ValueError`` if its
+        partitions are not this buffer's."""
+        saved = set(state["partitions"])
+        if saved != set(self._parts):
+            raise ValueError(f"the saved buffer has partitions {sorted(saved)}, this one {sorted(self._parts)}")
+        parts = {p: collections.deque(Group.from_dict(g) for g in groups) for p, groups in state["partitions"].items()}
+        with self._cond:
+            self._parts.update(parts)
+            self._version = int(state["version"])
+            counters = state["counters"]
+            self._put, self._taken, self._evicted = counters["put"], counters["taken"], counters["evicted"]
+            self._cond.notify_all()
 
     def __len__(self) -> int:
         with self._cond:

@@ -288,6 +288,11 @@ class Config:
     task: the name of a registered task (``rlnb.data.task_names()``).
     seed: seeds every random number generator the session owns.
     data, model, engine, rollout, learn, warmup, buffer: the parts (see each class).
+    mode: "sync" (each step rolls out its batch, then trains on it: deterministic
+        for a seed) or "async" (rollouts run in the background within the
+        staleness bound and each step takes its batch from the buffer).
+    step_timeout: seconds an async ``step()`` waits for its batch before a
+        ``TimeoutError`` that says what it waited for.
     close_timeout: seconds ``Session.close()`` may spend in all before it gives up
         on a part that will not stop (it then warns and abandons it).
     """
@@ -301,6 +306,8 @@ class Config:
     learn: LearnConfig = dataclasses.field(default_factory=LearnConfig)
     warmup: WarmupConfig = dataclasses.field(default_factory=WarmupConfig)
     buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
+    mode: str = "sync"
+    step_timeout: float = 120.0
     close_timeout: float = 5.0
 
     def __post_init__(self) -> None:
@@ -324,6 +331,13 @@ class Config:
             )
         _require(isinstance(self.task, str), "Config.task", self.task, 'use a task name, e.g. task="addition"')
         get_task(self.task)  # an unknown name fails here, naming the known ones
+        _require(self.mode in ("sync", "async"), "Config.mode", self.mode, 'use "sync" or "async"')
+        _require(
+            _is_number(self.step_timeout) and self.step_timeout > 0,
+            "Config.step_timeout",
+            self.step_timeout,
+            "use a number of seconds > 0, e.g. step_timeout=120.0",
+        )
         _require(
             _is_number(self.close_timeout) and self.close_timeout > 0,
             "Config.close_timeout",

@@ -142,6 +142,7 @@ class Session:
         self._warmup_prompts = self._task.prompts(self._config.seed + WARMUP_SEED_OFFSET)
         self._warmup_optimizer: Any = None
         self._warmup_steps = 0
+        self._version_before = 0
 
     def _build_engine(self) -> None:
         from rlnb.rollout._tiny import TinyEngine
@@ -315,23 +316,66 @@ class Session:
         return int(self._learner.version)
 
     def step(self, *, timeout: float | None = None) -> dict[str, float]:
-        """One synchronous training step: roll out ``groups_per_step`` fresh groups with
-        the current policy, update on them, and sync the new weights to the engine.
+        """One training step; returns its metrics. Blocks.
 
-        Returns the step's metrics. Blocks. Ctrl-C while rolling out cancels the
-        rollout and changes nothing; once the update has started, it and the weight
-        sync finish first and the interrupt is raised after (all-or-nothing).
+        ``mode="sync"``: roll out ``groups_per_step`` fresh groups with the current
+        policy, update on them and sync the new weights to the engine. ``"async"``:
+        take ``groups_per_step`` groups from the buffer (background rollouts start
+        on the first call and run within the staleness bound), waiting at most
+        ``timeout`` s (``Config.step_timeout``), then update and sync.
+
+        Ctrl-C is safe at any point: before the update starts nothing changes (an
+        interrupted rollout's prompts go first next time, and a batch already
+        taken goes back to the buffer); once it has started, the update and the
+        weight sync finish first and the interrupt is raised after.
         """
         from rlnb.runtime._interrupts import defer_interrupts
 
         rollouter = self._check()
-        groups = self.bridge.run(rollouter.collect(self._config.rollout.groups_per_step), timeout=timeout)
-        with defer_interrupts():
-            metrics = self._learner.step(groups)
-            version = self._learner.version
-            self.bridge.run(rollouter.sync_weights(self._learner.export_weights(), version))
-            self.bridge.run(rollouter.set_version(version))
-            self.buffer.set_version(version)
+        if self._config.mode == "sync":
+            groups = self.bridge.run(rollouter.collect(self._config.rollout.groups_per_step), timeout=timeout)
+            with defer_interrupts():
+                return self._update(rollouter, groups)
+        self.bridge.run(rollouter.start())
+        with defer_interrupts() as deferred:
+            groups = self._take_batch(rollouter, deferred, self._config.step_timeout if timeout is None else timeout)
+            try:
+                return self._update(rollouter, groups)
+            except Exception:
+                if self._learner.version == self._version_before:  # not trained: not lost either
+                    self.buffer.put_back(groups)
+                raise
+
+    def _take_batch(self, rollouter: Rollouter, deferred: Any, timeout: float) -> list[Any]:
+        """The async step's batch, waited for with SIGINT held back: a Ctrl-C while
+        waiting raises at once with nothing taken; once taken, the step completes."""
+        n = self._config.rollout.groups_per_step
+        deadline = time.monotonic() + timeout
+        while True:
+            if deferred.interrupted:
+                raise KeyboardInterrupt("interrupted while waiting for a batch; nothing was taken")
+            rollouter.raise_pending()
+            remaining = deadline - time.monotonic()
+            try:
+                return self.buffer.get(n, timeout=max(0.0, min(0.05, remaining)))
+            except TimeoutError as exc:
+                if remaining <= 0.05:
+                    stats = rollouter.statistics()
+                    raise TimeoutError(
+                        f"step() waited {timeout} s for {n} groups from the buffer; it holds {len(self.buffer)}, "
+                        f"{stats.in_flight} samples are in flight and rollouts are {stats.state.lower()}"
+                        f"{'' if stats.dispatching else ' (not dispatching)'}: resume() paused rollouts, or raise "
+                        "Config.step_timeout"
+                    ) from exc
+
+    def _update(self, rollouter: Rollouter, groups: list[Any]) -> dict[str, float]:
+        """Update on ``groups``, then the weight-sync transaction (callers defer SIGINT)."""
+        self._version_before = self._learner.version
+        metrics = self._learner.step(groups)
+        version = self._learner.version
+        self.bridge.run(rollouter.sync_weights(self._learner.export_weights(), version))
+        self.bridge.run(rollouter.set_version(version))
+        self.buffer.set_version(version)
         return metrics
 
     def train(self, n_steps: int, *, progress: bool = True) -> list[dict[str, float]]:

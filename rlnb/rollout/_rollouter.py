@@ -10,6 +10,7 @@ lock is held across an await of the engine.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import enum
 import time
@@ -102,6 +103,7 @@ class Rollouter:
             raise ValueError(f"max_inflight ({max_inflight}) must be >= group_size ({group_size})")
         self._engine = engine
         self._prompts = prompts
+        self._returned: collections.deque[PromptItem] = collections.deque()  # taken, not rolled out
         self._encode, self._decode = encode, decode
         self._reward_fn = reward_fn
         self._buffer = buffer
@@ -118,6 +120,7 @@ class Rollouter:
         self._version = 0
         self._dispatcher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._items: dict[asyncio.Task[Any], PromptItem] = {}  # collect()'s groups, while they run
         self._errors: list[BaseException] = []
         self._counts = dict.fromkeys(
             (
@@ -278,6 +281,15 @@ class Rollouter:
 
     # -- errors -------------------------------------------------------------------------
 
+    @property
+    def returned_prompts(self) -> list[PromptItem]:
+        """Prompts taken from the stream whose rollout was interrupted; they go next."""
+        return list(self._returned)
+
+    def give_back(self, items: list[PromptItem]) -> None:
+        """Roll ``items`` out before anything else from the stream (a loaded checkpoint's)."""
+        self._returned.extendleft(reversed(items))
+
     def raise_pending(self) -> None:
         """Raise background failures not yet reported: one error chained to the first,
         holding them all in ``.errors``; each failure is reported exactly once."""
@@ -342,7 +354,7 @@ class Rollouter:
     def _spawn_group(self, *, to_buffer: bool) -> asyncio.Task[Any]:
         """Start a group on the next prompt, its capacity already acquired; settle
         what its samples never will."""
-        item = next(self._prompts)
+        item = self._returned.popleft() if self._returned else next(self._prompts)
         self._note_dispatch()
         ticket = _Ticket(self._group_size)
         task = self._spawn(
@@ -351,6 +363,8 @@ class Rollouter:
             report=to_buffer,  # collect() raises its groups' failures itself
         )
         task.add_done_callback(lambda _task: self._settle(ticket))
+        if not to_buffer:
+            self._items[task] = item
         return task
 
     def _settle(self, ticket: _Ticket) -> None:
@@ -386,7 +400,13 @@ class Rollouter:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # Their prompts go first next time: a retried step rolls out the same
+            # prompts with the same per-sample seeds, so it gives the same batch.
+            self._returned.extendleft(reversed([self._items[t] for t in tasks]))
             raise
+        finally:
+            for task in tasks:
+                self._items.pop(task, None)
         for result in results:
             if isinstance(result, BaseException):
                 raise RolloutError(f"rollout failed: {result}") from result

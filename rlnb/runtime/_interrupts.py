@@ -14,24 +14,36 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-__all__ = ["defer_interrupts"]
+__all__ = ["Deferred", "defer_interrupts"]
+
+
+class Deferred:
+    """What :func:`defer_interrupts` yields: ``interrupted`` turns true when a SIGINT
+    has been held back, so a block that is still only waiting can give up early."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+
+    @property
+    def interrupted(self) -> bool:
+        return bool(self.received)
 
 
 @contextlib.contextmanager
-def defer_interrupts() -> Iterator[None]:
+def defer_interrupts() -> Iterator[Deferred]:
     """Hold back SIGINT until the block ends, then raise KeyboardInterrupt once."""
+    deferred = Deferred()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield deferred
         return
-    received: list[int] = []
 
     def record(signum: int, frame: FrameType | None) -> None:
-        received.append(signum)
+        deferred.received.append(signum)
 
     previous = signal.signal(signal.SIGINT, record)
     try:
-        yield
+        yield deferred
     finally:
         signal.signal(signal.SIGINT, previous)
-    if received:
+    if deferred.interrupted:
         raise KeyboardInterrupt("interrupted; the step it arrived in was completed first")
