@@ -41,3 +41,7 @@ class RolloutError(RlnbError, RuntimeError):
 
 class WeightSyncError(RolloutError):
     """A weight sync failed; the rollouter stays paused and nothing is half-synced."""
+
+
+class CheckpointError(RlnbError):
+    """A checkpoint is missing, damaged, of another format, or does not fit the session."""

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
+import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
-from rlnb._errors import ClosedError, ConfigError
+from rlnb._errors import CheckpointError, ClosedError, ConfigError
 from rlnb.buffer import BufferStatistics, ReplayBuffer
 from rlnb.config import Config
 from rlnb.data import Task, get_task
@@ -56,7 +59,13 @@ class Session:
     # Construction stages, in order; each ``_build_<stage>`` registers its own close.
     _STAGES = ("bridge", "buffer", "data", "policy", "learner", "engine", "rollouter", "registry")
 
-    def __init__(self, config: Config | None = None, *, name: str = "default") -> None:
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        name: str = "default",
+        _restore: tuple[dict[str, Any], dict[str, Any], Path] | None = None,
+    ) -> None:
         if config is None:
             config = Config()
         if not isinstance(config, Config):
@@ -76,10 +85,13 @@ class Session:
         self._task: Task = get_task(config.task)
         self._engine: Any = None
         self._rollouter: Rollouter | None = None
+        self._restore = _restore  # a checkpoint's (manifest, tensors), while loading
         self._replace_previous()
         try:
             for stage in self._STAGES:
                 getattr(self, f"_build_{stage}")()
+            if _restore is not None:
+                self._apply_checkpoint(*_restore)
         except BaseException:
             self._closed = True
             self._stack.close()
@@ -108,6 +120,7 @@ class Session:
             num_workers=d.num_workers,
             prefetch_factor=d.prefetch_factor,
             multiprocessing_context=d.multiprocessing_context,
+            state=None if self._restore is None else self._restore[0]["loader"],
         )
         self._stack.callback(self._close_part, loader)
         self._prompts = loader
@@ -442,6 +455,128 @@ class Session:
         results = self.bridge.run(rollouter.evaluate(items, max_new_tokens=max_new))
         return sum(reward >= 1.0 for _, reward in results) / len(results)
 
+    # -- checkpoints ------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Save everything needed to go on exactly where this session stands into the
+        directory ``path`` (see :mod:`rlnb.checkpoint`); returns it.
+
+        Generations in flight are finished into the buffer first, so nothing is lost
+        and the buffer holds only whole groups; rollouts are then left as they were
+        (running, dispatching or paused). Blocks.
+        """
+        import torch
+
+        from rlnb import __version__, checkpoint
+
+        rollouter = self._check()
+        with self._quiesced(rollouter):
+            loader_state = self.bridge.run(_call(self._prompts.state_dict))
+            returned = [[i.prompt_id, i.prompt, i.answer] for i in rollouter.returned_prompts]
+            manifest: dict[str, Any] = {
+                "rlnb": __version__,
+                "name": self._name,
+                "config": checkpoint.config_to_dict(self._config),
+                "step": self._learner.version,
+                "warmup_steps": self._warmup_steps,
+                "loader": loader_state,
+                "returned_prompts": returned,
+                "buffer": self.buffer.state_dict(),
+                "python_rng": checkpoint.python_rng_state(),
+                "tracker": {"run_id": None},
+            }
+            tensors: dict[str, dict[str, Any]] = {
+                "model": self._learner.policy.state_dict(),
+                "rng": {"torch": torch.get_rng_state()},
+            }
+            tensors["optimizer"], manifest["optimizer"] = checkpoint.flatten_optimizer(
+                self._learner.optimizer.state_dict()
+            )
+            if self._warmup_optimizer is not None:
+                tensors["warmup_optimizer"], manifest["warmup_optimizer"] = checkpoint.flatten_optimizer(
+                    self._warmup_optimizer.state_dict()
+                )
+            if self._learner.reference is not None:
+                tensors["reference"] = self._learner.reference.state_dict()
+            try:
+                json.dumps(manifest)
+            except TypeError as exc:
+                raise CheckpointError(
+                    f"cannot save: a prompt's answer or a sample is not JSON-serialisable ({exc}); "
+                    "make the task's answers JSON data (str, int, list, dict)"
+                ) from exc
+            return checkpoint.write(path, manifest, tensors)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, name: str = "default") -> Session:
+        """A new session that goes on exactly where the one saved at ``path`` stopped.
+
+        Raises :class:`~rlnb.CheckpointError` for a missing, damaged or mismatched
+        checkpoint before anything is built. Replaces a live session called ``name``.
+        Restores the process's Python and torch random states too.
+        """
+        from rlnb import checkpoint
+
+        manifest, tensors = checkpoint.read(path)
+        try:
+            config = checkpoint.config_from_dict(manifest["config"])
+        except (ConfigError, TypeError, KeyError) as exc:
+            raise CheckpointError(f"{path}: the saved config does not fit this rlnb ({exc})") from exc
+        return cls(config, name=name, _restore=(manifest, tensors, Path(path)))
+
+    def _apply_checkpoint(self, manifest: dict[str, Any], tensors: dict[str, Any], root: Path) -> None:
+        import torch
+
+        from rlnb import checkpoint
+        from rlnb._samples import PromptItem
+
+        learner, rollouter = self._learner, self._check()
+        with checkpoint.mismatch("model", root):
+            learner.policy.load_state_dict(tensors["model"])
+        with checkpoint.mismatch("optimizer", root):
+            learner.optimizer.load_state_dict(
+                checkpoint.unflatten_optimizer(tensors["optimizer"], manifest["optimizer"])
+            )
+        if "warmup_optimizer" in tensors:
+            self._warmup_optimizer = torch.optim.AdamW(learner.policy.parameters(), lr=self._config.warmup.lr)
+            with checkpoint.mismatch("warm-up optimizer", root):
+                self._warmup_optimizer.load_state_dict(
+                    checkpoint.unflatten_optimizer(tensors["warmup_optimizer"], manifest["warmup_optimizer"])
+                )
+        if learner.reference is not None:
+            with checkpoint.mismatch("reference model", root):
+                learner.reference.load_state_dict(tensors["reference"])
+        with checkpoint.mismatch("buffer", root):
+            self.buffer.load_state_dict(manifest["buffer"])
+        learner.version = int(manifest["step"])
+        self._warmup_steps = int(manifest["warmup_steps"])
+        self._warmup_prompts = self._task.prompts(
+            self._config.seed + WARMUP_SEED_OFFSET, start=self._warmup_steps * self._config.warmup.batch_size
+        )
+        rollouter.give_back([PromptItem(*item) for item in manifest["returned_prompts"]])
+        self.bridge.run(rollouter.sync_weights(learner.export_weights(), learner.version))
+        self.bridge.run(rollouter.set_version(learner.version))
+        torch.set_rng_state(tensors["rng"]["torch"])
+        checkpoint.set_python_rng_state(manifest["python_rng"])
+        self._restore = None
+
+    @contextlib.contextmanager
+    def _quiesced(self, rollouter: Rollouter) -> Iterator[None]:
+        """Nothing generating inside: dispatch stopped and in-flight groups finished
+        into the buffer; afterwards rollouts are as they were."""
+        was_dispatching, was_state = rollouter.dispatching, rollouter.state
+        self.bridge.run(rollouter.stop())
+        self.bridge.run(rollouter.resume())  # kept partial rollouts finish too
+        self.bridge.run(rollouter.pause(PauseMode.WAIT))
+        self.bridge.run(rollouter.wait_paused(), timeout=self._config.step_timeout)
+        try:
+            yield
+        finally:
+            if was_state.value == "running":
+                self.bridge.run(rollouter.resume())
+            if was_dispatching:
+                self.bridge.run(rollouter.start())
+
     def _check(self) -> Rollouter:
         """Every public call starts here: closed sessions and background errors raise."""
         self._check_open()
@@ -482,6 +617,11 @@ class Session:
 
     def __getstate__(self) -> Any:
         raise TypeError("a Session owns threads, loops and files and cannot be pickled")
+
+
+async def _call(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on the bridge loop (for objects only that loop's thread touches)."""
+    return fn()
 
 
 def _progress_bar(total: int, desc: str, enabled: bool) -> Any:

@@ -1,0 +1,176 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import rlnb
+from rlnb.checkpoint import config_from_dict, config_to_dict
+
+# Timing figures differ from run to run; everything else must match exactly.
+TIMING = {"train_tokens_per_s"}
+
+
+def small_config(**changes: object) -> rlnb.Config:
+    base = rlnb.Config(
+        seed=3,
+        data=rlnb.DataConfig(num_workers=1),
+        model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+        rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
+        learn=rlnb.LearnConfig(lr=3e-3, kl_coef=0.05, epochs=2, minibatches=2),
+        warmup=rlnb.WarmupConfig(steps=2, batch_size=8),
+    )
+    return base.replace(**changes)
+
+
+def without_timing(history: list[dict[str, float]]) -> list[dict[str, float]]:
+    return [{k: v for k, v in m.items() if k not in TIMING} for m in history]
+
+
+RESUME = textwrap.dedent(
+    """
+    import json, sys
+    import rlnb
+
+    with rlnb.Session.load(sys.argv[1], name="resumed") as sess:
+        history = [sess.step() for _ in range(int(sys.argv[2]))]
+        print(json.dumps(history))
+    """
+)
+
+
+def test_n_steps_save_load_in_a_new_process_n_steps_equals_2n_straight(tmp_path: Path) -> None:
+    n = 2
+    with rlnb.Session(small_config(), name="straight") as sess:
+        sess.warmup(progress=False)
+        straight = [sess.step() for _ in range(2 * n)]
+    with rlnb.Session(small_config(), name="first-half") as sess:
+        sess.warmup(progress=False)
+        first = [sess.step() for _ in range(n)]
+        saved = sess.save(tmp_path / "ckpt")
+    assert without_timing(first) == without_timing(straight[:n])
+    assert sorted(p.name for p in saved.iterdir()) == [
+        "checkpoint.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "reference.safetensors",
+        "rng.safetensors",
+        "warmup_optimizer.safetensors",
+    ]  # JSON and safetensors only: nothing to unpickle
+    out = subprocess.run(
+        [sys.executable, "-c", RESUME, str(saved), str(n)], capture_output=True, text=True, timeout=120, check=True
+    )
+    second = json.loads(out.stdout.strip().splitlines()[-1])
+    assert without_timing(second) == without_timing(straight[n:])
+    assert second[-1]["version"] == 2 * n
+
+
+def test_an_interrupted_rollouts_prompts_survive_a_checkpoint(tmp_path: Path) -> None:
+    config = small_config(warmup=rlnb.WarmupConfig())
+    with rlnb.Session(config, name="straight") as sess:
+        expected = sess.step()
+    with rlnb.Session(config, name="given-back") as sess:
+        # what an interrupted step leaves: its prompts taken from the loader, to go first
+        items = [next(sess._prompts) for _ in range(config.rollout.groups_per_step)]
+        sess._rollouter.give_back(items)  # type: ignore[union-attr]
+        sess.save(tmp_path / "ckpt")
+    with rlnb.Session.load(tmp_path / "ckpt", name="loaded") as sess:
+        assert without_timing([sess.step()]) == without_timing([expected])
+
+
+def test_async_save_finishes_generations_into_the_buffer_and_load_restores_it(tmp_path: Path) -> None:
+    config = small_config(mode="async", warmup=rlnb.WarmupConfig())
+    with rlnb.Session(config, name="async") as sess:
+        sess.step()
+        sess.save(tmp_path / "ckpt")
+        stats = sess.statistics()
+        assert stats.rollout.dispatching and stats.rollout.state == "running"  # rollouts go on after saving
+        saved = json.loads((tmp_path / "ckpt" / "checkpoint.json").read_text())
+    groups = saved["buffer"]["partitions"]["train"]
+    assert groups, "the background rollouts' groups were saved"
+    with rlnb.Session.load(tmp_path / "ckpt", name="loaded") as sess:
+        assert sess.version == 1
+        assert [g.prompt_id for g in sess.buffer.get_nowait(len(groups))] == [g["prompt_id"] for g in groups]
+        assert sess.step()["version"] == 2
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("ckpt") / "ckpt"
+    with rlnb.Session(small_config(warmup=rlnb.WarmupConfig()), name="saved") as sess:
+        sess.step()
+        sess.save(path)
+    return path
+
+
+def copy_of(saved: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(saved, tmp_path / "copy"))
+
+
+def test_a_flipped_byte_is_reported_as_damage_naming_the_file(saved: Path, tmp_path: Path) -> None:
+    ckpt = copy_of(saved, tmp_path)
+    data = bytearray((ckpt / "model.safetensors").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (ckpt / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(rlnb.CheckpointError, match=r"model\.safetensors is damaged"):
+        rlnb.Session.load(ckpt)
+
+
+def test_missing_files_and_a_missing_checkpoint_are_named(saved: Path, tmp_path: Path) -> None:
+    ckpt = copy_of(saved, tmp_path)
+    (ckpt / "optimizer.safetensors").unlink()
+    with pytest.raises(rlnb.CheckpointError, match=r"incomplete: optimizer\.safetensors is missing"):
+        rlnb.Session.load(ckpt)
+    with pytest.raises(rlnb.CheckpointError, match=r"no checkpoint at .*checkpoint\.json is missing"):
+        rlnb.Session.load(tmp_path / "nowhere")
+
+
+def test_a_damaged_manifest_or_another_format_version_is_refused(saved: Path, tmp_path: Path) -> None:
+    ckpt = copy_of(saved, tmp_path)
+    manifest = ckpt / "checkpoint.json"
+    good = manifest.read_text()
+    manifest.write_text(good[: len(good) // 2])
+    with pytest.raises(rlnb.CheckpointError, match="damaged: not valid JSON"):
+        rlnb.Session.load(ckpt)
+    manifest.write_text(good.replace('"format_version": 1', '"format_version": 99'))
+    with pytest.raises(rlnb.CheckpointError, match="format version 99; this rlnb reads version 1"):
+        rlnb.Session.load(ckpt)
+
+
+def test_a_config_that_does_not_fit_the_saved_tensors_is_a_clear_error(saved: Path, tmp_path: Path) -> None:
+    ckpt = copy_of(saved, tmp_path)
+    manifest = json.loads((ckpt / "checkpoint.json").read_text())
+    manifest["config"]["model"]["d_model"] = 64
+    (ckpt / "checkpoint.json").write_text(json.dumps(manifest))
+    with pytest.raises(rlnb.CheckpointError, match="the saved model does not fit this session"):
+        rlnb.Session.load(ckpt)
+    assert not rlnb.sessions(), "a failed load leaves no session behind"
+    manifest["config"]["model"]["colour"] = "blue"
+    (ckpt / "checkpoint.json").write_text(json.dumps(manifest))
+    with pytest.raises(rlnb.CheckpointError, match=r"ModelConfig has no field\(s\) \['colour'\]"):
+        rlnb.Session.load(ckpt)
+
+
+def test_save_replaces_a_checkpoint_but_not_other_data(tmp_path: Path) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    with rlnb.Session(small_config(warmup=rlnb.WarmupConfig()), name="save") as sess:
+        with pytest.raises(rlnb.CheckpointError, match="non-empty directory that holds no checkpoint"):
+            sess.save(tmp_path / "notes")
+        sess.save(tmp_path / "ckpt")
+        sess.step()
+        sess.save(tmp_path / "ckpt")
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+    assert json.loads((tmp_path / "ckpt" / "checkpoint.json").read_text())["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "notes"]  # no staging left over
+
+
+def test_config_round_trips_through_json() -> None:
+    config = small_config(mode="async")
+    assert config_from_dict(json.loads(json.dumps(config_to_dict(config)))) == config
