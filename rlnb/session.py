@@ -155,7 +155,6 @@ class Session:
         self._warmup_prompts = self._task.prompts(self._config.seed + WARMUP_SEED_OFFSET)
         self._warmup_optimizer: Any = None
         self._warmup_steps = 0
-        self._version_before = 0
 
     def _build_engine(self) -> None:
         from rlnb.rollout._tiny import TinyEngine
@@ -345,17 +344,26 @@ class Session:
         from rlnb.runtime._interrupts import defer_interrupts
 
         rollouter = self._check()
+        before = self._learner.version
         if self._config.mode == "sync":
-            groups = self.bridge.run(rollouter.collect(self._config.rollout.groups_per_step), timeout=timeout)
-            with defer_interrupts():
-                return self._update(rollouter, groups)
+            groups: list[Any] = []
+            try:
+                self.bridge.run(rollouter.collect(self._config.rollout.groups_per_step, into=groups), timeout=timeout)
+                with defer_interrupts():
+                    return self._update(rollouter, groups)
+            except BaseException:
+                # The rollout finished but was not trained on (Ctrl-C landed just as it
+                # returned, or the update failed): its prompts go first next time.
+                if groups and self._learner.version == before:
+                    self.bridge.run(rollouter.give_back_collected())
+                raise
         self.bridge.run(rollouter.start())
         with defer_interrupts() as deferred:
             groups = self._take_batch(rollouter, deferred, self._config.step_timeout if timeout is None else timeout)
             try:
                 return self._update(rollouter, groups)
             except Exception:
-                if self._learner.version == self._version_before:  # not trained: not lost either
+                if self._learner.version == before:  # not trained: not lost either
                     self.buffer.put_back(groups)
                 raise
 
@@ -383,7 +391,6 @@ class Session:
 
     def _update(self, rollouter: Rollouter, groups: list[Any]) -> dict[str, float]:
         """Update on ``groups``, then the weight-sync transaction (callers defer SIGINT)."""
-        self._version_before = self._learner.version
         metrics = self._learner.step(groups)
         version = self._learner.version
         self.bridge.run(rollouter.sync_weights(self._learner.export_weights(), version))

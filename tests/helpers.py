@@ -44,3 +44,17 @@ def assert_counts_add_up(s: RolloutStatistics) -> None:
     """Every dispatched sample is finished, kept partial, failed or in flight."""
     assert s.dispatched == s.finished + s.kept_partial + s.failed + s.in_flight, s
     assert min(s.finished, s.kept_partial, s.failed, s.in_flight) >= 0, s
+
+
+# Timing figures differ from run to run. The rest match up to float rounding: the
+# engine batches requests as they arrive, and a matmul over another batch size may
+# round its last bits differently (the sampled tokens are the same).
+TIMING_METRICS = frozenset({"train_tokens_per_s"})
+
+
+def assert_same_metrics(got: list[dict[str, float]], expected: list[dict[str, float]]) -> None:
+    assert len(got) == len(expected), f"{len(got)} steps, expected {len(expected)}"
+    for step, (a, b) in enumerate(zip(got, expected, strict=True)):
+        a = {k: v for k, v in a.items() if k not in TIMING_METRICS}
+        b = {k: v for k, v in b.items() if k not in TIMING_METRICS}
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-6), f"step {step} differs"

@@ -10,9 +10,7 @@ import pytest
 
 import rlnb
 from rlnb.checkpoint import config_from_dict, config_to_dict
-
-# Timing figures differ from run to run; everything else must match exactly.
-TIMING = {"train_tokens_per_s"}
+from tests.helpers import assert_same_metrics
 
 
 def small_config(**changes: object) -> rlnb.Config:
@@ -25,10 +23,6 @@ def small_config(**changes: object) -> rlnb.Config:
         warmup=rlnb.WarmupConfig(steps=2, batch_size=8),
     )
     return base.replace(**changes)
-
-
-def without_timing(history: list[dict[str, float]]) -> list[dict[str, float]]:
-    return [{k: v for k, v in m.items() if k not in TIMING} for m in history]
 
 
 RESUME = textwrap.dedent(
@@ -52,7 +46,7 @@ def test_n_steps_save_load_in_a_new_process_n_steps_equals_2n_straight(tmp_path:
         sess.warmup(progress=False)
         first = [sess.step() for _ in range(n)]
         saved = sess.save(tmp_path / "ckpt")
-    assert without_timing(first) == without_timing(straight[:n])
+    assert_same_metrics(first, straight[:n])
     assert sorted(p.name for p in saved.iterdir()) == [
         "checkpoint.json",
         "model.safetensors",
@@ -65,7 +59,7 @@ def test_n_steps_save_load_in_a_new_process_n_steps_equals_2n_straight(tmp_path:
         [sys.executable, "-c", RESUME, str(saved), str(n)], capture_output=True, text=True, timeout=120, check=True
     )
     second = json.loads(out.stdout.strip().splitlines()[-1])
-    assert without_timing(second) == without_timing(straight[n:])
+    assert_same_metrics(second, straight[n:])
     assert second[-1]["version"] == 2 * n
 
 
@@ -79,7 +73,7 @@ def test_an_interrupted_rollouts_prompts_survive_a_checkpoint(tmp_path: Path) ->
         sess._rollouter.give_back(items)  # type: ignore[union-attr]
         sess.save(tmp_path / "ckpt")
     with rlnb.Session.load(tmp_path / "ckpt", name="loaded") as sess:
-        assert without_timing([sess.step()]) == without_timing([expected])
+        assert_same_metrics([sess.step()], [expected])
 
 
 def test_async_save_finishes_generations_into_the_buffer_and_load_restores_it(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 import rlnb
 from rlnb.rollout import GenerateRequest, GenerateResult
-from tests.helpers import ctrl_c_once
+from tests.helpers import assert_same_metrics, ctrl_c_once
 
 CONFIG = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
@@ -79,3 +79,144 @@ def test_ctrl_c_while_rolling_out_changes_nothing(monkeypatch: pytest.MonkeyPatc
         assert sess.version == 0 and sess.statistics().engine.version == 0
         monkeypatch.undo()
         assert sess.step()["version"] == 1
+
+
+class Recorder:
+    """Wraps the learner's step to record every batch it trains on and its metrics."""
+
+    def __init__(self, sess: rlnb.Session, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.batches: list[list[int]] = []
+        self.metrics: list[dict[str, float]] = []
+        learner: Any = sess._learner
+        real_step = learner.step
+
+        def step(groups: list[rlnb.Group]) -> dict[str, float]:
+            metrics = real_step(groups)
+            self.batches.append([g.prompt_id for g in groups])
+            self.metrics.append(metrics)
+            return metrics
+
+        monkeypatch.setattr(learner, "step", step)
+
+
+def interrupt_when(sess: rlnb.Session, phase: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the next ``phase`` press Ctrl-C once: "rollout" (while generating),
+    "returned" (the rollout is done, the step has not yet got it), "update", "sync"."""
+    pressed: list[bool] = []
+
+    def press() -> None:
+        if not pressed:
+            pressed.append(True)
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    engine: Any = sess._engine
+    learner: Any = sess._learner
+    if phase == "rollout":
+        real_generate = engine.generate
+
+        async def generate(request: GenerateRequest) -> GenerateResult:
+            press()
+            await asyncio.sleep(0.05)  # the interrupt lands while generating
+            return await real_generate(request)
+
+        monkeypatch.setattr(engine, "generate", generate)
+    elif phase == "returned":
+        rollouter: Any = sess._rollouter
+        real_collect = rollouter.collect
+
+        async def collect(n_groups: int, **kwargs: Any) -> list[rlnb.Group]:
+            groups = await real_collect(n_groups, **kwargs)
+            press()
+            await asyncio.sleep(1.0)  # cancelled by the interrupt, with the groups done
+            return groups
+
+        monkeypatch.setattr(rollouter, "collect", collect)
+    elif phase == "update":
+        real_step = learner.step
+
+        def step(groups: list[rlnb.Group]) -> dict[str, float]:
+            press()
+            return real_step(groups)
+
+        monkeypatch.setattr(learner, "step", step)
+    else:
+        real_update = engine.update_weights
+
+        async def update_weights(state: Any, version: int) -> None:
+            press()
+            await asyncio.sleep(0.05)
+            await real_update(state, version)
+
+        monkeypatch.setattr(engine, "update_weights", update_weights)
+
+
+@pytest.mark.parametrize("phase", ["rollout", "returned", "update", "sync"])
+def test_ctrl_c_at_any_phase_then_train_again_gives_the_uninterrupted_run(
+    phase: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with rlnb.Session(CONFIG, name="straight") as sess:
+        straight = Recorder(sess, monkeypatch)
+        sess.train(3, progress=False)
+    with rlnb.Session(CONFIG, name="interrupted") as sess:
+        sess.train(1, progress=False)
+        interrupt_when(sess, phase, monkeypatch)  # wraps on top of the recorder below
+        interrupted = Recorder(sess, monkeypatch)
+        with pytest.raises(KeyboardInterrupt):
+            sess.train(2, progress=False)
+        done = sess.version
+        # before the update: nothing happened; from the update on: the step completed
+        assert done == (1 if phase in ("rollout", "returned") else 2)
+        sess.train(3 - done, progress=False)
+    assert sess.version == 3
+    # no batch lost or trained twice: the same batches, in order, with the same metrics
+    assert interrupted.batches == straight.batches[1:]
+    assert_same_metrics(interrupted.metrics, straight.metrics[1:])
+
+
+def test_async_ctrl_c_while_waiting_takes_nothing_and_during_update_completes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = CONFIG.replace(mode="async")
+    with rlnb.Session(config, name="async-ctrl-c") as sess:
+        recorder = Recorder(sess, monkeypatch)
+        sess.step()
+        sess.pause()  # no new groups arrive: the next step waits
+        sess.buffer.get_nowait(len(sess.buffer)) if len(sess.buffer) else None
+        waiting = threading.Event()
+        threading.Timer(0.2, waiting.set).start()
+        with ctrl_c_once(waiting):
+            sess.step()
+        taken = sess.statistics().buffer.taken
+        assert sess.version == 1
+        sess.resume()
+        interrupt_when(sess, "update", monkeypatch)
+        with pytest.raises(KeyboardInterrupt):
+            sess.step()
+        assert sess.version == 2  # the update and sync completed before the interrupt
+        sess.train(2, progress=False)
+        trained = [pid for batch in recorder.batches for pid in batch]
+        assert len(trained) == len(set(trained)) == 4 * config.rollout.groups_per_step  # none twice
+        stats = sess.statistics().buffer
+        assert stats.taken == taken + 3 * config.rollout.groups_per_step  # every batch taken was trained
+
+
+def test_an_update_that_fails_puts_its_batch_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = CONFIG.replace(mode="async")
+    with rlnb.Session(config, name="async-fail") as sess:
+        learner: Any = sess._learner
+        real_step = learner.step
+        seen: list[list[int]] = []
+
+        def failing(groups: list[rlnb.Group]) -> dict[str, float]:
+            seen.append([g.prompt_id for g in groups])
+            raise RuntimeError("out of memory, say")
+
+        monkeypatch.setattr(learner, "step", failing)
+        with pytest.raises(RuntimeError, match="out of memory"):
+            sess.step()
+        assert sess.version == 0
+        monkeypatch.setattr(
+            learner, "step", lambda groups: seen.append([g.prompt_id for g in groups]) or real_step(groups)
+        )
+        sess.step()
+        assert seen[1] == seen[0]  # the same batch, not lost

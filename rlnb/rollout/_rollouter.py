@@ -121,6 +121,7 @@ class Rollouter:
         self._dispatcher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._items: dict[asyncio.Task[Any], PromptItem] = {}  # collect()'s groups, while they run
+        self._collected: list[PromptItem] = []  # the last collect()'s prompts
         self._errors: list[BaseException] = []
         self._counts = dict.fromkeys(
             (
@@ -385,8 +386,14 @@ class Rollouter:
             self._resume_to_dispatch_ms = (time.perf_counter() - self._resumed_at) * 1e3
             self._resumed_at = None
 
-    async def collect(self, n_groups: int) -> list[Group]:
-        """Roll out ``n_groups`` new groups now and return them (not into the buffer)."""
+    async def collect(self, n_groups: int, *, into: list[Group] | None = None) -> list[Group]:
+        """Roll out ``n_groups`` new groups now and return them (not into the buffer).
+
+        If interrupted, their prompts go first next time. ``into``, if given, gets
+        the groups too the moment they are all done: a caller whose wait for the
+        result is interrupted after that can still find them and hand their prompts
+        back with :meth:`give_back_collected`.
+        """
         self._check_open()
         if self._state is not RolloutState.RUNNING:
             raise RolloutError(f"rollouts are {self._state.value}; call resume() first")
@@ -405,12 +412,21 @@ class Rollouter:
             self._returned.extendleft(reversed([self._items[t] for t in tasks]))
             raise
         finally:
-            for task in tasks:
-                self._items.pop(task, None)
+            items = [self._items.pop(task) for task in tasks if task in self._items]
         for result in results:
             if isinstance(result, BaseException):
                 raise RolloutError(f"rollout failed: {result}") from result
-        return [r for r in results if isinstance(r, Group)]
+        groups = [r for r in results if isinstance(r, Group)]
+        self._collected = items
+        if into is not None:
+            into.extend(groups)
+        return groups
+
+    async def give_back_collected(self) -> None:
+        """Hand back the prompts of the last :meth:`collect`: they go first next time
+        (for a caller that never used its groups)."""
+        self._returned.extendleft(reversed(self._collected))
+        self._collected = []
 
     async def evaluate(self, items: list[PromptItem], *, max_new_tokens: int) -> list[tuple[str, float]]:
         """Greedy completions and rewards for ``items`` (not put in the buffer)."""
