@@ -1,24 +1,44 @@
-"""The ``rlnb`` command: ``rlnb demo`` and ``rlnb bench NAME``."""
+"""The ``rlnb`` command: ``rlnb demo``, ``rlnb train`` and ``rlnb bench NAME``."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import sys
-import time
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["main"]
 
-BENCHES = ("bridge", "close", "rollout")
+BENCHES = ("bridge", "close", "rollout", "train")
 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlnb", description="Notebook-first RL post-training of language models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="run the built-in demo on CPU")
-    demo.add_argument("--json", action="store_true", help="end with one JSON line of results")
+    demo = sub.add_parser("demo", help="train the tiny built-in policy on digit addition on CPU (warm-up, then GRPO)")
+    demo.add_argument(
+        "--run-dir", default="runs/demo", help="where metrics.jsonl and curves.png go (default: %(default)s)"
+    )
+    _add_output_options(demo)
+
+    train = sub.add_parser("train", help="train on any task with any settings (the demo's by default)")
+    train.add_argument("--task", default="addition", help="a registered task: addition, reverse, sort, ...")
+    train.add_argument("--steps", type=int, required=True, help="most RL steps to take")
+    train.add_argument("--run-dir", required=True, help="where metrics.jsonl and curves.png go")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--mode", choices=("sync", "async"), default="sync")
+    train.add_argument("--warmup-steps", type=int, help="supervised warm-up steps before RL")
+    train.add_argument("--lr", type=float, help="RL learning rate")
+    train.add_argument("--group-size", type=int, help="completions per prompt")
+    train.add_argument("--groups-per-step", type=int, help="prompts per RL step")
+    train.add_argument("--temperature", type=float, help="sampling temperature of rollouts")
+    train.add_argument("--num-workers", type=int, help="prompt-loader worker processes")
+    train.add_argument("--eval-every", type=int, default=25, help="RL steps between held-out evaluations")
+    train.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts per evaluation")
+    train.add_argument("--target-accuracy", type=float, help="stop once held-out accuracy reaches this")
+    _add_output_options(train)
 
     bench = sub.add_parser("bench", help="run a benchmark against a floor measured in the same run")
     bench.add_argument("name", choices=BENCHES, help="which benchmark")
@@ -27,54 +47,54 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _demo(as_json: bool) -> int:
-    """Until training lands: rollouts from the built-in (untrained) policy through the
-    background rollouter, a pause and a resume, and what the process holds before,
-    during and after the session."""
-    import rlnb
-    from rlnb.probe import snapshot
-    from rlnb.runtime._bridge import warm_up_loop_backend
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="end with one JSON line of results")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
-    start = time.perf_counter()
-    warm_up_loop_backend()
-    before = snapshot()
-    with rlnb.Session(rlnb.Config(task="addition"), name="demo") as sess:
-        print(f"rlnb demo: task {sess.task.name!r}, built-in tiny policy (untrained), CPU")
-        print(repr(sess.rollout(2)))
-        sess.start_rollouts()
-        sess.buffer.get(4, timeout=60)  # background generation reached the buffer
-        sess.pause("abort")
-        paused = sess.statistics()
-        sess.resume()
-        sess.stop_rollouts()
-        during = snapshot()
-        stats = sess.statistics()
-    after = snapshot()
-    r = stats.rollout
-    result = {
-        "task": sess.task.name,
-        "groups_finished": r.groups_finished,
-        "samples_dispatched": r.dispatched,
-        "samples_accounted": r.finished + r.kept_partial + r.failed + r.in_flight,
-        "kept_partial_at_pause": paused.rollout.kept_partial,
-        "engine_running_at_pause": paused.engine.running,
-        "generated_tokens": stats.engine.generated_tokens,
-        "threads": [before.num_threads, during.num_threads, after.num_threads],
-        "fds": [before.num_fds, during.num_fds, after.num_fds],
-        "left_behind": after.new_since(before),
-        "seconds": round(time.perf_counter() - start, 3),
+
+def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The config and run options for ``rlnb train``: the demo's, with the flags applied."""
+    from rlnb._run import demo_settings
+
+    config, options = demo_settings()
+    config = config.replace(task=args.task, seed=args.seed, mode=args.mode)
+    changes = {
+        "warmup": {"steps": args.warmup_steps},
+        "learn": {"lr": args.lr},
+        "rollout": {
+            "group_size": args.group_size,
+            "groups_per_step": args.groups_per_step,
+            "temperature": args.temperature,
+        },
+        "data": {"num_workers": args.num_workers},
     }
-    print(
-        f"background rollouts: {result['groups_finished']} groups, {result['generated_tokens']} tokens; "
-        f"pause kept {result['kept_partial_at_pause']} partial samples with the engine quiescent "
-        f"({result['engine_running_at_pause']} running); dispatched {result['samples_dispatched']} = "
-        f"accounted {result['samples_accounted']}"
-    )
-    print(f"threads before/during/after: {result['threads']}, FDs: {result['fds']}")
-    print(f"left behind after close: {result['left_behind'] or 'nothing'}")
-    if as_json:
-        print(json.dumps(result, sort_keys=True))
-    return 1 if result["left_behind"] or result["samples_dispatched"] != result["samples_accounted"] else 0
+    for part, values in changes.items():
+        given = {k: v for k, v in values.items() if v is not None}
+        if given:
+            config = config.replace(**{part: dataclasses.replace(getattr(config, part), **given)})
+    options = {
+        **options,
+        "steps": args.steps,
+        "eval_every": args.eval_every,
+        "eval_prompts": args.eval_prompts,
+        "target_accuracy": args.target_accuracy,
+    }
+    return config, options
+
+
+def _train(args: argparse.Namespace) -> int:
+    import rlnb
+    from rlnb._run import demo_settings, run
+
+    try:
+        config, options = _train_config(args) if args.command == "train" else demo_settings()
+        result = run(config, run_dir=args.run_dir, progress=not args.no_progress, **options)
+    except rlnb.ConfigError as exc:
+        print(f"rlnb {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(result.to_json())
+    return 0
 
 
 def _bench(name: str, as_json: bool, strict: bool) -> int:
@@ -87,8 +107,8 @@ def _bench(name: str, as_json: bool, strict: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
-    if args.command == "demo":
-        return _demo(args.json)
+    if args.command in ("demo", "train"):
+        return _train(args)
     if args.command == "bench":
         return _bench(args.name, args.json, args.strict)
     raise AssertionError(args.command)  # argparse enforces the choices

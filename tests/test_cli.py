@@ -3,27 +3,72 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from rlnb.bench import _bridge, _close
+from rlnb.bench import _bridge, _close, _train
 from rlnb.cli import main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlnb", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "rlnb", *args], capture_output=True, text=True, timeout=300)
 
 
-def test_demo_rolls_out_pauses_resumes_and_leaves_nothing_behind() -> None:
-    proc = run_cli("demo", "--json")
+def test_train_writes_its_run_dir_and_ends_with_one_json_line(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        "train", "--task", "sort", "--steps", "3", "--run-dir", str(run_dir), "--warmup-steps", "2",
+        "--eval-every", "2", "--eval-prompts", "20", "--num-workers", "1", "--no-progress", "--json",
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["task"] == "addition" and result["groups_finished"] >= 4
-    assert result["samples_dispatched"] == result["samples_accounted"]
-    assert result["engine_running_at_pause"] == 0
-    assert result["left_behind"] == {}
-    assert "RolloutBatch(2 groups)" in proc.stdout
-    assert "left behind after close: nothing" in proc.stdout
+    assert result["task"] == "sort" and result["steps"] == 3 and result["warmup_steps"] == 2
+    for key in ("eval_accuracy_init", "eval_accuracy_start", "eval_accuracy_end"):
+        assert 0.0 <= result[key] <= 1.0
+    assert result["seconds"] >= result["warmup_seconds"] + result["rl_seconds"]
+    assert result["generated_tokens_per_s"] > 0 and result["peak_rss_mib"] > 0
+    assert "[warm-up] supervised, 2 steps" in proc.stdout  # the warm-up is a stage of its own
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["stage"] == "warmup"] == [1, 2]
+    assert [r["step"] for r in records if r["stage"] == "rl"] == [1, 2, 3]
+    evals = [r for r in records if "eval_accuracy" in r]
+    assert [r["stage"] for r in evals] == ["eval", "eval", "rl", "rl"]  # init, after warm-up, steps 2 and 3
+    assert evals[-1]["eval_accuracy"] == result["eval_accuracy_end"]
+    assert {"reward_mean", "entropy", "clip_fraction", "grad_norm", "staleness"} <= set(records[-1])
+    assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_train_rejects_bad_input_before_starting(tmp_path: Path) -> None:
+    proc = run_cli("train", "--task", "nope", "--steps", "3", "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    assert "Config.task='nope' is unknown: use one of" in proc.stderr
+    assert not (tmp_path / "run").exists()
+    proc = run_cli("train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--lr", "-1")
+    assert proc.returncode == 2 and "LearnConfig.lr=-1.0 is invalid" in proc.stderr
+
+
+@pytest.mark.slow
+def test_demo_learns_addition(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlnb", "demo", "--json", "--no-progress", "--run-dir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["eval_accuracy_init"] <= 0.3
+    assert result["eval_accuracy_end"] >= result["eval_accuracy_start"] > result["eval_accuracy_init"]
+
+
+def test_bench_train_measures_both_modes_in_one_run() -> None:
+    result = _train.run(steps=2, longtail_steps=2, max_new_tokens=8)
+    figures = result.figures
+    assert figures["steps_per_s"] > 0 and figures["generated_tokens_per_s"] > 0
+    assert figures["sync_s_per_step"] > 0 and figures["async_s_per_step"] > 0
+    assert [t.name for t in result.targets] == ["async_over_sync_speedup"]
+    assert "rlnb bench train" in result.report()
 
 
 def test_bench_close_prints_one_json_object_with_its_targets() -> None:

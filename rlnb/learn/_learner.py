@@ -125,10 +125,13 @@ class Learner:
         cfg = self.config
         start = time.perf_counter()
         batch = collate(groups, self._encode, self._pad, scale_advantages=cfg.scale_advantages)
-        with torch.no_grad():
-            prox, _ = self._token_logp(self.policy, batch.ids)
-            ref = self._token_logp(self.reference, batch.ids)[0] if self.reference is not None else None
         parts = torch.arange(len(groups)).chunk(max(1, min(cfg.minibatches, len(groups))))
+        # With one update per batch the proximal policy is the current one: its
+        # log-probs are the first (only) forward pass's, detached; no extra pass.
+        single_update = cfg.epochs == 1 and len(parts) == 1
+        with torch.no_grad():
+            prox = None if single_update else self._token_logp(self.policy, batch.ids)[0]
+            ref = self._token_logp(self.reference, batch.ids)[0] if self.reference is not None else None
         sums: dict[str, float] = {k: 0.0 for k in ("loss", "policy", "kl", "clip", "isw", "istrunc", "ent", "gn")}
         updates = 0
         for _ in range(cfg.epochs):
@@ -138,7 +141,7 @@ class Learner:
                 mask = batch.mask[rows]
                 terms = policy_loss(
                     logp,
-                    prox[rows],
+                    logp.detach() if prox is None else prox[rows],
                     batch.behav_logp[rows],
                     batch.advantages[rows],
                     mask,

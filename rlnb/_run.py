@@ -1,0 +1,205 @@
+"""A whole training run from the command line: ``rlnb demo`` and ``rlnb train``.
+
+Stages, each shown on its own: build the session, evaluate the initial policy,
+the supervised warm-up (when configured), then RL with a held-out evaluation every
+``eval_every`` steps until ``steps`` or ``target_accuracy``. Every step's metrics
+go to ``run_dir/metrics.jsonl`` as they happen and the reward/accuracy curves to
+``run_dir/curves.png`` at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import psutil
+
+from rlnb.config import Config
+
+__all__ = ["RunResult", "run"]
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What a run reached; ``to_json()`` is the CLI's last line with ``--json``."""
+
+    task: str
+    mode: str
+    eval_accuracy_init: float
+    eval_accuracy_start: float
+    eval_accuracy_end: float
+    steps: int
+    warmup_steps: int
+    seconds: float
+    warmup_seconds: float
+    rl_seconds: float
+    steps_per_s: float
+    generated_tokens_per_s: float
+    peak_rss_mib: float
+    run_dir: str
+    reached_target: bool | None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+class _Log:
+    """One JSON object per line, flushed as written, so a killed run keeps its steps."""
+
+    def __init__(self, path: Path) -> None:
+        self._file: TextIO = path.open("w")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _plot(path: Path, rewards: list[tuple[int, float]], evals: list[tuple[int, float]], warmup: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.5), dpi=100)
+    ax = fig.add_subplot()
+    if rewards:
+        ax.plot(*zip(*rewards, strict=True), lw=0.8, alpha=0.7, label="train reward (mean)")
+    if evals:
+        ax.plot(*zip(*evals, strict=True), "o-", lw=1.5, label="held-out accuracy (greedy)")
+    if warmup:
+        ax.axvline(0, color="grey", ls=":", lw=1)
+        ax.text(0, 1.02, f" RL starts after {warmup} warm-up steps", fontsize=8, color="grey")
+    ax.set_xlabel("RL step")
+    ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def run(
+    config: Config,
+    *,
+    steps: int,
+    run_dir: str | Path,
+    eval_every: int = 25,
+    eval_prompts: int = 200,
+    target_accuracy: float | None = None,
+    progress: bool = True,
+    echo: Any = print,
+) -> RunResult:
+    """Train ``config`` for up to ``steps`` RL steps; see the module docstring."""
+    import rlnb
+    from rlnb.session import _progress_bar
+
+    if not isinstance(steps, int) or steps < 0:
+        raise rlnb.ConfigError(f"steps={steps!r} is invalid: use an int >= 0")
+    if not isinstance(eval_every, int) or eval_every < 1:
+        raise rlnb.ConfigError(f"eval_every={eval_every!r} is invalid: use an int >= 1")
+    if target_accuracy is not None and not 0 < target_accuracy <= 1:
+        raise rlnb.ConfigError(f"target_accuracy={target_accuracy!r} is invalid: use a value in (0, 1]")
+    root = Path(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    log = _Log(root / "metrics.jsonl")
+    rewards: list[tuple[int, float]] = []
+    evals: list[tuple[int, float]] = []
+    try:
+        with rlnb.Session(config, name="run") as sess:
+            echo(
+                f"rlnb: task {config.task!r}, {config.mode} mode, tiny policy "
+                f"(d_model {config.model.d_model}, {config.model.n_layers} layers) on CPU; run dir {root}"
+            )
+            acc_init = sess.evaluate(eval_prompts)
+            echo(f"[eval] initial policy: held-out accuracy {acc_init:.3f}")
+            log.write({"stage": "eval", "step": 0, "eval_accuracy": acc_init, "time": _since(started)})
+
+            t0 = time.perf_counter()
+            warmup_steps = config.warmup.steps
+            if warmup_steps:
+                echo(f"[warm-up] supervised, {warmup_steps} steps of {config.warmup.batch_size} answers")
+                for i, metrics in enumerate(sess.warmup(progress=progress), 1):
+                    log.write({"stage": "warmup", "step": i, **metrics, "time": _since(started)})
+            warmup_seconds = time.perf_counter() - t0
+            acc_start = sess.evaluate(eval_prompts)
+            evals.append((0, acc_start))
+            if warmup_steps:
+                echo(f"[warm-up] done in {warmup_seconds:.1f} s: held-out accuracy {acc_start:.3f}")
+            log.write({"stage": "eval", "step": 0, "eval_accuracy": acc_start, "time": _since(started)})
+
+            echo(f"[rl] GRPO, up to {steps} steps" + (f", until accuracy {target_accuracy}" if target_accuracy else ""))
+            t1 = time.perf_counter()
+            tokens_before = sess.statistics().engine.generated_tokens
+            acc_end, done = acc_start, 0
+            with _progress_bar(steps, "rlnb rl", progress) as bar:
+                while done < steps:
+                    metrics = sess.step()
+                    done += 1
+                    rewards.append((done, metrics["reward_mean"]))
+                    record: dict[str, Any] = {"stage": "rl", "step": done, **metrics}
+                    if done % eval_every == 0 or done == steps:
+                        acc_end = sess.evaluate(eval_prompts)
+                        evals.append((done, acc_end))
+                        record["eval_accuracy"] = acc_end
+                        bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", eval_acc=f"{acc_end:.3f}")
+                    log.write({**record, "time": _since(started)})
+                    bar.update(1)
+                    if target_accuracy is not None and "eval_accuracy" in record and acc_end >= target_accuracy:
+                        break
+            rl_seconds = time.perf_counter() - t1
+            tokens = sess.statistics().engine.generated_tokens - tokens_before
+    finally:
+        log.close()
+    _plot(root / "curves.png", rewards, evals, warmup_steps)
+    seconds = time.perf_counter() - started
+    echo(f"[rl] {done} steps in {rl_seconds:.1f} s: held-out accuracy {acc_start:.3f} -> {acc_end:.3f}")
+    echo(f"wrote {root / 'metrics.jsonl'} and {root / 'curves.png'}; {seconds:.1f} s in all")
+    return RunResult(
+        task=config.task,
+        mode=config.mode,
+        eval_accuracy_init=acc_init,
+        eval_accuracy_start=acc_start,
+        eval_accuracy_end=acc_end,
+        steps=done,
+        warmup_steps=warmup_steps,
+        seconds=round(seconds, 3),
+        warmup_seconds=round(warmup_seconds, 3),
+        rl_seconds=round(rl_seconds, 3),
+        steps_per_s=round(done / rl_seconds, 3) if rl_seconds > 0 else 0.0,
+        generated_tokens_per_s=round(tokens / rl_seconds, 1) if rl_seconds > 0 else 0.0,
+        peak_rss_mib=round(_peak_rss_mib(), 1),
+        run_dir=str(root),
+        reached_target=None if target_accuracy is None else acc_end >= target_accuracy,
+    )
+
+
+def _since(started: float) -> float:
+    return round(time.perf_counter() - started, 4)
+
+
+def _peak_rss_mib() -> float:
+    import resource
+
+    # ru_maxrss is in KiB on Linux; children (loader workers) are counted apart
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return max(own, psutil.Process().memory_info().rss / 2**20)
+
+
+def demo_settings() -> tuple[Config, dict[str, Any]]:
+    """``rlnb demo``'s config and run options (``rlnb train`` starts from them too)."""
+    from rlnb.config import LearnConfig, RolloutConfig, WarmupConfig
+
+    config = Config(
+        task="addition",
+        seed=0,
+        warmup=WarmupConfig(steps=300, batch_size=128, lr=1e-3),
+        learn=LearnConfig(lr=2e-4),
+        rollout=RolloutConfig(group_size=8, groups_per_step=16),
+    )
+    return config, {"steps": 250, "eval_every": 25, "eval_prompts": 200, "target_accuracy": None}
