@@ -77,3 +77,30 @@ def test_rollouts_notebook_pauses_and_resumes_without_losing_samples(tmp_path: P
     )
     assert dispatched == total
     assert outputs[-1].strip() == "[]"
+
+
+def test_training_notebook_steps_saves_loads_and_runs_async(tmp_path: Path) -> None:
+    nb = nbformat.read(NOTEBOOKS / "training.ipynb", as_version=4)
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    # re-run the cell that makes the session and the warm-up cell, as a user would
+    nb.cells.insert(nb.cells.index(code_cells[0]) + 1, nbformat.v4.new_code_cell(code_cells[0].source))
+    done = execute(nb, tmp_path)
+    outputs = [text_of(c) for c in done.cells if c.cell_type == "code"]
+    assert "closed the earlier session 'training'" in outputs[1]
+    before = float(outputs[1].rsplit(":", 1)[1])
+    after = float(outputs[2].rsplit(":", 1)[1])
+    assert after > before  # the warm-up taught it something
+    assert "'version': 1" in outputs[3]
+    rollout_cell = next(c for c in done.cells if c.source == "sess.rollout(2)")
+    assert "<table>" in rollout_cell.outputs[0]["data"]["text/html"]
+    assert outputs[5].startswith("version 5")
+    assert "loaded at version 5" in outputs[6]
+    paused, version = outputs[7].strip().splitlines()
+    assert paused.startswith("paused: paused")
+    dispatched, total = (
+        int(x) for x in paused.split("dispatched", 1)[1].split("= finished + partial + failed + in flight")
+    )
+    assert dispatched == total
+    assert version == "version 5.0"
+    assert outputs[-1].strip() == "[]"
+    assert (tmp_path / "checkpoint" / "checkpoint.json").is_file()
