@@ -142,3 +142,31 @@ def test_malformed_batches_are_refused() -> None:
 def test_learner_config_errors_name_the_field(field: str, value: float) -> None:
     with pytest.raises(rlnb.ConfigError, match=f"LearnConfig.{field}="):
         LearnConfig(**{field: value})
+
+
+def test_supervised_step_teaches_the_answer_and_its_end_without_a_new_version() -> None:
+    model = policy()
+    learner = Learner(model, encode=encode, pad_id=TOK.PAD, eos_id=TOK.EOS)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    target = rlnb.Sample(prompt="12+34=", token_ids=(*TOK.encode("46"), TOK.EOS))
+    before = sequence_logp(model, "12+34=", target)
+    losses = [learner.supervised_step([("12+34=", "46"), ("1+1=", "2")], optimizer)["sft_loss"] for _ in range(20)]
+    assert losses[-1] < losses[0] / 4
+    assert sequence_logp(model, "12+34=", target) > before + 2  # EOS included: it learns where to stop
+    assert learner.version == 0
+    with pytest.raises(ValueError, match="at least one"):
+        learner.supervised_step([], optimizer)
+
+
+def test_unscaled_advantages_only_centre_the_rewards() -> None:
+    model = policy()
+    groups = [
+        rlnb.Group(
+            prompt="1+1=",
+            samples=tuple(sample_with_behaviour(model, "1+1=", c, r) for c, r in (("2", 1.0), ("3", 0.2), ("4", 0.0))),
+        )
+    ]
+    scaled = collate(groups, encode, TOK.PAD).advantages
+    centred = collate(groups, encode, TOK.PAD, scale_advantages=False).advantages
+    assert torch.allclose(centred, torch.tensor([0.6, -0.2, -0.4]), atol=1e-6)
+    assert torch.allclose(scaled, centred / torch.tensor([1.0, 0.2, 0.0]).std(unbiased=False), atol=1e-4)
