@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -160,5 +161,14 @@ class PromptLoader:
         self._iterator = None
         iterator, self._loader._iterator = self._loader._iterator, None
         shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        if shutdown is None:
+            return
+        shutdown()
+        # torch closes its index queues without joining their feeder threads (a
+        # dead worker could leave one blocked); join them, bounded, so none is
+        # still running when close() returns.
+        deadline = time.monotonic() + (1.0 if timeout is None else timeout)
+        for queue in getattr(iterator, "_index_queues", []):
+            feeder = getattr(queue, "_thread", None)
+            if feeder is not None:
+                feeder.join(max(0.0, deadline - time.monotonic()))
