@@ -1,0 +1,173 @@
+"""The console, jsonl and live-plot backends (wandb's is in ``_wandb``)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ConsoleBackend", "JsonlBackend", "PlotBackend"]
+
+# What the console line and the plot show, in this order, when a step has them.
+HEADLINE = ("reward_mean", "accuracy", "eval_accuracy", "response_length", "entropy", "kl", "grad_norm")
+
+
+def _in_notebook() -> bool:
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+class ConsoleBackend:
+    """One compact line every ``every`` steps (and for any step with an eval). In a
+    notebook the line updates in place in the cell that created the tracker; in a
+    terminal it is printed above any progress bar."""
+
+    name = "console"
+
+    def __init__(self, every: int = 10) -> None:
+        self.every = every
+        self._handle: Any = None
+        self._last = ""
+        if _in_notebook():
+            from IPython.display import display
+
+            self._handle = display({"text/plain": "rlnb: waiting for the first step"}, raw=True, display_id=True)
+
+    @staticmethod
+    def format(metrics: Mapping[str, float], step: int) -> str:
+        parts = [f"step {step}"]
+        parts += [f"{k} {metrics[k]:.3g}" for k in HEADLINE if k in metrics]
+        return " | ".join(parts)
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        if step % self.every and "eval_accuracy" not in metrics:
+            return
+        self._last = self.format(metrics, step)
+        if self._handle is not None:
+            self._handle.update({"text/plain": self._last}, raw=True)
+        else:
+            from tqdm import tqdm
+
+            tqdm.write(self._last, file=sys.stdout)
+
+    def finish(self, exit_code: int) -> None:
+        line = f"rlnb: run finished with exit code {exit_code}" + (f" ({self._last})" if self._last else "")
+        if self._handle is not None:
+            self._handle.update({"text/plain": line}, raw=True)
+        else:
+            print(line, file=sys.stdout, flush=True)
+
+
+class JsonlBackend:
+    """One JSON object per step in ``path``, flushed as written (a killed process
+    keeps every step it logged), and a last line with the exit code."""
+
+    name = "jsonl"
+
+    def __init__(self, path: Path, *, run_id: str) -> None:
+        self.path = path
+        self._file = path.open("a")
+        self._lock = threading.Lock()
+        self._write({"event": "start", "run_id": run_id, "time": time.time()})
+
+    def _write(self, record: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self._write({"step": step, **metrics})
+
+    def finish(self, exit_code: int) -> None:
+        try:
+            self._write({"event": "finish", "exit_code": exit_code, "time": time.time()})
+        finally:
+            self._file.close()
+
+
+class PlotBackend:
+    """Reward and accuracy curves, drawn with matplotlib's Agg backend into a PNG.
+
+    ``widget`` is an ``ipywidgets.Image`` showing it (made on first access; its
+    value may be set from any thread, so the plot follows a run that trains in
+    the background). The PNG is saved to ``path`` at most every ``min_interval``
+    seconds while logging and once more at finish."""
+
+    name = "plot"
+
+    def __init__(self, path: Path, *, min_interval: float = 1.0) -> None:
+        self.path = path
+        self.min_interval = min_interval
+        self.series: dict[str, list[tuple[int, float]]] = {}
+        self._widget: Any = None
+        self._drawn = 0.0
+        self._lock = threading.Lock()
+
+    @property
+    def widget(self) -> Any:
+        if self._widget is None:
+            import ipywidgets
+
+            self._widget = ipywidgets.Image(format="png")
+            png = self.render()
+            if png:
+                self._widget.value = png
+        return self._widget
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        with self._lock:
+            for key in ("reward_mean", "accuracy", "eval_accuracy"):
+                if key in metrics:
+                    self.series.setdefault(key, []).append((step, float(metrics[key])))
+        if time.monotonic() - self._drawn >= self.min_interval:
+            self._draw()
+
+    def render(self) -> bytes:
+        """The current curves as PNG bytes (empty before the first step)."""
+        from matplotlib.figure import Figure  # Agg: no GUI, safe from any thread
+
+        with self._lock:
+            series = {k: list(v) for k, v in self.series.items()}
+        if not series:
+            return b""
+        fig = Figure(figsize=(6, 3), dpi=90)
+        ax = fig.add_subplot()
+        labels = {"reward_mean": "train reward", "accuracy": "train accuracy", "eval_accuracy": "held-out accuracy"}
+        for key, points in series.items():
+            steps, values = zip(*points, strict=True)
+            style = "o-" if key == "eval_accuracy" else "-"
+            ax.plot(steps, values, style, lw=1.2, ms=3, label=labels[key])
+        ax.set_xlabel("step")
+        ax.set_ylim(0, 1.05)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+        fig.tight_layout()
+        out = io.BytesIO()
+        fig.savefig(out, format="png")
+        return out.getvalue()
+
+    def _draw(self) -> None:
+        self._drawn = time.monotonic()
+        png = self.render()
+        if not png:
+            return
+        if self._widget is not None:
+            self._widget.value = png
+        tmp = self.path.with_suffix(".png.tmp")
+        tmp.write_bytes(png)
+        tmp.replace(self.path)
+
+    def finish(self, exit_code: int) -> None:
+        try:
+            self._draw()
+        finally:
+            # matplotlib caches open font files for the life of the process; drop
+            # them so a finished run holds no file descriptor (they reopen on use)
+            from matplotlib import font_manager
+
+            font_manager._get_font.cache_clear()  # type: ignore[attr-defined]

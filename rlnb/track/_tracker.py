@@ -1,0 +1,212 @@
+"""``rlnb.Tracker``: one run, several backends, always finished.
+
+Each backend is called in turn and in isolation: one that raises is reported (a
+warning the first time in ``log``, a :class:`TrackerError` from ``finish`` after
+every other backend has finished) and never keeps another from logging or
+finishing. ``finish(exit_code)`` is idempotent; the exit code says success (0),
+failure (1) or interrupt (130 for SIGINT, 143 for SIGTERM).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from rlnb._errors import ConfigError, RlnbError
+from rlnb.runtime import _probe
+
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_SIGINT",
+    "EXIT_SIGTERM",
+    "Backend",
+    "Tracker",
+    "TrackerError",
+    "exit_code_for",
+]
+
+EXIT_OK, EXIT_FAILURE, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
+BACKENDS = ("console", "jsonl", "wandb", "plot")
+
+
+class TrackerError(RlnbError):
+    """A backend failed to log or finish; ``.errors`` holds each backend's error."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What a tracker backend does. ``name`` identifies it in errors."""
+
+    name: str
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def finish(self, exit_code: int) -> None: ...
+
+
+def exit_code_for(exc: BaseException | None) -> int:
+    """The exit code a run ended by ``exc`` reports (None: success)."""
+    if exc is None:
+        return EXIT_OK
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_SIGINT
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        return code if isinstance(code, int) else (EXIT_OK if code is None else EXIT_FAILURE)
+    return EXIT_FAILURE
+
+
+class Tracker:
+    """Logs metrics to ``backends`` (names from ``"console"``, ``"jsonl"``,
+    ``"wandb"``, ``"plot"``, or :class:`Backend` objects) for one run.
+
+    ``run_dir`` holds the jsonl file, the plot PNG and wandb's files; it is
+    needed by "jsonl", "plot" and "wandb". ``run_id`` names the run (a new one
+    by default); pass a saved one to resume the same wandb run. ``config`` is
+    recorded with the run. ``wandb_mode``: "offline" (default), "online" or
+    "disabled". Raises :class:`~rlnb.ConfigError` for bad input before any
+    backend starts; use as a context manager or call :meth:`finish`.
+    """
+
+    def __init__(
+        self,
+        backends: Sequence[str | Backend] = ("console",),
+        *,
+        run_dir: str | Path | None = None,
+        run_id: str | None = None,
+        name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        wandb_mode: str = "offline",
+        wandb_project: str = "rlnb",
+        console_every: int = 10,
+    ) -> None:
+        names = [b for b in backends if isinstance(b, str)]
+        _validate(names, run_dir, wandb_mode, console_every)
+        self.run_id = run_id or uuid.uuid4().hex[:8]
+        self.run_dir = None if run_dir is None else Path(run_dir)
+        self._lock = threading.Lock()
+        self._finished = False
+        self._warned: set[str] = set()
+        self._backends: list[Backend] = []
+        try:
+            for backend in backends:
+                if isinstance(backend, str):
+                    backend = self._make(backend, name, config, wandb_mode, wandb_project, console_every)
+                elif not isinstance(backend, Backend):
+                    raise ConfigError(f"Tracker backend {backend!r} has no log()/finish(): pass a name or a Backend")
+                self._backends.append(backend)
+        except BaseException:
+            self.finish(EXIT_FAILURE, raise_errors=False)  # the ones already started
+            raise
+        _probe.register_run(self, f"rlnb:{self.run_id}")
+
+    def _make(
+        self,
+        kind: str,
+        name: str | None,
+        config: Mapping[str, Any] | None,
+        wandb_mode: str,
+        wandb_project: str,
+        console_every: int,
+    ) -> Backend:
+        from rlnb.track import _backends
+
+        if kind == "console":
+            return _backends.ConsoleBackend(every=console_every)
+        assert self.run_dir is not None  # _validate checked
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if kind == "jsonl":
+            return _backends.JsonlBackend(self.run_dir / "metrics.jsonl", run_id=self.run_id)
+        if kind == "plot":
+            return _backends.PlotBackend(self.run_dir / "curves.png")
+        from rlnb.track._wandb import WandbBackend
+
+        return WandbBackend(
+            run_dir=self.run_dir, run_id=self.run_id, name=name, config=config, mode=wandb_mode, project=wandb_project
+        )
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(b.name for b in self._backends)
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def backend(self, name: str) -> Backend:
+        """The backend called ``name`` (e.g. ``tracker.backend("plot").widget``)."""
+        for b in self._backends:
+            if b.name == name:
+                return b
+        raise KeyError(f"this tracker has no {name!r} backend; it has {self.backends}")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Send ``metrics`` at ``step`` to every backend. A backend that fails is
+        warned about once and the others still log."""
+        if self._finished:
+            return
+        for backend in self._backends:
+            try:
+                backend.log(metrics, step)
+            except Exception as exc:
+                if backend.name not in self._warned:
+                    self._warned.add(backend.name)
+                    warnings.warn(
+                        f"rlnb tracker backend {backend.name!r} failed to log ({exc!r}); the others go on",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+
+    def finish(self, exit_code: int = EXIT_OK, *, raise_errors: bool = True) -> None:
+        """Finish every backend with ``exit_code``; idempotent and thread-safe.
+
+        Each backend finishes even if another fails (or raises ``SystemExit``);
+        then one :class:`TrackerError` names those that failed."""
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+        errors: list[tuple[str, BaseException]] = []
+        try:
+            for backend in self._backends:
+                try:
+                    backend.finish(exit_code)
+                except (Exception, SystemExit) as exc:
+                    errors.append((backend.name, exc))
+        finally:
+            _probe.unregister_run(self)
+        if errors and raise_errors:
+            names = ", ".join(f"{n} ({e!r})" for n, e in errors)
+            err = TrackerError(f"tracker backend(s) failed to finish: {names}; the others finished")
+            err.errors = [e for _, e in errors]  # type: ignore[attr-defined]
+            raise err from errors[0][1]
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self.finish(exit_code_for(exc), raise_errors=exc is None)
+
+    def __repr__(self) -> str:
+        state = "finished" if self._finished else "open"
+        return f"<rlnb.Tracker {self.run_id} {list(self.backends)} {state}>"
+
+
+def _validate(names: list[str], run_dir: str | Path | None, wandb_mode: str, console_every: int) -> None:
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown:
+        raise ConfigError(f"unknown tracker backend(s) {unknown}: use any of {list(BACKENDS)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"tracker backends {names} name one twice: list each once")
+    needs_dir = [n for n in names if n != "console"]
+    if needs_dir and run_dir is None:
+        raise ConfigError(f"tracker backend(s) {needs_dir} write files: give a run_dir, e.g. run_dir='runs/demo'")
+    if wandb_mode not in ("offline", "online", "disabled"):
+        raise ConfigError(f"wandb mode {wandb_mode!r} is invalid: use 'offline', 'online' or 'disabled'")
+    if not isinstance(console_every, int) or console_every < 1:
+        raise ConfigError(f"console_every={console_every!r} is invalid: use an int >= 1")

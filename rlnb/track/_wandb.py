@@ -1,0 +1,119 @@
+"""The wandb backend: one run, finished and torn down in-band.
+
+``run.finish()`` returns in milliseconds but leaves the ``wandb-core`` service and
+its threads until ``wandb.teardown()``; the backend calls both in ``finish``, the
+teardown only once no other rlnb wandb run in this process is open (the service is
+shared). Both are guarded: wandb may raise ``SystemExit`` on a broken service.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["WandbBackend"]
+
+_OPEN_LOCK = threading.Lock()
+_OPEN = 0  # rlnb wandb runs open in this process
+
+
+class WandbBackend:
+    name = "wandb"
+
+    def __init__(
+        self,
+        *,
+        run_dir: Path,
+        run_id: str,
+        name: str | None,
+        config: Mapping[str, Any] | None,
+        mode: str,
+        project: str,
+    ) -> None:
+        global _OPEN
+        import wandb
+
+        self.run_dir = run_dir
+        if mode != "online":
+            # wandb's usage analytics follow its process-wide settings, not this
+            # run's mode: an offline run would still start two exporter threads
+            # (and send usage data). Offline means nothing leaves the machine.
+            _disable_analytics()
+        settings = wandb.Settings(
+            silent=True,
+            console="off",  # no stdout/stderr wrapping: notebooks and progress bars stay as they are
+            x_disable_stats=True,  # no system-metrics sampling
+            disable_git=True,
+            save_code=False,
+        )
+        self.run = wandb.init(
+            project=project,
+            dir=str(run_dir),
+            id=run_id,
+            name=name,
+            config=dict(config or {}),
+            mode=mode,  # type: ignore[arg-type]
+            resume="allow",
+            reinit="create_new",
+            settings=settings,
+        )
+        with _OPEN_LOCK:
+            _OPEN += 1
+        self._finished = False
+
+    @property
+    def files(self) -> Path:
+        """The directory wandb writes this run's files into."""
+        return Path(self.run.dir).parent
+
+    def run_file(self) -> Path:
+        """This run's ``run-<id>.wandb`` record file."""
+        return self.files / f"run-{self.run.id}.wandb"
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def finish(self, exit_code: int) -> None:
+        global _OPEN
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            self.run.finish(exit_code=exit_code)
+        finally:
+            with _OPEN_LOCK:
+                _OPEN -= 1
+                last = _OPEN == 0
+            if last:
+                import wandb
+
+                wandb.teardown(exit_code=exit_code)
+                _stop_analytics()
+
+
+def _disable_analytics() -> None:
+    try:
+        from wandb.analytics.opentelemetry import opentelemetry_proxy
+    except ImportError:  # another wandb version: nothing of this kind to turn off
+        return
+    opentelemetry_proxy.disable()
+
+
+def _stop_analytics() -> None:
+    """Shut down wandb's analytics exporters (threads) if an online run started them."""
+    try:
+        from wandb.analytics.opentelemetry import opentelemetry_proxy
+    except ImportError:
+        return
+    proxy = getattr(opentelemetry_proxy, "_singleton_telemetry_proxy", None)
+    if proxy is not None:
+        proxy.shutdown(timeout_millis=1000)
+
+
+def wandb_mode_from_env(default: str = "offline") -> str:
+    """``WANDB_MODE`` if set (``dryrun`` counts as offline), else ``default``."""
+    mode = os.environ.get("WANDB_MODE", default)
+    return "offline" if mode == "dryrun" else mode
