@@ -28,11 +28,13 @@ from rlnb.config import (
     LearnConfig,
     ModelConfig,
     RolloutConfig,
+    TrackConfig,
     WarmupConfig,
 )
 from rlnb.rollout import PauseMode
 from rlnb.runtime import AsyncBridge, close_all, sessions
 from rlnb.session import Session, SessionStatistics
+from rlnb.track import Tracker, TrackerError
 
 __version__ = "0.1.0"
 
@@ -63,6 +65,9 @@ __all__ = [
     "Sample",
     "Session",
     "SessionStatistics",
+    "TrackConfig",
+    "Tracker",
+    "TrackerError",
     "WarmupConfig",
     "WeightSyncError",
     "close_all",

@@ -2,9 +2,10 @@
 
 Stages, each shown on its own: build the session, evaluate the initial policy,
 the supervised warm-up (when configured), then RL with a held-out evaluation every
-``eval_every`` steps until ``steps`` or ``target_accuracy``. Every step's metrics
-go to ``run_dir/metrics.jsonl`` as they happen and the reward/accuracy curves to
-``run_dir/curves.png`` at the end.
+``eval_every`` steps until ``steps`` or ``target_accuracy``. The session's tracker
+writes every step's metrics to ``run_dir/metrics.jsonl`` as they happen and the
+reward/accuracy curves to ``run_dir/curves.png`` (and wandb's files under
+``run_dir/wandb`` with the "wandb" backend).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import psutil
 
@@ -46,43 +47,6 @@ class RunResult:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
 
-class _Log:
-    """One JSON object per line, flushed as written, so a killed run keeps its steps."""
-
-    def __init__(self, path: Path) -> None:
-        self._file: TextIO = path.open("w")
-
-    def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def _plot(path: Path, rewards: list[tuple[int, float]], evals: list[tuple[int, float]], warmup: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 3.5), dpi=100)
-    ax = fig.add_subplot()
-    if rewards:
-        ax.plot(*zip(*rewards, strict=True), lw=0.8, alpha=0.7, label="train reward (mean)")
-    if evals:
-        ax.plot(*zip(*evals, strict=True), "o-", lw=1.5, label="held-out accuracy (greedy)")
-    if warmup:
-        ax.axvline(0, color="grey", ls=":", lw=1)
-        ax.text(0, 1.02, f" RL starts after {warmup} warm-up steps", fontsize=8, color="grey")
-    ax.set_xlabel("RL step")
-    ax.set_ylim(0, 1.05)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-
-
 def run(
     config: Config,
     *,
@@ -92,11 +56,17 @@ def run(
     eval_prompts: int = 200,
     target_accuracy: float | None = None,
     progress: bool = True,
+    trackers: tuple[str, ...] = ("console", "jsonl", "plot"),
     echo: Any = print,
 ) -> RunResult:
-    """Train ``config`` for up to ``steps`` RL steps; see the module docstring."""
+    """Train ``config`` for up to ``steps`` RL steps; see the module docstring.
+
+    ``trackers`` are the session's tracker backends ("wandb" follows ``WANDB_MODE``,
+    offline by default); they all write under ``run_dir``."""
     import rlnb
+    from rlnb.config import TrackConfig
     from rlnb.session import _progress_bar
+    from rlnb.track._wandb import wandb_mode_from_env
 
     if not isinstance(steps, int) or steps < 0:
         raise rlnb.ConfigError(f"steps={steps!r} is invalid: use an int >= 0")
@@ -105,58 +75,49 @@ def run(
     if target_accuracy is not None and not 0 < target_accuracy <= 1:
         raise rlnb.ConfigError(f"target_accuracy={target_accuracy!r} is invalid: use a value in (0, 1]")
     root = Path(run_dir)
+    config = config.replace(
+        track=TrackConfig(
+            backends=trackers, run_dir=str(root), wandb_mode=wandb_mode_from_env(), console_every=eval_every
+        )
+    )  # validated here, before anything starts
     root.mkdir(parents=True, exist_ok=True)
+    (root / "metrics.jsonl").unlink(missing_ok=True)  # this run's records only
     started = time.perf_counter()
-    log = _Log(root / "metrics.jsonl")
-    rewards: list[tuple[int, float]] = []
-    evals: list[tuple[int, float]] = []
-    try:
-        with rlnb.Session(config, name="run") as sess:
-            echo(
-                f"rlnb: task {config.task!r}, {config.mode} mode, tiny policy "
-                f"(d_model {config.model.d_model}, {config.model.n_layers} layers) on CPU; run dir {root}"
-            )
-            acc_init = sess.evaluate(eval_prompts)
-            echo(f"[eval] initial policy: held-out accuracy {acc_init:.3f}")
-            log.write({"stage": "eval", "step": 0, "eval_accuracy": acc_init, "time": _since(started)})
+    with rlnb.Session(config, name="run") as sess:
+        echo(
+            f"rlnb: task {config.task!r}, {config.mode} mode, tiny policy "
+            f"(d_model {config.model.d_model}, {config.model.n_layers} layers) on CPU; run dir {root}"
+        )
+        acc_init = sess.evaluate(eval_prompts)
+        echo(f"[eval] initial policy: held-out accuracy {acc_init:.3f}")
 
-            t0 = time.perf_counter()
-            warmup_steps = config.warmup.steps
-            if warmup_steps:
-                echo(f"[warm-up] supervised, {warmup_steps} steps of {config.warmup.batch_size} answers")
-                for i, metrics in enumerate(sess.warmup(progress=progress), 1):
-                    log.write({"stage": "warmup", "step": i, **metrics, "time": _since(started)})
-            warmup_seconds = time.perf_counter() - t0
-            acc_start = sess.evaluate(eval_prompts)
-            evals.append((0, acc_start))
-            if warmup_steps:
-                echo(f"[warm-up] done in {warmup_seconds:.1f} s: held-out accuracy {acc_start:.3f}")
-            log.write({"stage": "eval", "step": 0, "eval_accuracy": acc_start, "time": _since(started)})
+        t0 = time.perf_counter()
+        warmup_steps = config.warmup.steps
+        if warmup_steps:
+            echo(f"[warm-up] supervised, {warmup_steps} steps of {config.warmup.batch_size} answers")
+            sess.warmup(progress=progress)
+        warmup_seconds = time.perf_counter() - t0
+        acc_start = sess.evaluate(eval_prompts) if warmup_steps else acc_init
+        if warmup_steps:
+            echo(f"[warm-up] done in {warmup_seconds:.1f} s: held-out accuracy {acc_start:.3f}")
 
-            echo(f"[rl] GRPO, up to {steps} steps" + (f", until accuracy {target_accuracy}" if target_accuracy else ""))
-            t1 = time.perf_counter()
-            tokens_before = sess.statistics().engine.generated_tokens
-            acc_end, done = acc_start, 0
-            with _progress_bar(steps, "rlnb rl", progress) as bar:
-                while done < steps:
-                    metrics = sess.step()
-                    done += 1
-                    rewards.append((done, metrics["reward_mean"]))
-                    record: dict[str, Any] = {"stage": "rl", "step": done, **metrics}
-                    if done % eval_every == 0 or done == steps:
-                        acc_end = sess.evaluate(eval_prompts)
-                        evals.append((done, acc_end))
-                        record["eval_accuracy"] = acc_end
-                        bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", eval_acc=f"{acc_end:.3f}")
-                    log.write({**record, "time": _since(started)})
-                    bar.update(1)
-                    if target_accuracy is not None and "eval_accuracy" in record and acc_end >= target_accuracy:
-                        break
-            rl_seconds = time.perf_counter() - t1
-            tokens = sess.statistics().engine.generated_tokens - tokens_before
-    finally:
-        log.close()
-    _plot(root / "curves.png", rewards, evals, warmup_steps)
+        echo(f"[rl] GRPO, up to {steps} steps" + (f", until accuracy {target_accuracy}" if target_accuracy else ""))
+        t1 = time.perf_counter()
+        tokens_before = sess.statistics().engine.generated_tokens
+        acc_end, done = acc_start, 0
+        with _progress_bar(steps, "rlnb rl", progress) as bar:
+            while done < steps:
+                metrics = sess.step()
+                done += 1
+                evaluated = done % eval_every == 0 or done == steps
+                if evaluated:
+                    acc_end = sess.evaluate(eval_prompts)
+                    bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", eval_acc=f"{acc_end:.3f}")
+                bar.update(1)
+                if target_accuracy is not None and evaluated and acc_end >= target_accuracy:
+                    break
+        rl_seconds = time.perf_counter() - t1
+        tokens = sess.statistics().engine.generated_tokens - tokens_before
     seconds = time.perf_counter() - started
     echo(f"[rl] {done} steps in {rl_seconds:.1f} s: held-out accuracy {acc_start:.3f} -> {acc_end:.3f}")
     echo(f"wrote {root / 'metrics.jsonl'} and {root / 'curves.png'}; {seconds:.1f} s in all")
@@ -177,10 +138,6 @@ def run(
         run_dir=str(root),
         reached_target=None if target_accuracy is None else acc_end >= target_accuracy,
     )
-
-
-def _since(started: float) -> float:
-    return round(time.perf_counter() - started, 4)
 
 
 def _peak_rss_mib() -> float:

@@ -38,6 +38,7 @@ from rlnb.config import (
     LearnConfig,
     ModelConfig,
     RolloutConfig,
+    TrackConfig,
     WarmupConfig,
 )
 
@@ -55,6 +56,7 @@ _PARTS: dict[str, type] = {
     "learn": LearnConfig,
     "warmup": WarmupConfig,
     "buffer": BufferConfig,
+    "track": TrackConfig,
 }
 
 

@@ -48,6 +48,12 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tracker",
+        default="console,jsonl,plot",
+        help="tracker backends, comma-separated, from console, jsonl, wandb, plot (default: %(default)s); "
+        "wandb follows WANDB_MODE (offline by default) and writes under the run dir",
+    )
     parser.add_argument("--json", action="store_true", help="end with one JSON line of results")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -88,7 +94,8 @@ def _train(args: argparse.Namespace) -> int:
 
     try:
         config, options = _train_config(args) if args.command == "train" else demo_settings()
-        result = run(config, run_dir=args.run_dir, progress=not args.no_progress, **options)
+        trackers = tuple(t.strip() for t in args.tracker.split(",") if t.strip())
+        result = run(config, run_dir=args.run_dir, progress=not args.no_progress, trackers=trackers, **options)
     except rlnb.ConfigError as exc:
         print(f"rlnb {args.command}: error: {exc}", file=sys.stderr)
         return 2

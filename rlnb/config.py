@@ -282,12 +282,77 @@ class WarmupConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TrackConfig:
+    """The session's tracker (``rlnb.track``).
+
+    backends: any of "console", "jsonl", "wandb", "plot" (empty: no tracking).
+    run_dir: where "jsonl", "plot" and "wandb" write (needed by them).
+    wandb_mode: "offline" (default), "online" (needs an API key) or "disabled".
+    wandb_project: the wandb project. console_every: steps between console lines.
+    run_id: resume this run (a loaded checkpoint sets it); None starts a new one.
+    """
+
+    backends: tuple[str, ...] = ("console",)
+    run_dir: str | None = None
+    wandb_mode: str = "offline"
+    wandb_project: str = "rlnb"
+    console_every: int = 10
+    run_id: str | None = None
+
+    def __post_init__(self) -> None:
+        from rlnb.track._tracker import BACKENDS
+
+        _require(
+            isinstance(self.backends, tuple) and all(b in BACKENDS for b in self.backends),
+            "TrackConfig.backends",
+            self.backends,
+            f"use a tuple of names from {BACKENDS}, e.g. backends=('console', 'jsonl')",
+        )
+        _require(
+            len(set(self.backends)) == len(self.backends),
+            "TrackConfig.backends",
+            self.backends,
+            "name each backend once",
+        )
+        needs_dir = [b for b in self.backends if b != "console"]
+        _require(
+            not needs_dir or self.run_dir is not None,
+            "TrackConfig.run_dir",
+            self.run_dir,
+            f"backends {needs_dir} write files: give a directory, e.g. run_dir='runs/demo'",
+        )
+        _require(
+            self.wandb_mode in ("offline", "online", "disabled"),
+            "TrackConfig.wandb_mode",
+            self.wandb_mode,
+            "use 'offline', 'online' or 'disabled'",
+        )
+        if "wandb" in self.backends and self.wandb_mode == "online":
+            import os
+
+            has_key = os.environ.get("WANDB_API_KEY") or os.path.exists(os.path.expanduser("~/.netrc"))
+            _require(
+                bool(has_key),
+                "TrackConfig.wandb_mode",
+                self.wandb_mode,
+                "'online' needs a wandb API key (WANDB_API_KEY or `wandb login`); use 'offline' and "
+                "`wandb sync` the run directory later",
+            )
+        _require(
+            _is_int(self.console_every) and self.console_every >= 1,
+            "TrackConfig.console_every",
+            self.console_every,
+            "use an int >= 1",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """Everything a :class:`~rlnb.Session` is built from.
 
     task: the name of a registered task (``rlnb.data.task_names()``).
     seed: seeds every random number generator the session owns.
-    data, model, engine, rollout, learn, warmup, buffer: the parts (see each class).
+    data, model, engine, rollout, learn, warmup, buffer, track: the parts (see each class).
     mode: "sync" (each step rolls out its batch, then trains on it: deterministic
         for a seed) or "async" (rollouts run in the background within the
         staleness bound and each step takes its batch from the buffer).
@@ -306,6 +371,7 @@ class Config:
     learn: LearnConfig = dataclasses.field(default_factory=LearnConfig)
     warmup: WarmupConfig = dataclasses.field(default_factory=WarmupConfig)
     buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
+    track: TrackConfig = dataclasses.field(default_factory=TrackConfig)
     mode: str = "sync"
     step_timeout: float = 120.0
     close_timeout: float = 5.0
@@ -320,6 +386,7 @@ class Config:
             ("learn", LearnConfig),
             ("warmup", WarmupConfig),
             ("buffer", BufferConfig),
+            ("track", TrackConfig),
         )
         for field, cls in parts:
             value = getattr(self, field)

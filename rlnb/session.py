@@ -57,7 +57,7 @@ class Session:
     """
 
     # Construction stages, in order; each ``_build_<stage>`` registers its own close.
-    _STAGES = ("bridge", "buffer", "data", "policy", "learner", "engine", "rollouter", "registry")
+    _STAGES = ("bridge", "tracker", "buffer", "data", "policy", "learner", "engine", "rollouter", "registry")
 
     def __init__(
         self,
@@ -79,6 +79,7 @@ class Session:
         self._lock = threading.Lock()
         self._closed = False
         self._deadline: float | None = None
+        self._exit_code = 0
         self._stack = contextlib.ExitStack()
         self._bridge: AsyncBridge | None = None
         self._buffer: ReplayBuffer | None = None
@@ -103,6 +104,29 @@ class Session:
         bridge = AsyncBridge(name=f"rlnb-{self._name}")
         self._stack.callback(self._close_part, bridge)
         self._bridge = bridge
+
+    def _build_tracker(self) -> None:
+        from rlnb import checkpoint
+        from rlnb.track import Tracker
+
+        t = self._config.track
+        run_id = t.run_id if self._restore is None else self._restore[0]["tracker"]["run_id"]
+        tracker = Tracker(
+            t.backends,
+            run_dir=t.run_dir,
+            run_id=run_id,
+            name=self._name,
+            config=checkpoint.config_to_dict(self._config),
+            wandb_mode=t.wandb_mode,
+            wandb_project=t.wandb_project,
+            console_every=t.console_every,
+        )
+        # closed last but one (the stack is LIFO): the run records everything before it
+        self._stack.callback(self._finish_tracker, tracker)
+        self._tracker = tracker
+
+    def _finish_tracker(self, tracker: Any) -> None:
+        tracker.finish(self._exit_code)
 
     def _build_buffer(self) -> None:
         cfg = self._config.buffer
@@ -248,6 +272,11 @@ class Session:
         self._check_open()
         assert self._buffer is not None
         return self._buffer
+
+    @property
+    def tracker(self) -> Any:
+        """The session's :class:`~rlnb.Tracker` (``Config.track``); it finishes on close."""
+        return self._tracker
 
     @property
     def task(self) -> Task:
@@ -396,6 +425,7 @@ class Session:
         self.bridge.run(rollouter.sync_weights(self._learner.export_weights(), version))
         self.bridge.run(rollouter.set_version(version))
         self.buffer.set_version(version)
+        self._tracker.log(metrics, step=version)
         return metrics
 
     def train(self, n_steps: int, *, progress: bool = True) -> list[dict[str, float]]:
@@ -452,6 +482,10 @@ class Session:
                 with defer_interrupts():
                     version = self._learner.version
                     self.bridge.run(rollouter.sync_weights(self._learner.export_weights(), version))
+                    self._tracker.log(
+                        {"warmup/steps": float(self._warmup_steps), "warmup/sft_loss": history[-1]["sft_loss"]},
+                        step=version,
+                    )
         return history
 
     def evaluate(self, n_prompts: int = 200, *, seed: int = 12345) -> float:
@@ -460,7 +494,9 @@ class Session:
         items = self._task.eval_set(n_prompts, seed=seed)
         max_new = self._config.rollout.max_new_tokens or self._task.max_new_tokens
         results = self.bridge.run(rollouter.evaluate(items, max_new_tokens=max_new))
-        return sum(reward >= 1.0 for _, reward in results) / len(results)
+        accuracy = sum(reward >= 1.0 for _, reward in results) / len(results)
+        self._tracker.log({"eval_accuracy": accuracy}, step=self._learner.version)
+        return accuracy
 
     # -- checkpoints ------------------------------------------------------------------
 
@@ -490,7 +526,7 @@ class Session:
                 "returned_prompts": returned,
                 "buffer": self.buffer.state_dict(),
                 "python_rng": checkpoint.python_rng_state(),
-                "tracker": {"run_id": None},
+                "tracker": {"run_id": self._tracker.run_id},
             }
             tensors: dict[str, dict[str, Any]] = {
                 "model": self._learner.policy.state_dict(),
@@ -591,17 +627,20 @@ class Session:
         self._rollouter.raise_pending()
         return self._rollouter
 
-    def close(self, timeout: float | None = None) -> None:
+    def close(self, timeout: float | None = None, *, exit_code: int = 0) -> None:
         """Close every part, newest first; idempotent and thread-safe.
 
         Blocks for at most about ``timeout`` seconds (``Config.close_timeout`` by
         default); a part that will not stop in time is abandoned with a warning.
         If a part fails to close, the others are still closed and the error raised.
+        ``exit_code`` is what the tracker's run reports: 0 success, 1 failure,
+        130 interrupted (SIGINT), 143 terminated (SIGTERM).
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        self._exit_code = exit_code
         if timeout is None:
             timeout = self._config.close_timeout
         self._deadline = time.monotonic() + timeout
@@ -610,8 +649,10 @@ class Session:
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        from rlnb.track import exit_code_for
+
+        self.close(exit_code=exit_code_for(exc))
 
     def __repr__(self) -> str:
         return f"<rlnb.Session {self._name!r} {'closed' if self._closed else 'open'}>"

@@ -58,7 +58,7 @@ def test_n_steps_save_load_in_a_new_process_n_steps_equals_2n_straight(tmp_path:
     out = subprocess.run(
         [sys.executable, "-c", RESUME, str(saved), str(n)], capture_output=True, text=True, timeout=120, check=True
     )
-    second = json.loads(out.stdout.strip().splitlines()[-1])
+    second = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("[")))
     assert_same_metrics(second, straight[n:])
     assert second[-1]["version"] == 2 * n
 

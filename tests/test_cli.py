@@ -30,12 +30,13 @@ def test_train_writes_its_run_dir_and_ends_with_one_json_line(tmp_path: Path) ->
     assert result["generated_tokens_per_s"] > 0 and result["peak_rss_mib"] > 0
     assert "[warm-up] supervised, 2 steps" in proc.stdout  # the warm-up is a stage of its own
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["stage"] == "warmup"] == [1, 2]
-    assert [r["step"] for r in records if r["stage"] == "rl"] == [1, 2, 3]
-    evals = [r for r in records if "eval_accuracy" in r]
-    assert [r["stage"] for r in evals] == ["eval", "eval", "rl", "rl"]  # init, after warm-up, steps 2 and 3
-    assert evals[-1]["eval_accuracy"] == result["eval_accuracy_end"]
-    assert {"reward_mean", "entropy", "clip_fraction", "grad_norm", "staleness"} <= set(records[-1])
+    assert records[0]["event"] == "start" and records[-1] == {**records[-1], "event": "finish", "exit_code": 0}
+    assert [r["warmup/steps"] for r in records if "warmup/steps" in r] == [2]
+    assert [r["step"] for r in records if "reward_mean" in r] == [1, 2, 3]
+    evals = [(r["step"], r["eval_accuracy"]) for r in records if "eval_accuracy" in r]
+    assert [step for step, _ in evals] == [0, 0, 2, 3]  # initial, after the warm-up, steps 2 and 3
+    assert evals[-1][1] == result["eval_accuracy_end"]
+    assert {"reward_mean", "entropy", "clip_fraction", "grad_norm", "staleness"} <= set(records[-3])
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

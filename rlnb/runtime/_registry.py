@@ -70,18 +70,23 @@ def sessions() -> list[Any]:
         return list(_LIVE.values())
 
 
-def close_all(timeout: float | None = 5.0) -> None:
+def close_all(timeout: float | None = 5.0, *, exit_code: int | None = None) -> None:
     """Close every live session, newest first, within about ``timeout`` seconds in all.
 
-    Every session is closed even if another fails; failures are raised together
-    afterwards as an :class:`ExceptionGroup`. Blocks.
+    ``exit_code`` is what their tracker runs report (0 success, 1 failure, 130
+    SIGINT, 143 SIGTERM; by default each session decides). Every session is closed
+    even if another fails; failures are raised together afterwards as an
+    :class:`ExceptionGroup`. Blocks.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     errors: list[Exception] = []
     for obj in reversed(sessions()):
         remaining = None if deadline is None else max(0.05, deadline - time.monotonic())
         try:
-            obj.close(timeout=remaining)
+            if exit_code is None:
+                obj.close(timeout=remaining)
+            else:
+                obj.close(timeout=remaining, exit_code=exit_code)
         except Exception as exc:
             errors.append(exc)
         finally:
@@ -90,14 +95,14 @@ def close_all(timeout: float | None = 5.0) -> None:
         raise ExceptionGroup(f"rlnb.close_all(): {len(errors)} session(s) failed to close", errors)
 
 
-def _close_all_quietly(reason: str) -> None:
+def _close_all_quietly(reason: str, exit_code: int | None = None) -> None:
     """Close everything from a hook: never raise, say what happened on the log."""
     if not sessions():
         return
     start = time.monotonic()
     names = [s.name for s in sessions()]
     try:
-        close_all(timeout=HOOK_TIMEOUT)
+        close_all(timeout=HOOK_TIMEOUT, exit_code=exit_code)
     except Exception:
         log.exception("rlnb: closing sessions on %s failed", reason)
     log.info(
@@ -134,7 +139,7 @@ def _install_sigterm_handler() -> bool:
         return True
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        _close_all_quietly("SIGTERM")
+        _close_all_quietly("SIGTERM", exit_code=143)
         if callable(previous):
             previous(signum, frame)
         else:  # default action: die by SIGTERM, as we would have without this handler
@@ -157,7 +162,8 @@ def _install_kernel_hook() -> None:
     original: Callable[..., Any] = kernel.do_shutdown
 
     def do_shutdown(restart: bool) -> Any:
-        _close_all_quietly("kernel restart" if restart else "kernel shutdown")
+        # the run was cut short by the user, as by the interrupt the restart sends first
+        _close_all_quietly("kernel restart" if restart else "kernel shutdown", exit_code=130)
         return original(restart)
 
     kernel.do_shutdown = do_shutdown

@@ -14,7 +14,17 @@ from typing import Any
 __all__ = ["ConsoleBackend", "JsonlBackend", "PlotBackend"]
 
 # What the console line and the plot show, in this order, when a step has them.
-HEADLINE = ("reward_mean", "accuracy", "eval_accuracy", "response_length", "entropy", "kl", "grad_norm")
+HEADLINE = (
+    "reward_mean",
+    "accuracy",
+    "eval_accuracy",
+    "response_length",
+    "entropy",
+    "kl",
+    "grad_norm",
+    "warmup/steps",
+    "warmup/sft_loss",
+)
 
 
 def _in_notebook() -> bool:
@@ -45,7 +55,7 @@ class ConsoleBackend:
         return " | ".join(parts)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        if step % self.every and "eval_accuracy" not in metrics:
+        if step % self.every and not any(k in metrics for k in ("eval_accuracy", "warmup/steps")):
             return
         self._last = self.format(metrics, step)
         if self._handle is not None:
