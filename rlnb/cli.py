@@ -44,6 +44,7 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("name", choices=BENCHES, help="which benchmark")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
     bench.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
+    bench.add_argument("--tracker", choices=("wandb",), help="close: also time a session with this tracker")
     return parser
 
 
@@ -104,10 +105,14 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(name: str, as_json: bool, strict: bool) -> int:
+def _bench(name: str, as_json: bool, strict: bool, tracker: str | None = None) -> int:
     import importlib
 
-    result = importlib.import_module(f"rlnb.bench._{name}").run()
+    if tracker is not None and name != "close":
+        print(f"rlnb bench {name}: error: --tracker applies to 'close' only", file=sys.stderr)
+        return 2
+    module = importlib.import_module(f"rlnb.bench._{name}")
+    result = module.run(tracker=tracker) if tracker else module.run()
     print(result.to_json() if as_json else result.report())
     return 1 if strict and not result.ok else 0
 
@@ -117,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("demo", "train"):
         return _train(args)
     if args.command == "bench":
-        return _bench(args.name, args.json, args.strict)
+        return _bench(args.name, args.json, args.strict, args.tracker)
     raise AssertionError(args.command)  # argparse enforces the choices
 
 

@@ -114,3 +114,10 @@ def test_bench_rollout_measures_resume_pause_and_batching_in_one_run() -> None:
     assert result.figures["drain_all_ms"] > result.figures["resume_to_dispatch_p99_ms"]
     assert result.figures["continuous_tokens_per_s"] > 0 and result.figures["static_tokens_per_s"] > 0
     assert {t.name for t in result.targets} == {"resume_to_dispatch_p99", "pause_abort_p99", "continuous_over_static"}
+
+
+def test_bench_close_times_a_session_with_an_offline_wandb_run() -> None:
+    result = _close.run(repeats=3, tracker="wandb")
+    assert 0 < result.figures["wandb_session_close_median_ms"] <= result.figures["wandb_session_close_max_ms"]
+    assert "wandb_session_close_max" in {t.name for t in result.targets}
+    assert run_cli("bench", "train", "--tracker", "wandb").returncode == 2  # close only
