@@ -47,6 +47,11 @@ def text_of(cell: nbformat.NotebookNode) -> str:
     return "".join(parts)
 
 
+def stream_of(cell: nbformat.NotebookNode) -> str:
+    """What the cell printed (not the displays, which later cells may update in place)."""
+    return "".join(out.get("text", "") for out in cell.get("outputs", []) if out.get("output_type") == "stream")
+
+
 def test_quickstart_runs_and_leaves_no_session(tmp_path: Path) -> None:
     nb = nbformat.read(NOTEBOOKS / "quickstart.ipynb", as_version=4)
     code_cells = [c for c in nb.cells if c.cell_type == "code"]
@@ -85,7 +90,7 @@ def test_training_notebook_steps_saves_loads_and_runs_async(tmp_path: Path) -> N
     # re-run the cell that makes the session and the warm-up cell, as a user would
     nb.cells.insert(nb.cells.index(code_cells[0]) + 1, nbformat.v4.new_code_cell(code_cells[0].source))
     done = execute(nb, tmp_path)
-    outputs = [text_of(c) for c in done.cells if c.cell_type == "code"]
+    outputs = [stream_of(c) for c in done.cells if c.cell_type == "code"]
     assert "closed the earlier session 'training'" in outputs[1]
     before = float(outputs[1].rsplit(":", 1)[1])
     after = float(outputs[2].rsplit(":", 1)[1])
@@ -93,9 +98,11 @@ def test_training_notebook_steps_saves_loads_and_runs_async(tmp_path: Path) -> N
     assert "'version': 1" in outputs[3]
     rollout_cell = next(c for c in done.cells if c.source == "sess.rollout(2)")
     assert "<table>" in rollout_cell.outputs[0]["data"]["text/html"]
-    assert outputs[5].startswith("version 5")
-    assert "loaded at version 5" in outputs[6]
-    paused, version = outputs[7].strip().splitlines()
+    widget_cell = next(c for c in done.cells if c.source.startswith('sess.tracker.backend("plot").widget'))
+    assert "application/vnd.jupyter.widget-view+json" in widget_cell.outputs[0]["data"]
+    assert outputs[6].startswith("version 5")
+    assert "loaded at version 5" in outputs[7]
+    paused, version = outputs[8].strip().splitlines()
     assert paused.startswith("paused: paused")
     dispatched, total = (
         int(x) for x in paused.split("dispatched", 1)[1].split("= finished + partial + failed + in flight")
@@ -104,3 +111,10 @@ def test_training_notebook_steps_saves_loads_and_runs_async(tmp_path: Path) -> N
     assert version == "version 5.0"
     assert outputs[-1].strip() == "[]"
     assert (tmp_path / "checkpoint" / "checkpoint.json").is_file()
+    assert (tmp_path / "runs" / "training" / "curves.png").is_file()
+    finishes = [
+        line
+        for line in (tmp_path / "runs" / "training" / "metrics.jsonl").read_text().splitlines()
+        if '"finish"' in line
+    ]
+    assert len(finishes) == 4  # the re-run cell's, the one replaced by the load, the loaded one's, the async one's
