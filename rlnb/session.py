@@ -57,7 +57,9 @@ class Session:
     """
 
     # Construction stages, in order; each ``_build_<stage>`` registers its own close.
-    _STAGES = ("bridge", "tracker", "buffer", "data", "policy", "learner", "engine", "rollouter", "registry")
+    # The prompt loader forks its workers first, before this session starts any
+    # thread (wandb's included); the tracker finishes after every later part.
+    _STAGES = ("bridge", "data", "tracker", "buffer", "policy", "learner", "engine", "rollouter", "registry")
 
     def __init__(
         self,
