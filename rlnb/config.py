@@ -146,7 +146,7 @@ class EngineConfig:
     """
 
     kind: str = "tiny"
-    max_batch: int = 64
+    max_batch: int = 128
 
     def __post_init__(self) -> None:
         _require(self.kind in ("tiny",), "EngineConfig.kind", self.kind, 'use "tiny"')
@@ -154,7 +154,7 @@ class EngineConfig:
             _is_int(self.max_batch) and self.max_batch >= 1,
             "EngineConfig.max_batch",
             self.max_batch,
-            "use a positive int, e.g. max_batch=64",
+            "use a positive int, e.g. max_batch=128",
         )
 
 

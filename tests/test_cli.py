@@ -64,7 +64,7 @@ def test_demo_learns_addition(tmp_path: Path) -> None:
 
 
 def test_bench_train_measures_both_modes_in_one_run() -> None:
-    result = _train.run(steps=2, longtail_steps=2, max_new_tokens=8)
+    result = _train.run(steps=2, longtail_steps=2, max_new_tokens=8, rounds=1)
     figures = result.figures
     assert figures["steps_per_s"] > 0 and figures["generated_tokens_per_s"] > 0
     assert figures["sync_s_per_step"] > 0 and figures["async_s_per_step"] > 0

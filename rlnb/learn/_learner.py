@@ -87,6 +87,17 @@ def collate(
 _DEFAULT = LearnConfig()
 
 
+def _length_chunks(rows: torch.Tensor, lengths: torch.Tensor, *, max_chunks: int = 4) -> list[torch.Tensor]:
+    """``rows`` split into up to ``max_chunks`` runs of similar length when padding
+    them all to the longest would waste a fifth or more of the positions."""
+    lens = lengths[rows]
+    waste = 1 - float(lens.sum()) / (len(rows) * int(lens.max()))
+    n = min(max_chunks, len(rows) // 16)
+    if waste < 0.2 or n < 2:
+        return [rows]
+    return list(rows[lens.argsort()].chunk(n))
+
+
 class Learner:
     """Optimises ``policy`` with the GRPO/PPO loss of :mod:`rlnb.learn._loss`."""
 
@@ -132,40 +143,48 @@ class Learner:
         with torch.no_grad():
             prox = None if single_update else self._token_logp(self.policy, batch.ids)[0]
             ref = self._token_logp(self.reference, batch.ids)[0] if self.reference is not None else None
+        lengths = (batch.ids != self._pad).sum(dim=1)
         sums: dict[str, float] = {k: 0.0 for k in ("loss", "policy", "kl", "clip", "isw", "istrunc", "ent", "gn")}
         updates = 0
         for _ in range(cfg.epochs):
             for part in parts:
-                rows = torch.isin(batch.group_of, part)
-                logp, entropy = self._token_logp(self.policy, batch.ids[rows])
-                mask = batch.mask[rows]
-                terms = policy_loss(
-                    logp,
-                    logp.detach() if prox is None else prox[rows],
-                    batch.behav_logp[rows],
-                    batch.advantages[rows],
-                    mask,
-                    clip_eps=cfg.clip_eps,
-                    is_cap=cfg.is_cap,
-                    kl_coef=cfg.kl_coef,
-                    ref_logp=None if ref is None else ref[rows],
-                )
+                rows = torch.nonzero(torch.isin(batch.group_of, part)).flatten()
+                total = batch.mask[rows].sum().clamp_min(1)
                 self.optimizer.zero_grad(set_to_none=True)
-                terms.loss.backward()
+                # The loss is a sum over tokens / their count: computed chunk by chunk
+                # (rows of similar length, each padded only to its own longest) and
+                # accumulated, it is the same loss without most of the padding.
+                for chunk in _length_chunks(rows, lengths):
+                    width = int(lengths[chunk].max())
+                    mask = batch.mask[chunk, : width - 1]
+                    logp, entropy = self._token_logp(self.policy, batch.ids[chunk, :width])
+                    terms = policy_loss(
+                        logp,
+                        logp.detach() if prox is None else prox[chunk, : width - 1],
+                        batch.behav_logp[chunk, : width - 1],
+                        batch.advantages[chunk],
+                        mask,
+                        clip_eps=cfg.clip_eps,
+                        is_cap=cfg.is_cap,
+                        kl_coef=cfg.kl_coef,
+                        ref_logp=None if ref is None else ref[chunk, : width - 1],
+                    )
+                    share = float(mask.sum() / total)
+                    (terms.loss * share).backward()
+                    for key, value in (
+                        ("loss", float(terms.loss.detach())),
+                        ("policy", terms.policy),
+                        ("kl", terms.kl),
+                        ("clip", terms.clip_fraction),
+                        ("isw", terms.is_weight_mean),
+                        ("istrunc", terms.is_truncated_fraction),
+                        ("ent", float((entropy.detach() * mask).sum() / mask.sum().clamp_min(1))),
+                    ):
+                        sums[key] += value * share
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
                 updates += 1
-                for key, value in (
-                    ("loss", float(terms.loss.detach())),
-                    ("policy", terms.policy),
-                    ("kl", terms.kl),
-                    ("clip", terms.clip_fraction),
-                    ("isw", terms.is_weight_mean),
-                    ("istrunc", terms.is_truncated_fraction),
-                    ("ent", float((entropy.detach() * mask).sum() / mask.sum().clamp_min(1))),
-                    ("gn", float(grad_norm)),
-                ):
-                    sums[key] += value
+                sums["gn"] += float(grad_norm)
         self.version += 1
         elapsed = time.perf_counter() - start
         tokens = int(batch.mask.sum())

@@ -170,3 +170,36 @@ def test_unscaled_advantages_only_centre_the_rewards() -> None:
     centred = collate(groups, encode, TOK.PAD, scale_advantages=False).advantages
     assert torch.allclose(centred, torch.tensor([0.6, -0.2, -0.4]), atol=1e-6)
     assert torch.allclose(scaled, centred / torch.tensor([1.0, 0.2, 0.0]).std(unbiased=False), atol=1e-4)
+
+
+def test_length_chunks_give_the_same_update_as_one_padded_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import copy
+
+    from rlnb.learn import _learner
+
+    model = policy()
+    # 32 groups of 2 (64 rows) with completions of 1 to 8 characters: padding every
+    # row to the longest would waste a third of the positions
+    groups = []
+    for i in range(32):
+        prompt = f"{i}+{i}="
+        long = sample_with_behaviour(model, prompt, "1" * (1 + i % 8), reward=1.0)
+        short = sample_with_behaviour(model, prompt, "2", reward=0.0)
+        groups.append(rlnb.Group(prompt=prompt, samples=(long, short)))
+    twin = copy.deepcopy(model)
+    chunked = Learner(model, encode=encode, pad_id=TOK.PAD, config=LearnConfig(lr=1e-2, kl_coef=0.1))
+    padded = Learner(twin, encode=encode, pad_id=TOK.PAD, config=LearnConfig(lr=1e-2, kl_coef=0.1))
+    calls: list[int] = []
+    real = _learner._length_chunks
+    monkeypatch.setattr(_learner, "_length_chunks", lambda rows, lengths: calls.append(1) or real(rows, lengths))
+    m1 = chunked.step(groups)
+    assert len(real(torch.arange(64), (collate(groups, encode, TOK.PAD).ids != TOK.PAD).sum(1))) == 4
+    monkeypatch.setattr(_learner, "_length_chunks", lambda rows, lengths: [rows])
+    m2 = padded.step(groups)
+    for key in ("loss", "policy_loss", "entropy", "kl", "grad_norm"):
+        assert m1[key] == pytest.approx(m2[key], rel=1e-4, abs=1e-6), key
+    # the same gradient (Adam's first step, ~lr * sign(g), would magnify rounding)
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        assert a.grad is not None and b.grad is not None
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-7)
+    assert calls
