@@ -231,8 +231,8 @@ class LearnConfig:
     scale_advantages: divide each group's centred rewards by their std (GRPO);
         False only centres them (Dr. GRPO)."""
 
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.99)
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     clip_eps: float = 0.2
@@ -244,7 +244,7 @@ class LearnConfig:
 
     def __post_init__(self) -> None:
         checks = (
-            ("lr", self.lr > 0, "use a learning rate > 0, e.g. lr=1e-3"),
+            ("lr", self.lr > 0, "use a learning rate > 0, e.g. lr=1e-4"),
             ("weight_decay", self.weight_decay >= 0, "use a value >= 0"),
             ("max_grad_norm", self.max_grad_norm > 0, "use a norm > 0, e.g. max_grad_norm=1.0"),
             ("clip_eps", 0 < self.clip_eps < 1, "use a value in (0, 1), e.g. clip_eps=0.2"),
