@@ -285,14 +285,14 @@ class WarmupConfig:
 class TrackConfig:
     """The session's tracker (``rlnb.track``).
 
-    backends: any of "console", "jsonl", "wandb", "plot" (empty: no tracking).
+    backends: any of "console", "jsonl", "wandb", "plot" (the default, none, tracks nothing).
     run_dir: where "jsonl", "plot" and "wandb" write (needed by them).
     wandb_mode: "offline" (default), "online" (needs an API key) or "disabled".
     wandb_project: the wandb project. console_every: steps between console lines.
     run_id: resume this run (a loaded checkpoint sets it); None starts a new one.
     """
 
-    backends: tuple[str, ...] = ("console",)
+    backends: tuple[str, ...] = ()
     run_dir: str | None = None
     wandb_mode: str = "offline"
     wandb_project: str = "rlnb"
