@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,28 @@ def test_train_rejects_bad_input_before_starting(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
     proc = run_cli("train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--lr", "-1")
     assert proc.returncode == 2 and "LearnConfig.lr=-1.0 is invalid" in proc.stderr
+    proc = run_cli("train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--tracker", "console,tensorboard")
+    assert proc.returncode == 2 and "TrackConfig.backends=('console', 'tensorboard') is invalid" in proc.stderr
+    online = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlnb",
+            "train",
+            "--steps",
+            "3",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--tracker",
+            "wandb",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "WANDB_MODE": "online", "WANDB_API_KEY": "", "HOME": str(tmp_path)},
+    )
+    assert online.returncode == 2 and "'online' needs a wandb API key" in online.stderr
+    assert not (tmp_path / "run").exists()  # nothing started
 
 
 @pytest.mark.slow
