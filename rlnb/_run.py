@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from rlnb.config import Config
 
 __all__ = ["RunResult", "run"]
@@ -143,9 +141,8 @@ def run(
 def _peak_rss_mib() -> float:
     import resource
 
-    # ru_maxrss is in KiB on Linux; children (loader workers) are counted apart
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return max(own, psutil.Process().memory_info().rss / 2**20)
+    # this process's peak (KiB on Linux); loader workers are children, counted apart
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def demo_settings() -> tuple[Config, dict[str, Any]]:

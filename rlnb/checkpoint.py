@@ -30,34 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from rlnb._errors import CheckpointError, ConfigError
-from rlnb.config import (
-    BufferConfig,
-    Config,
-    DataConfig,
-    EngineConfig,
-    LearnConfig,
-    ModelConfig,
-    RolloutConfig,
-    TrackConfig,
-    WarmupConfig,
-)
+from rlnb.config import PARTS, Config
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "config_from_dict", "config_to_dict", "read", "write"]
 
 FORMAT = "rlnb-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "checkpoint.json"
-
-_PARTS: dict[str, type] = {
-    "data": DataConfig,
-    "model": ModelConfig,
-    "engine": EngineConfig,
-    "rollout": RolloutConfig,
-    "learn": LearnConfig,
-    "warmup": WarmupConfig,
-    "buffer": BufferConfig,
-    "track": TrackConfig,
-}
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:
@@ -69,7 +48,7 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     """The :class:`Config` of :func:`config_to_dict`; ConfigError for unknown fields."""
     data = dict(data)
     parts = {}
-    for field, cls in _PARTS.items():
+    for field, cls in PARTS.items():
         values = dict(data.pop(field, {}))
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = set(values) - set(known)

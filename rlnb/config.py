@@ -378,17 +378,7 @@ class Config:
 
     def __post_init__(self) -> None:
         _require(_is_int(self.seed) and self.seed >= 0, "Config.seed", self.seed, "use an int >= 0, e.g. seed=0")
-        parts = (
-            ("data", DataConfig),
-            ("model", ModelConfig),
-            ("engine", EngineConfig),
-            ("rollout", RolloutConfig),
-            ("learn", LearnConfig),
-            ("warmup", WarmupConfig),
-            ("buffer", BufferConfig),
-            ("track", TrackConfig),
-        )
-        for field, cls in parts:
+        for field, cls in PARTS.items():
             value = getattr(self, field)
             _require(
                 isinstance(value, cls),
@@ -415,3 +405,16 @@ class Config:
     def replace(self, **changes: Any) -> Config:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
+
+
+# Config's fields that are configs of their own, and their classes.
+PARTS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "engine": EngineConfig,
+    "rollout": RolloutConfig,
+    "learn": LearnConfig,
+    "warmup": WarmupConfig,
+    "buffer": BufferConfig,
+    "track": TrackConfig,
+}

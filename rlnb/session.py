@@ -178,9 +178,14 @@ class Session:
             eos_id=tokenizer.EOS,
             config=self._config.learn,
         )
-        self._warmup_prompts = self._task.prompts(self._config.seed + WARMUP_SEED_OFFSET)
-        self._warmup_optimizer: Any = None
         self._warmup_steps = 0
+        self._warmup_prompts = self._warmup_stream()
+        self._warmup_optimizer: Any = None
+
+    def _warmup_stream(self) -> Iterator[Any]:
+        """The warm-up's own prompt stream, from where ``_warmup_steps`` steps left it."""
+        start = self._warmup_steps * self._config.warmup.batch_size
+        return self._task.prompts(self._config.seed + WARMUP_SEED_OFFSET, start=start)
 
     def _build_engine(self) -> None:
         from rlnb.rollout._tiny import TinyEngine
@@ -595,9 +600,7 @@ class Session:
             self.buffer.load_state_dict(manifest["buffer"])
         learner.version = int(manifest["step"])
         self._warmup_steps = int(manifest["warmup_steps"])
-        self._warmup_prompts = self._task.prompts(
-            self._config.seed + WARMUP_SEED_OFFSET, start=self._warmup_steps * self._config.warmup.batch_size
-        )
+        self._warmup_prompts = self._warmup_stream()
         rollouter.give_back([PromptItem(*item) for item in manifest["returned_prompts"]])
         self.bridge.run(rollouter.sync_weights(learner.export_weights(), learner.version))
         self.bridge.run(rollouter.set_version(learner.version))

@@ -425,7 +425,7 @@ class Rollouter:
     async def give_back_collected(self) -> None:
         """Hand back the prompts of the last :meth:`collect`: they go first next time
         (for a caller that never used its groups)."""
-        self._returned.extendleft(reversed(self._collected))
+        self.give_back(self._collected)
         self._collected = []
 
     async def evaluate(self, items: list[PromptItem], *, max_new_tokens: int) -> list[tuple[str, float]]:
