@@ -133,6 +133,11 @@ class KVCache:
         """Number of sequences the cache holds."""
         return int(self.k.shape[1])
 
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
+        """Copy positions ``0..length-1`` of slots ``src`` [n] into slots ``dst`` [n], in every layer."""
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+
 
 class _Block(nn.Module):
     """Pre-LayerNorm transformer block: causal self-attention, then a GELU MLP."""

@@ -9,7 +9,7 @@ import torch
 
 import rlnb
 from rlnb.models import CharTokenizer, PolicyConfig, TinyPolicy
-from rlnb.rollout import GenerateRequest, PauseMode, SamplingParams
+from rlnb.rollout import GenerateRequest, GenerateResult, PauseMode, SamplingParams
 from rlnb.rollout._tiny import TinyEngine
 from rlnb.runtime import AsyncBridge
 from tests.helpers import ctrl_c_once
@@ -218,3 +218,37 @@ def test_ctrl_c_interrupts_the_caller_not_the_engine(engine: TinyEngine, bridge:
     assert engine._thread.is_alive()
     result = bridge.run(engine.generate(request("next", max_new_tokens=3, ignore_eos=True)))
     assert len(result.token_ids) == 3
+
+
+def test_a_group_of_identical_prompts_is_prefilled_once_and_each_copy_decodes_as_if_alone(
+    engine: TinyEngine, bridge: AsyncBridge, policy: TinyPolicy
+) -> None:
+    # The engine runs each distinct prompt once and copies its keys and values into
+    # the other slots: every copy must still see its own prompt (two prompts of
+    # different lengths, interleaved) and sample with its own seed.
+    prompts = ["12+34=", "7+8=", "12+34=", "7+8=", "12+34=", "7+8="]
+
+    async def together() -> list[tuple[int, ...]]:
+        reqs = [request(f"r{i}", p, seed=i, max_new_tokens=6, ignore_eos=True) for i, p in enumerate(prompts)]
+        return [r.token_ids for r in await asyncio.gather(*map(engine.generate, reqs))]
+
+    async def one_by_one() -> list[tuple[int, ...]]:
+        out = []
+        for i, p in enumerate(prompts):
+            out.append(
+                (await engine.generate(request(f"a{i}", p, seed=i, max_new_tokens=6, ignore_eos=True))).token_ids
+            )
+        return out
+
+    shared = bridge.run(together())
+    assert shared == bridge.run(one_by_one())
+    assert len(set(shared[0::2])) > 1  # distinct seeds sampled distinct completions of one prompt
+
+    async def greedy_all() -> list[GenerateResult]:
+        reqs = [request(f"g{i}", p, temperature=0.0, max_new_tokens=5) for i, p in enumerate(prompts)]
+        return list(await asyncio.gather(*map(engine.generate, reqs)))
+
+    greedy = bridge.run(greedy_all())
+    for p, result in zip(prompts, greedy, strict=True):
+        expected = greedy_continuation(policy, TOKENIZER.encode(p, bos=True), 5)
+        assert list(result.token_ids) == expected[: len(result.token_ids)]
