@@ -318,8 +318,8 @@ class TinyEngine:
             self._cache.copy_slots(src, dst, ids.shape[1])
         for seq, x in zip(seqs, inputs, strict=True):
             seq.position = len(x)
-        row = {owner: r for r, owner in enumerate(owners)}
-        self._advance(seqs, logits[torch.tensor([row[owner] for owner in row_of])])
+        row_in_prefill = {owner: r for r, owner in enumerate(owners)}
+        self._advance(seqs, logits[torch.tensor([row_in_prefill[owner] for owner in row_of])])
 
     def _decode(self, seqs: list[_Seq]) -> None:
         slots = torch.tensor([s.slot for s in seqs])
