@@ -24,59 +24,63 @@ __all__ = ["Learner", "TrainBatch", "collate"]
 
 @dataclasses.dataclass(frozen=True)
 class TrainBatch:
-    """Sequences (BOS, prompt, completion) right-padded, with per-target annotations.
+    """Groups of completions, each group's prompt stored once (GRPO samples a prompt
+    ``group_size`` times, and the learner runs each prompt once).
 
-    ``ids`` [N, L]; the model reads ``ids[:, :-1]`` and predicts ``ids[:, 1:]``;
-    ``mask`` [N, L-1] marks completion targets, ``behav_logp`` [N, L-1] their
-    behaviour log-probs; ``advantages`` [N]; ``rewards`` [N]; ``min_versions`` [N].
+    ``prompts`` [P, Tp] (BOS and prompt, right-padded) with ``prompt_lengths`` [P];
+    ``targets`` [N, C]: each sample's completion tokens, right-padded, which the
+    model predicts after its prompt ``group_of[i]``; ``mask`` [N, C] marks real
+    tokens and ``behav_logp`` [N, C] holds their behaviour log-probs;
+    ``advantages``, ``rewards``, ``min_versions``, ``group_of``: [N].
     """
 
-    ids: torch.Tensor
+    prompts: torch.Tensor
+    prompt_lengths: torch.Tensor
+    targets: torch.Tensor
     mask: torch.Tensor
     behav_logp: torch.Tensor
     advantages: torch.Tensor
     rewards: torch.Tensor
     min_versions: torch.Tensor
-    group_of: torch.Tensor  # [N] index of each sample's group
+    group_of: torch.Tensor
+
+
+def _padded(rows: list[list[Any]], width: int, fill: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
+    # One tensor per field from padded Python lists: far cheaper than a copy per row.
+    return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=dtype)
 
 
 def collate(
     groups: Sequence[Group], encode: Callable[[str], list[int]], pad_id: int, *, scale_advantages: bool = True
 ) -> TrainBatch:
     """Build a :class:`TrainBatch`; raises ``ValueError`` for samples without tokens or log-probs."""
-    rows: list[list[int]] = []
-    starts: list[int] = []
+    prompts = [encode(group.prompt) for group in groups]
+    targets: list[list[int]] = []
     behav: list[list[float]] = []
     rewards: list[list[float]] = []
     versions: list[int] = []
     group_of: list[int] = []
     for g_index, group in enumerate(groups):
-        prompt = encode(group.prompt)
         rewards.append([float(s.reward or 0.0) for s in group.samples])
         for sample in group.samples:
             if len(sample.logprobs) != len(sample.token_ids):
                 raise ValueError(f"sample of prompt {group.prompt!r} has no behaviour log-probs for its tokens")
-            rows.append(prompt + list(sample.token_ids))
-            # target j predicts ids[j + 1]: completion token k sits at ids[start + k]
-            starts.append(len(prompt) - 1)
-            behav.append([0.0] * (len(prompt) - 1) + list(sample.logprobs))
+            targets.append(list(sample.token_ids))
+            behav.append(list(sample.logprobs))
             versions.append(sample.min_version if sample.min_version is not None else 0)
             group_of.append(g_index)
-    length = max(len(r) for r in rows)
-    # One tensor per field from padded Python lists: far cheaper than a copy per row.
-    ids = torch.tensor([r + [pad_id] * (length - len(r)) for r in rows], dtype=torch.long)
-    behav_logp = torch.tensor([b + [0.0] * (length - 1 - len(b)) for b in behav])
-    positions = torch.arange(length - 1)
-    ends = torch.tensor([len(r) - 1 for r in rows])
-    mask = (positions >= torch.tensor(starts)[:, None]) & (positions < ends[:, None])
+    width = max(1, max(len(t) for t in targets))
+    lengths = torch.tensor([len(t) for t in targets])
     if len({len(r) for r in rewards}) == 1:
         advantages = grpo_advantages(torch.tensor(rewards), scale=scale_advantages).flatten()
     else:  # groups of different sizes: one at a time
         advantages = torch.cat([grpo_advantages(torch.tensor([r]), scale=scale_advantages)[0] for r in rewards])
     return TrainBatch(
-        ids=ids,
-        mask=mask,
-        behav_logp=behav_logp,
+        prompts=_padded(prompts, max(len(p) for p in prompts), pad_id, torch.long),
+        prompt_lengths=torch.tensor([len(p) for p in prompts]),
+        targets=_padded(targets, width, pad_id, torch.long),
+        mask=torch.arange(width) < lengths[:, None],
+        behav_logp=_padded(behav, width, 0.0, torch.float32),
         advantages=advantages,
         rewards=torch.tensor([x for r in rewards for x in r]),
         min_versions=torch.tensor(versions),
@@ -121,10 +125,19 @@ class Learner:
         self.reference = copy.deepcopy(policy).eval().requires_grad_(False) if config.kl_coef > 0 else None
         self.version = 0
 
-    def _token_logp(self, model: TinyPolicy, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = model(ids[:, :-1]).float()
+    @staticmethod
+    def _token_logp(
+        model: TinyPolicy, batch: TrainBatch, rows: torch.Tensor, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies [len(rows), width] of ``rows``' first ``width`` targets,
+        each of their prompts run once."""
+        groups, local = torch.unique(batch.group_of[rows], return_inverse=True)
+        prompt_lengths = batch.prompt_lengths[groups]
+        prompts = batch.prompts[groups, : int(prompt_lengths.max())]
+        targets = batch.targets[rows, :width]
+        logits = model.forward_shared(prompts, prompt_lengths, targets[:, :-1], local).float()
         logp_all = logits.log_softmax(-1)
-        logp = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         return logp, entropy
 
@@ -140,10 +153,11 @@ class Learner:
         # With one update per batch the proximal policy is the current one: its
         # log-probs are the first (only) forward pass's, detached; no extra pass.
         single_update = cfg.epochs == 1 and len(parts) == 1
+        every, width = torch.arange(len(batch.group_of)), batch.targets.shape[1]
         with torch.no_grad():
-            prox = None if single_update else self._token_logp(self.policy, batch.ids)[0]
-            ref = self._token_logp(self.reference, batch.ids)[0] if self.reference is not None else None
-        lengths = (batch.ids != self._pad).sum(dim=1)
+            prox = None if single_update else self._token_logp(self.policy, batch, every, width)[0]
+            ref = self._token_logp(self.reference, batch, every, width)[0] if self.reference is not None else None
+        lengths = batch.mask.sum(dim=1)
         sums: dict[str, float] = {k: 0.0 for k in ("loss", "policy", "kl", "clip", "isw", "istrunc", "ent", "gn")}
         updates = 0
         for _ in range(cfg.epochs):
@@ -155,19 +169,19 @@ class Learner:
                 # (rows of similar length, each padded only to its own longest) and
                 # accumulated, it is the same loss without most of the padding.
                 for chunk in _length_chunks(rows, lengths):
-                    width = int(lengths[chunk].max())
-                    mask = batch.mask[chunk, : width - 1]
-                    logp, entropy = self._token_logp(self.policy, batch.ids[chunk, :width])
+                    width = max(1, int(lengths[chunk].max()))
+                    mask = batch.mask[chunk, :width]
+                    logp, entropy = self._token_logp(self.policy, batch, chunk, width)
                     terms = policy_loss(
                         logp,
-                        logp.detach() if prox is None else prox[chunk, : width - 1],
-                        batch.behav_logp[chunk, : width - 1],
+                        logp.detach() if prox is None else prox[chunk, :width],
+                        batch.behav_logp[chunk, :width],
                         batch.advantages[chunk],
                         mask,
                         clip_eps=cfg.clip_eps,
                         is_cap=cfg.is_cap,
                         kl_coef=cfg.kl_coef,
-                        ref_logp=None if ref is None else ref[chunk, : width - 1],
+                        ref_logp=None if ref is None else ref[chunk, :width],
                     )
                     share = float(mask.sum() / total)
                     (terms.loss * share).backward()
@@ -226,7 +240,7 @@ class Learner:
         for i, (row, (start, count)) in enumerate(zip(rows, spans, strict=True)):
             ids[i, : len(row)] = torch.tensor(row)
             mask[i, start - 1 : start - 1 + count] = True
-        logp, _ = self._token_logp(self.policy, ids)
+        logp = self.policy(ids[:, :-1]).float().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         loss = -(logp * mask).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

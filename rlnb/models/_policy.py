@@ -170,6 +170,18 @@ class _Block(nn.Module):
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
         return x + self._mlp(x), k, v
 
+    def extend(
+        self, x: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor, visible: torch.Tensor
+    ) -> torch.Tensor:
+        """x [N, T, d] after prefixes whose keys and values are k_prefix, v_prefix [N, n_heads, Tp, head_dim];
+        visible [N, 1, T, Tp + T] says which prefix and own positions each query attends to."""
+        n, t, d = x.shape
+        q, k, v = (z.transpose(1, 2) for z in self._qkv(x))
+        keys, values = torch.cat([k_prefix, k], dim=2), torch.cat([v_prefix, v], dim=2)
+        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
+        x = x + self.proj(a.transpose(1, 2).reshape(n, t, d))
+        return x + self._mlp(x)
+
     def step(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _DecodePlan) -> torch.Tensor:
         """One token per slot: x [A, d]; k_cache, v_cache [slots, n_heads, max_len, head_dim] (written)."""
         a_n, d = x.shape
@@ -321,6 +333,58 @@ class TinyPolicy(nn.Module):
         for block in self._blocks():
             x, _, _ = block(x)
         return self._head(x)
+
+    def forward_shared(
+        self, prompts: torch.Tensor, prompt_lengths: torch.Tensor, completions: torch.Tensor, group_of: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits for many completions of a few prompts, each prompt run once.
+
+        prompts [P, Tp]: right-padded prompts; prompt_lengths [P]: their lengths,
+        each >= 1; completions [N, Tc]: the tokens that follow prompt ``group_of[i]``
+        in row i, right-padded (``Tc`` may be 0); group_of [N]. Returns
+        ``[N, Tc + 1, vocab_size]``: row i's logits after its prompt's last token and
+        after each of its completion tokens, which is what :meth:`forward` gives on
+        the concatenated sequence (up to float rounding) for a fraction of the work
+        when each prompt has several completions (GRPO's groups). Gradients reach
+        the prompts' computation once per group. Rows must fit ``max_len``; padding
+        past a row's end may be cut off at the last position. Raises ``ValueError``
+        for mismatched shapes.
+        """
+        if (
+            prompts.dim() != 2
+            or completions.dim() != 2
+            or prompt_lengths.shape != prompts.shape[:1]
+            or group_of.shape != completions.shape[:1]
+        ):
+            raise ValueError(
+                "TinyPolicy.forward_shared needs prompts [P, Tp], prompt_lengths [P], completions [N, Tc] and "
+                f"group_of [N], got {tuple(prompts.shape)}, {tuple(prompt_lengths.shape)}, "
+                f"{tuple(completions.shape)} and {tuple(group_of.shape)}"
+            )
+        n_prompts, tp = prompts.shape
+        n, tc = completions.shape
+        if not 1 <= tp <= self.config.max_len or tc >= self.config.max_len:
+            raise ValueError(
+                f"TinyPolicy.forward_shared needs 1 <= Tp <= max_len={self.config.max_len} and "
+                f"Tc < max_len, got Tp={tp}, Tc={tc}"
+            )
+        x = self.tok_emb(prompts) + self.pos_emb(self._positions[:tp])
+        prefix_kv = []
+        for block in self._blocks():
+            x, k, v = block(x)
+            prefix_kv.append((k.index_select(0, group_of), v.index_select(0, group_of)))
+        last = x[torch.arange(n_prompts, device=x.device), prompt_lengths - 1].index_select(0, group_of)
+        if tc == 0:
+            return self._head(last[:, None])
+        starts = prompt_lengths.index_select(0, group_of)[:, None]  # [N, 1]
+        positions = (starts + self._positions[:tc]).clamp_max(self.config.max_len - 1)
+        y = self.tok_emb(completions) + self.pos_emb(positions)
+        in_prompt = (self._positions[:tp] < starts)[:, None, :].expand(n, tc, tp)
+        causal = torch.ones(tc, tc, dtype=torch.bool, device=x.device).tril().expand(n, tc, tc)
+        visible = torch.cat([in_prompt, causal], dim=2)[:, None]
+        for block, (k, v) in zip(self._blocks(), prefix_kv, strict=True):
+            y = block.extend(y, k, v, visible)
+        return self._head(torch.cat([last[:, None], y], dim=1))
 
     def new_cache(self, slots: int) -> KVCache:
         """An all-zero :class:`KVCache` with ``slots`` sequence slots, in the weights' dtype and device.

@@ -46,18 +46,32 @@ def sequence_logp(model: TinyPolicy, prompt: str, sample: rlnb.Sample) -> float:
     return sum(float(logp[start - 1 + k, tok]) for k, tok in enumerate(sample.token_ids))
 
 
-def test_collate_aligns_completion_targets_and_behaviour_logprobs() -> None:
+def test_collate_stores_each_prompt_once_and_aligns_targets_with_behaviour_logprobs() -> None:
     model = policy()
     good = sample_with_behaviour(model, "12+34=", "46", 1.0)
     bad = sample_with_behaviour(model, "12+34=", "5", 0.0)
-    batch = collate([rlnb.Group("12+34=", (good, bad))], encode, TOK.PAD)
-    prompt_len = len(encode("12+34="))
-    # target j predicts ids[j + 1]: the completion's targets start at prompt_len - 1
-    assert batch.mask[0].nonzero().flatten().tolist() == [prompt_len - 1, prompt_len, prompt_len + 1]
-    assert batch.ids[0, prompt_len:].tolist() == list(good.token_ids)
+    other = sample_with_behaviour(model, "1+2=", "3", 1.0)
+    batch = collate([rlnb.Group("12+34=", (good, bad)), rlnb.Group("1+2=", (other,))], encode, TOK.PAD)
+    assert batch.prompts.tolist() == [encode("12+34="), [*encode("1+2="), TOK.PAD, TOK.PAD]]
+    assert batch.prompt_lengths.tolist() == [7, 5]
+    assert batch.group_of.tolist() == [0, 0, 1]
+    assert batch.targets.tolist() == [list(good.token_ids), [*bad.token_ids, TOK.PAD], [*other.token_ids, TOK.PAD]]
+    assert batch.mask.sum(1).tolist() == [3, 2, 2]
     assert batch.behav_logp[0, batch.mask[0]].tolist() == pytest.approx(list(good.logprobs))
-    assert batch.advantages.tolist() == pytest.approx([1.0, -1.0], abs=1e-5)
-    assert batch.ids[1, prompt_len + 2 :].tolist() == [TOK.PAD]  # right padding
+    assert batch.behav_logp[1, batch.mask[1]].tolist() == pytest.approx(list(bad.logprobs))
+    assert batch.advantages.tolist() == pytest.approx([1.0, -1.0, 0.0], abs=1e-5)
+
+
+def test_learner_log_probs_with_shared_prompts_are_those_of_the_whole_sequences() -> None:
+    model = policy()
+    groups = [
+        rlnb.Group(p, tuple(sample_with_behaviour(model, p, c, 0.0) for c in cs))
+        for p, cs in (("12+34=", ("46", "5", "")), ("7+8=", ("15", "1234")))
+    ]
+    batch = collate(groups, encode, TOK.PAD)
+    logp, _ = Learner._token_logp(model, batch, torch.arange(5), batch.targets.shape[1])
+    for row, sample in enumerate(s for g in groups for s in g.samples):
+        assert logp[row, batch.mask[row]].tolist() == pytest.approx(list(sample.logprobs), abs=1e-5)
 
 
 def test_a_step_moves_probability_towards_the_rewarded_completion() -> None:
@@ -193,7 +207,7 @@ def test_length_chunks_give_the_same_update_as_one_padded_batch(monkeypatch: pyt
     real = _learner._length_chunks
     monkeypatch.setattr(_learner, "_length_chunks", lambda rows, lengths: calls.append(1) or real(rows, lengths))
     m1 = chunked.step(groups)
-    assert len(real(torch.arange(64), (collate(groups, encode, TOK.PAD).ids != TOK.PAD).sum(1))) == 4
+    assert len(real(torch.arange(64), collate(groups, encode, TOK.PAD).mask.sum(1))) == 4
     monkeypatch.setattr(_learner, "_length_chunks", lambda rows, lengths: [rows])
     m2 = padded.step(groups)
     for key in ("loss", "policy_loss", "entropy", "kl", "grad_norm"):

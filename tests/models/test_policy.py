@@ -283,3 +283,34 @@ def test_config_dict_round_trip_and_refusals() -> None:
 def test_default_size() -> None:
     n = TinyPolicy(PolicyConfig(vocab_size=16)).num_parameters()
     assert 300_000 <= n <= 500_000
+
+
+def test_forward_shared_gives_forward_logits_and_gradients_with_each_prompt_run_once() -> None:
+    model = TinyPolicy(PolicyConfig(vocab_size=16, d_model=32, n_layers=2, n_heads=2, max_len=14, seed=3))
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 15, (n,), generator=gen).tolist() for n in (3, 7, 5)]
+    # (group, completion): lengths 0 to 10; padded to the longest, the 7-token prompt's
+    # rows would run past max_len, and only their padding may be cut
+    rows = [(0, [4, 5, 6]), (1, [7]), (2, []), (0, [8, 9, 1, 2, 3, 4, 5, 6, 7, 8]), (1, [4, 4, 5, 6, 7, 8]), (2, [3])]
+    width = max(len(c) for _, c in rows)
+    padded_prompts = torch.tensor([p + [0] * (7 - len(p)) for p in prompts])
+    completions = torch.tensor([c + [0] * (width - len(c)) for _, c in rows])
+    shared = model.forward_shared(
+        padded_prompts, torch.tensor([3, 7, 5]), completions, torch.tensor([g for g, _ in rows])
+    )
+    assert shared.shape == (len(rows), width + 1, 16)
+    twin = TinyPolicy(model.config)
+    shared_total = 0
+    whole_total = 0
+    for i, (g, c) in enumerate(rows):
+        whole = twin(torch.tensor([prompts[g] + c]))[0, len(prompts[g]) - 1 :]
+        torch.testing.assert_close(shared[i, : len(c) + 1], whole, atol=1e-5, rtol=1e-5)
+        weights = torch.linspace(-1, 1, 16)  # any function of the valid logits
+        shared_total = shared_total + (shared[i, : len(c) + 1] * weights).sum()
+        whole_total = whole_total + (whole * weights).sum()
+    shared_total.backward()
+    whole_total.backward()
+    for (name, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    with pytest.raises(ValueError, match="forward_shared needs"):
+        model.forward_shared(padded_prompts, torch.tensor([3, 7]), completions, torch.zeros(6, dtype=torch.long))
