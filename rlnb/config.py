@@ -143,10 +143,15 @@ class EngineConfig:
 
     kind: "tiny" (the built-in continuous-batching CPU engine).
     max_batch: sequences decoded together (KV-cache slots).
+    threads: torch intra-op threads of the engine's own thread (the setting is
+        per thread: the learner keeps the process's). Decoding a tiny model is
+        bound by per-op overhead, not arithmetic, so one thread decodes about as
+        fast as two and leaves the other core to the learner in async mode.
     """
 
     kind: str = "tiny"
     max_batch: int = 128
+    threads: int = 1
 
     def __post_init__(self) -> None:
         _require(self.kind in ("tiny",), "EngineConfig.kind", self.kind, 'use "tiny"')
@@ -155,6 +160,12 @@ class EngineConfig:
             "EngineConfig.max_batch",
             self.max_batch,
             "use a positive int, e.g. max_batch=128",
+        )
+        _require(
+            _is_int(self.threads) and self.threads >= 1,
+            "EngineConfig.threads",
+            self.threads,
+            "use a positive int, e.g. threads=1",
         )
 
 

@@ -194,6 +194,7 @@ class Session:
             self._policy,
             eos_id=self._tokenizer.EOS,
             max_batch=self._config.engine.max_batch,
+            threads=self._config.engine.threads,
             name=f"rlnb-{self._name}-engine",
         )
         self._stack.callback(self._close_part, engine)

@@ -71,7 +71,8 @@ class TinyEngine:
 
     ``max_batch`` bounds the sequences decoded together (the KV cache's slots).
     ``continuous=False`` gives static batching (a batch admits new requests only
-    once all of its sequences have finished), for comparison.
+    once all of its sequences have finished), for comparison. ``threads`` sets
+    torch's intra-op threads on the engine's thread only; None leaves torch's default.
     """
 
     def __init__(
@@ -81,12 +82,14 @@ class TinyEngine:
         eos_id: int,
         max_batch: int = 64,
         continuous: bool = True,
+        threads: int | None = None,
         name: str = "rlnb-engine",
     ) -> None:
         self._model = copy.deepcopy(policy).eval().requires_grad_(False)
         self._max_len = policy.config.max_len
         self._eos = eos_id
         self._continuous = continuous
+        self._threads = threads
         self._cache = self._model.new_cache(max_batch)
         self._free = list(range(max_batch))  # a heap: the lowest free slot goes first
         self._admit_chunk = max(1, max_batch // 8)
@@ -241,6 +244,8 @@ class TinyEngine:
         return not self._active or len(self._free) >= min(self._admit_chunk, len(self._queue))
 
     def _serve(self) -> None:
+        if self._threads is not None:  # OpenMP's thread count is per calling thread
+            torch.set_num_threads(self._threads)
         while True:
             with self._cond:
                 self._cond.wait_for(self._has_work)

@@ -252,3 +252,22 @@ def test_a_group_of_identical_prompts_is_prefilled_once_and_each_copy_decodes_as
     for p, result in zip(prompts, greedy, strict=True):
         expected = greedy_continuation(policy, TOKENIZER.encode(p, bos=True), 5)
         assert list(result.token_ids) == expected[: len(result.token_ids)]
+
+
+def test_engine_threads_apply_to_the_engine_thread_only(policy: TinyPolicy, bridge: AsyncBridge) -> None:
+    before = torch.get_num_threads()
+    engine = TinyEngine(policy, eos_id=EOS, max_batch=2, threads=before + 1)
+    try:
+        seen: list[int] = []
+        original = engine._apply_updates  # called on the engine thread every loop
+
+        def probe(updates):  # type: ignore[no-untyped-def]
+            seen.append(torch.get_num_threads())
+            return original(updates)
+
+        engine._apply_updates = probe  # type: ignore[method-assign]
+        bridge.run(engine.generate(request("t", max_new_tokens=2)))
+        assert seen and set(seen) == {before + 1}
+        assert torch.get_num_threads() == before  # the caller's thread keeps its setting
+    finally:
+        engine.close()
