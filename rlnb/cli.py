@@ -31,6 +31,9 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--mode", choices=("sync", "async"), default="sync")
     train.add_argument("--warmup-steps", type=int, help="supervised warm-up steps before RL")
     train.add_argument("--lr", type=float, help="RL learning rate")
+    train.add_argument(
+        "--lr-decay-steps", type=int, help="decay the RL learning rate linearly to 0 over this many steps"
+    )
     train.add_argument("--group-size", type=int, help="completions per prompt")
     train.add_argument("--groups-per-step", type=int, help="prompts per RL step")
     train.add_argument("--temperature", type=float, help="sampling temperature of rollouts")
@@ -67,7 +70,7 @@ def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     config = config.replace(task=args.task, seed=args.seed, mode=args.mode)
     changes = {
         "warmup": {"steps": args.warmup_steps},
-        "learn": {"lr": args.lr},
+        "learn": {"lr": args.lr, "lr_decay_steps": args.lr_decay_steps},
         "rollout": {
             "group_size": args.group_size,
             "groups_per_step": args.groups_per_step,

@@ -240,7 +240,10 @@ class LearnConfig:
     kl_coef: weight of the KL to the frozen initial policy (0: no reference kept).
     epochs, minibatches: passes over each batch and the groups split per pass.
     scale_advantages: divide each group's centred rewards by their std (GRPO);
-        False only centres them (Dr. GRPO)."""
+        False only centres them (Dr. GRPO).
+    lr_decay_steps: None keeps ``lr`` constant; N decays it linearly to 0 over
+        the first N learner steps (TRL's and verl's default schedule), after
+        which it stays at 0."""
 
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
@@ -252,10 +255,16 @@ class LearnConfig:
     epochs: int = 1
     minibatches: int = 1
     scale_advantages: bool = True
+    lr_decay_steps: int | None = None
 
     def __post_init__(self) -> None:
         checks = (
             ("lr", self.lr > 0, "use a learning rate > 0, e.g. lr=1e-4"),
+            (
+                "lr_decay_steps",
+                self.lr_decay_steps is None or (_is_int(self.lr_decay_steps) and self.lr_decay_steps >= 1),
+                "use None (constant lr) or an int >= 1, e.g. lr_decay_steps=3000",
+            ),
             ("weight_decay", self.weight_decay >= 0, "use a value >= 0"),
             ("max_grad_norm", self.max_grad_norm > 0, "use a norm > 0, e.g. max_grad_norm=1.0"),
             ("clip_eps", 0 < self.clip_eps < 1, "use a value in (0, 1), e.g. clip_eps=0.2"),

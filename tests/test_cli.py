@@ -21,6 +21,7 @@ def test_train_writes_its_run_dir_and_ends_with_one_json_line(tmp_path: Path) ->
     proc = run_cli(
         "train", "--task", "sort", "--steps", "3", "--run-dir", str(run_dir), "--warmup-steps", "2",
         "--eval-every", "2", "--eval-prompts", "20", "--num-workers", "1", "--no-progress", "--json",
+        "--lr", "2e-4", "--lr-decay-steps", "2",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -34,6 +35,7 @@ def test_train_writes_its_run_dir_and_ends_with_one_json_line(tmp_path: Path) ->
     assert records[0]["event"] == "start" and records[-1] == {**records[-1], "event": "finish", "exit_code": 0}
     assert [r["warmup/steps"] for r in records if "warmup/steps" in r] == [2]
     assert [r["step"] for r in records if "reward_mean" in r] == [1, 2, 3]
+    assert [r["lr"] for r in records if "reward_mean" in r] == pytest.approx([2e-4, 1e-4, 0.0])  # linear decay
     evals = [(r["step"], r["eval_accuracy"]) for r in records if "eval_accuracy" in r]
     assert [step for step, _ in evals] == [0, 0, 2, 3]  # initial, after the warm-up, steps 2 and 3
     assert evals[-1][1] == result["eval_accuracy_end"]
@@ -48,6 +50,8 @@ def test_train_rejects_bad_input_before_starting(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
     proc = run_cli("train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--lr", "-1")
     assert proc.returncode == 2 and "LearnConfig.lr=-1.0 is invalid" in proc.stderr
+    proc = run_cli("train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--lr-decay-steps", "0")
+    assert proc.returncode == 2 and "LearnConfig.lr_decay_steps=0 is invalid" in proc.stderr
     proc = run_cli("train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--tracker", "console,tensorboard")
     assert proc.returncode == 2 and "TrackConfig.backends=('console', 'tensorboard') is invalid" in proc.stderr
     online = subprocess.run(

@@ -20,6 +20,7 @@ import rlnb
         (lambda: rlnb.BufferConfig(partitions=("val",)), "BufferConfig.partitions", '"train"'),
         (lambda: rlnb.BufferConfig(partitions=("train", "train")), "BufferConfig.partitions", "distinct"),
         (lambda: rlnb.EngineConfig(threads=0), "EngineConfig.threads", "threads=1"),
+        (lambda: rlnb.LearnConfig(lr_decay_steps=0), "LearnConfig.lr_decay_steps", "lr_decay_steps=3000"),
     ],
 )
 def test_bad_values_name_the_field_and_the_fix(make, field: str, fix: str) -> None:  # type: ignore[no-untyped-def]

@@ -125,6 +125,13 @@ class Learner:
         self.reference = copy.deepcopy(policy).eval().requires_grad_(False) if config.kl_coef > 0 else None
         self.version = 0
 
+    def lr_at(self, version: int) -> float:
+        """The learning rate of the step that makes policy version ``version + 1``."""
+        decay = self.config.lr_decay_steps
+        if decay is None:
+            return self.config.lr
+        return self.config.lr * max(0.0, 1.0 - version / decay)
+
     @staticmethod
     def _token_logp(
         model: TinyPolicy, batch: TrainBatch, rows: torch.Tensor, width: int
@@ -149,6 +156,7 @@ class Learner:
         cfg = self.config
         start = time.perf_counter()
         batch = collate(groups, self._encode, self._pad, scale_advantages=cfg.scale_advantages)
+        lr = self.lr_at(self.version)
         parts = torch.arange(len(groups)).chunk(max(1, min(cfg.minibatches, len(groups))))
         # With one update per batch the proximal policy is the current one: its
         # log-probs are the first (only) forward pass's, detached; no extra pass.
@@ -196,6 +204,8 @@ class Learner:
                     ):
                         sums[key] += value * share
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                for param_group in self.optimizer.param_groups:
+                    param_group["lr"] = lr
                 self.optimizer.step()
                 updates += 1
                 sums["gn"] += float(grad_norm)
@@ -221,6 +231,7 @@ class Learner:
             "train_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
             "groups": float(len(groups)),
             "version": float(self.version),
+            "lr": lr,
         }
 
     def supervised_step(self, pairs: Sequence[tuple[str, str]], optimizer: torch.optim.Optimizer) -> dict[str, float]:
