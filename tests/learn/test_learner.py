@@ -105,8 +105,26 @@ def test_a_step_moves_probability_towards_the_rewarded_completion() -> None:
         "train_tokens_per_s",
         "groups",
         "version",
+        "lr",
     }
     assert set(metrics) == expected
+    assert metrics["lr"] == learner.config.lr  # constant without lr_decay_steps
+
+
+def test_lr_decays_linearly_to_zero_over_lr_decay_steps_and_stays_there() -> None:
+    model = policy()
+    learner = Learner(model, encode=encode, pad_id=TOK.PAD, config=LearnConfig(lr=1e-3, lr_decay_steps=4))
+    group = rlnb.Group("1+1=", tuple(sample_with_behaviour(model, "1+1=", c, r) for c, r in (("2", 1.0), ("3", 0.0))))
+    seen = []
+    for _ in range(6):
+        metrics = learner.step([group])
+        seen.append((metrics["lr"], learner.optimizer.param_groups[0]["lr"]))
+    expected = [1e-3, 7.5e-4, 5e-4, 2.5e-4, 0.0, 0.0]
+    assert [logged for logged, _ in seen] == pytest.approx(expected)
+    assert [used for _, used in seen] == pytest.approx(expected)  # what AdamW stepped with
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    learner.step([group])  # lr 0: AdamW leaves the weights where they are
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
 def test_stale_samples_are_reweighted_and_counted_as_stale() -> None:
