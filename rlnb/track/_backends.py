@@ -106,7 +106,11 @@ class PlotBackend:
     ``widget`` is an ``ipywidgets.Image`` showing it (made on first access; its
     value may be set from any thread, so the plot follows a run that trains in
     the background). The PNG is saved to ``path`` at most every ``min_interval``
-    seconds while logging and once more at finish."""
+    seconds while logging, and less often when drawing is slow, so that it
+    takes at most ``1 / 20`` of the run's time (a long run's figure takes
+    0.1-0.2 s to draw); once more at finish."""
+
+    _TIME_SHARE = 20  # wait at least this many times a draw's duration before the next
 
     name = "plot"
 
@@ -115,7 +119,7 @@ class PlotBackend:
         self.min_interval = min_interval
         self.series: dict[str, list[tuple[int, float]]] = {}
         self._widget: Any = None
-        self._drawn = 0.0
+        self._next_draw = 0.0
         self._lock = threading.Lock()
 
     @property
@@ -134,7 +138,7 @@ class PlotBackend:
             for key in ("reward_mean", "accuracy", "eval_accuracy"):
                 if key in metrics:
                     self.series.setdefault(key, []).append((step, float(metrics[key])))
-        if time.monotonic() - self._drawn >= self.min_interval:
+        if time.monotonic() >= self._next_draw:
             self._draw()
 
     def render(self) -> bytes:
@@ -162,8 +166,9 @@ class PlotBackend:
         return out.getvalue()
 
     def _draw(self) -> None:
-        self._drawn = time.monotonic()
+        started = time.monotonic()
         png = self.render()
+        self._next_draw = started + max(self.min_interval, self._TIME_SHARE * (time.monotonic() - started))
         if not png:
             return
         if self._widget is not None:

@@ -180,6 +180,27 @@ def test_the_plot_backend_draws_a_png_for_a_widget_and_the_run_dir(tmp_path: Pat
     widget.close()
 
 
+def test_a_slow_plot_is_redrawn_less_often_so_drawing_stays_a_small_share_of_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlnb.track._backends import PlotBackend
+
+    plot = PlotBackend(tmp_path / "curves.png", min_interval=0.0)
+    renders: list[float] = []
+
+    def slow_render() -> bytes:  # a long run's figure: 0.1 s to draw
+        renders.append(time.monotonic())
+        time.sleep(0.1)
+        return b"png"
+
+    monkeypatch.setattr(plot, "render", slow_render)
+    for step in range(10):  # well within the 20 x 0.1 s the first draw earns
+        plot.log({"reward_mean": 0.5}, step)
+    assert len(renders) == 1
+    plot.finish(0)  # the last curves are always drawn
+    assert len(renders) == 2 and (tmp_path / "curves.png").read_bytes() == b"png"
+
+
 def test_sigterm_to_rlnb_train_finishes_the_run_with_143(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
