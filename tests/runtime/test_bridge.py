@@ -5,6 +5,7 @@ import contextvars
 import gc
 import os
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -84,6 +85,41 @@ def test_keyboard_interrupt_cancels_the_coroutine(bridge: AsyncBridge) -> None:
     # The coroutine's cleanup ran before run() re-raised: nothing is orphaned.
     assert events == ["cancelled", "cleaned up"]
     assert bridge.run(add(1, 1)) == 2
+
+
+def test_an_interrupt_that_cannot_wake_a_blocked_wait_still_cancels_within_a_moment(bridge: AsyncBridge) -> None:
+    # _thread.interrupt_main() trips SIGINT's handler without a signal, so nothing
+    # interrupts a blocking lock acquire: the same as a real Ctrl-C landing just
+    # before run() starts to block (a CPython race). run() must still notice it.
+    import _thread
+
+    events: list[str] = []
+    started = threading.Event()
+
+    async def long_running() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+            events.append("slept")
+        except asyncio.CancelledError:
+            events.append("cancelled")
+            raise
+
+    def press() -> None:
+        if started.wait(10):
+            time.sleep(0.05)  # let run() block first
+            _thread.interrupt_main()
+
+    presser = threading.Thread(target=press)
+    presser.start()
+    begun = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            bridge.run(long_running())
+    finally:
+        presser.join()
+    assert events == ["cancelled"]
+    assert time.monotonic() - begun < 10  # not the coroutine's 30 s
 
 
 def test_timeout_cancels_the_coroutine(bridge: AsyncBridge) -> None:
