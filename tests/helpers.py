@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -13,12 +15,21 @@ from rlnb.rollout import RolloutStatistics
 
 
 @contextlib.contextmanager
-def ctrl_c_once(started: threading.Event, *, timeout: float = 10.0) -> Iterator[None]:
+def ctrl_c_once(started: threading.Event, *, timeout: float = 10.0, trip_only: bool = False) -> Iterator[None]:
     """Press Ctrl-C (SIGINT to the main thread, as the notebook's stop button does)
-    once ``started`` is set, and expect the block to raise KeyboardInterrupt."""
+    once ``started`` is set, and expect the block to raise KeyboardInterrupt.
+
+    ``trip_only`` instead trips SIGINT's handler with ``_thread.interrupt_main()``
+    a moment later, with no signal: nothing interrupts a blocking wait, as when a
+    real Ctrl-C lands just before the main thread starts to block."""
 
     def press() -> None:
-        if started.wait(timeout):
+        if not started.wait(timeout):
+            return
+        if trip_only:
+            time.sleep(0.05)  # let the main thread block first
+            _thread.interrupt_main()
+        else:
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
     presser = threading.Thread(target=press, name="press-ctrl-c")

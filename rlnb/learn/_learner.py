@@ -157,6 +157,8 @@ class Learner:
         start = time.perf_counter()
         batch = collate(groups, self._encode, self._pad, scale_advantages=cfg.scale_advantages)
         lr = self.lr_at(self.version)
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = lr
         parts = torch.arange(len(groups)).chunk(max(1, min(cfg.minibatches, len(groups))))
         # With one update per batch the proximal policy is the current one: its
         # log-probs are the first (only) forward pass's, detached; no extra pass.
@@ -204,8 +206,6 @@ class Learner:
                     ):
                         sums[key] += value * share
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-                for param_group in self.optimizer.param_groups:
-                    param_group["lr"] = lr
                 self.optimizer.step()
                 updates += 1
                 sums["gn"] += float(grad_norm)

@@ -307,24 +307,22 @@ class TinyEngine:
         inputs = [(*s.request.prompt_ids, *s.request.prefix_ids) for s in seqs]
         # A group asks for the same prompt group_size times: run each distinct input
         # once and copy its keys and values into the other slots (8x less prefill).
-        first: dict[tuple[int, ...], int] = {}
-        row_of = [first.setdefault(x, i) for i, x in enumerate(inputs)]  # the first seq with that input
-        owners = list(first.values())
-        lengths = torch.tensor([len(inputs[i]) for i in owners])
-        ids = torch.zeros(len(owners), int(lengths.max()), dtype=torch.long)
-        for row, i in enumerate(owners):
-            ids[row, : len(inputs[i])] = torch.tensor(inputs[i])
-        logits = self._model.prefill(self._cache, torch.tensor([seqs[i].slot for i in owners]), ids, lengths)
-        copies = [
-            (seqs[owner].slot, seq.slot) for seq, owner in zip(seqs, row_of, strict=True) if seq is not seqs[owner]
-        ]
+        first: dict[tuple[int, ...], _Seq] = {}  # each distinct input, in order, and its first asker
+        for seq, x in zip(seqs, inputs, strict=True):
+            first.setdefault(x, seq)
+        row = {x: r for r, x in enumerate(first)}
+        lengths = torch.tensor([len(x) for x in first])
+        ids = torch.zeros(len(first), int(lengths.max()), dtype=torch.long)
+        for x, r in row.items():
+            ids[r, : len(x)] = torch.tensor(x)
+        logits = self._model.prefill(self._cache, torch.tensor([s.slot for s in first.values()]), ids, lengths)
+        copies = [(first[x].slot, seq.slot) for seq, x in zip(seqs, inputs, strict=True) if first[x] is not seq]
         if copies:  # positions past an input's length hold padding, as prefill leaves them
             src, dst = torch.tensor(copies).unbind(1)
             self._cache.copy_slots(src, dst, ids.shape[1])
         for seq, x in zip(seqs, inputs, strict=True):
             seq.position = len(x)
-        row_in_prefill = {owner: r for r, owner in enumerate(owners)}
-        self._advance(seqs, logits[torch.tensor([row_in_prefill[owner] for owner in row_of])])
+        self._advance(seqs, logits[torch.tensor([row[x] for x in inputs])])
 
     def _decode(self, seqs: list[_Seq]) -> None:
         slots = torch.tensor([s.slot for s in seqs])

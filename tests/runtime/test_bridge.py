@@ -88,11 +88,8 @@ def test_keyboard_interrupt_cancels_the_coroutine(bridge: AsyncBridge) -> None:
 
 
 def test_an_interrupt_that_cannot_wake_a_blocked_wait_still_cancels_within_a_moment(bridge: AsyncBridge) -> None:
-    # _thread.interrupt_main() trips SIGINT's handler without a signal, so nothing
-    # interrupts a blocking lock acquire: the same as a real Ctrl-C landing just
-    # before run() starts to block (a CPython race). run() must still notice it.
-    import _thread
-
+    # A Ctrl-C whose handler runs only once the main thread stops blocking (a CPython
+    # race when the signal lands just before run() blocks): run() must still notice it.
     events: list[str] = []
     started = threading.Event()
 
@@ -105,19 +102,9 @@ def test_an_interrupt_that_cannot_wake_a_blocked_wait_still_cancels_within_a_mom
             events.append("cancelled")
             raise
 
-    def press() -> None:
-        if started.wait(10):
-            time.sleep(0.05)  # let run() block first
-            _thread.interrupt_main()
-
-    presser = threading.Thread(target=press)
-    presser.start()
     begun = time.monotonic()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            bridge.run(long_running())
-    finally:
-        presser.join()
+    with ctrl_c_once(started, trip_only=True):
+        bridge.run(long_running())
     assert events == ["cancelled"]
     assert time.monotonic() - begun < 10  # not the coroutine's 30 s
 
