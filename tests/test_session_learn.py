@@ -181,11 +181,14 @@ def test_async_ctrl_c_while_waiting_takes_nothing_and_during_update_completes(
         recorder = Recorder(sess, monkeypatch)
         sess.step()
         sess.pause()  # no new groups arrive: the next step waits
-        sess.buffer.get_nowait(len(sess.buffer)) if len(sess.buffer) else None
+        # Hold the finished groups aside (not dropped: they count against the
+        # staleness budget, so dropping them could leave nothing to dispatch).
+        held = sess.buffer.get_nowait(len(sess.buffer)) if len(sess.buffer) else []
         waiting = threading.Event()
         threading.Timer(0.2, waiting.set).start()
         with ctrl_c_once(waiting):
             sess.step()
+        sess.buffer.put_back(held)
         taken = sess.statistics().buffer.taken
         assert sess.version == 1
         sess.resume()
