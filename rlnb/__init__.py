@@ -30,7 +30,7 @@ from rlnb._errors import (
     RolloutError,
     WeightSyncError,
 )
-from rlnb._samples import Group, PromptItem, Sample
+from rlnb._samples import Group, PromptItem, RolloutBatch, Sample
 from rlnb.buffer import BufferStatistics, ReplayBuffer
 from rlnb.config import (
     BufferConfig,
@@ -72,6 +72,7 @@ __all__ = [
     "PromptItem",
     "ReplayBuffer",
     "RlnbError",
+    "RolloutBatch",
     "RolloutConfig",
     "RolloutError",
     "Sample",

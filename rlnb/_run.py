@@ -63,8 +63,8 @@ def run(
     offline by default); they all write under ``run_dir``."""
     import rlnb
     from rlnb.config import TrackConfig
-    from rlnb.session import _progress_bar
-    from rlnb.track._wandb import wandb_mode_from_env
+    from rlnb.learn import progress_bar
+    from rlnb.track import wandb_mode_from_env
 
     if not isinstance(steps, int) or steps < 0:
         raise rlnb.ConfigError(f"steps={steps!r} is invalid: use an int >= 0")
@@ -103,7 +103,7 @@ def run(
         t1 = time.perf_counter()
         tokens_before = sess.statistics().engine.generated_tokens
         acc_end, done = acc_start, 0
-        with _progress_bar(steps, "rlnb rl", progress) as bar:
+        with progress_bar(steps, "rlnb rl", progress) as bar:
             while done < steps:
                 metrics = sess.step()
                 done += 1

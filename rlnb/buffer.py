@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from rlnb._checks import check_buffer, check_number
 from rlnb._errors import BufferEmpty, BufferFull, ClosedError, ConfigError, FeederError
 from rlnb._samples import Group
 
@@ -361,22 +361,7 @@ def _validate(
     feeder: Feeder | None,
     poll_interval: float,
 ) -> None:
-    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
-        raise ConfigError(f"ReplayBuffer capacity must be a positive int (groups per partition), got {capacity!r}")
-    if not partitions or not all(isinstance(p, str) and p for p in partitions):
-        raise ConfigError(f"ReplayBuffer partitions must be non-empty names, got {partitions!r}")
-    if len(set(partitions)) != len(partitions):
-        raise ConfigError(f"ReplayBuffer partitions must be distinct, got {partitions!r}")
-    if max_staleness is not None and (
-        not isinstance(max_staleness, int) or isinstance(max_staleness, bool) or max_staleness < 0
-    ):
-        raise ConfigError(f"ReplayBuffer max_staleness must be None (no bound) or an int >= 0, got {max_staleness!r}")
+    check_buffer("ReplayBuffer", capacity, partitions, max_staleness)
     if feeder is not None and not callable(feeder):
         raise ConfigError(f"ReplayBuffer feeder must be a callable returning groups, got {type(feeder).__name__}")
-    if (
-        not isinstance(poll_interval, int | float)
-        or isinstance(poll_interval, bool)
-        or not math.isfinite(poll_interval)
-        or poll_interval <= 0
-    ):
-        raise ConfigError(f"ReplayBuffer poll_interval must be a number of seconds > 0, got {poll_interval!r}")
+    check_number("ReplayBuffer.poll_interval", poll_interval, gt=0, fix="use a number of seconds > 0, e.g. 1.0")

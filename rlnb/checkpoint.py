@@ -14,6 +14,10 @@ Layout of ``sess.save(path)``::
 Loading checks the format and every checksum before building anything, so a
 damaged or mismatched checkpoint gets a :class:`CheckpointError` naming the file
 and what is wrong with it, not a shape error from deep inside torch.
+
+:func:`capture` says what of a session goes into a checkpoint and :func:`restore`
+how it is applied to a freshly built one; :func:`write` and :func:`read` put it on
+disk and take it back.
 """
 
 from __future__ import annotations
@@ -27,12 +31,27 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlnb._errors import CheckpointError, ConfigError
-from rlnb.config import PARTS, Config
+from rlnb.config import PARTS, RENAMED, Config
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "config_from_dict", "config_to_dict", "read", "write"]
+if TYPE_CHECKING:
+    from rlnb.data import PromptLoader
+    from rlnb.learn import Trainer
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "capture",
+    "config_from_dict",
+    "config_to_dict",
+    "read",
+    "restore",
+    "save",
+    "saved_config",
+    "write",
+]
 
 FORMAT = "rlnb-checkpoint"
 FORMAT_VERSION = 1
@@ -45,11 +64,15 @@ def config_to_dict(config: Config) -> dict[str, Any]:
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:
-    """The :class:`Config` of :func:`config_to_dict`; ConfigError for unknown fields."""
+    """The :class:`Config` of :func:`config_to_dict`; ConfigError for unknown fields.
+    Fields renamed since the config was saved are read under their new names."""
     data = dict(data)
     parts = {}
     for field, cls in PARTS.items():
         values = dict(data.pop(field, {}))
+        for old, new in RENAMED.get(cls.__name__, {}).items():
+            if old in values and new not in values:
+                values[new] = values.pop(old)
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = set(values) - set(known)
         if unknown:
@@ -197,3 +220,109 @@ def mismatch(what: str, root: Path) -> Any:
         yield
     except (RuntimeError, KeyError, ValueError) as exc:
         raise CheckpointError(f"{root}: the saved {what} does not fit this session ({exc})") from exc
+
+
+# -- what a session's checkpoint holds -----------------------------------------------------
+
+
+def capture(
+    trainer: Trainer, *, prompts: PromptLoader, name: str, run_id: str | None
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The manifest and tensors of a checkpoint of the session ``trainer`` trains.
+
+    Call it with rollouts quiesced (``trainer.quiesced()``): the buffer then holds
+    only whole groups and nothing changes underneath. ``prompts`` is the session's
+    prompt loader (only the bridge loop's thread touches it). Raises
+    :class:`CheckpointError` when a prompt's answer or a sample is not JSON data.
+    """
+    import torch
+
+    from rlnb import __version__
+
+    learner, rollouter = trainer.learner, trainer.rollouter
+
+    async def loader_state() -> dict[str, Any]:
+        return prompts.state_dict()
+
+    manifest: dict[str, Any] = {
+        "rlnb": __version__,
+        "name": name,
+        "config": config_to_dict(trainer.config),
+        "step": learner.version,
+        "warmup_steps": trainer.warmup_steps,
+        "loader": trainer.bridge.run(loader_state()),
+        "returned_prompts": [[i.prompt_id, i.prompt, i.answer] for i in rollouter.returned_prompts],
+        "buffer": trainer.buffer.state_dict(),
+        "python_rng": python_rng_state(),
+        "tracker": {"run_id": run_id},
+    }
+    tensors: dict[str, dict[str, Any]] = {
+        "model": learner.policy.state_dict(),
+        "rng": {"torch": torch.get_rng_state()},
+    }
+    tensors["optimizer"], manifest["optimizer"] = flatten_optimizer(learner.optimizer.state_dict())
+    if trainer.warmup_optimizer is not None:
+        tensors["warmup_optimizer"], manifest["warmup_optimizer"] = flatten_optimizer(
+            trainer.warmup_optimizer.state_dict()
+        )
+    if learner.reference is not None:
+        tensors["reference"] = learner.reference.state_dict()
+    try:
+        json.dumps(manifest)
+    except TypeError as exc:
+        raise CheckpointError(
+            f"cannot save: a prompt's answer or a sample is not JSON-serialisable ({exc}); "
+            "make the task's answers JSON data (str, int, list, dict)"
+        ) from exc
+    return manifest, tensors
+
+
+def save(
+    trainer: Trainer, path: str | os.PathLike[str], *, prompts: PromptLoader, name: str, run_id: str | None
+) -> Path:
+    """Write a checkpoint of the session ``trainer`` trains to ``path``: rollouts are
+    quiesced (in-flight generations finish into the buffer), captured, written, and
+    left as they were. Returns the path."""
+    with trainer.quiesced():
+        manifest, tensors = capture(trainer, prompts=prompts, name=name, run_id=run_id)
+        return write(path, manifest, tensors)
+
+
+def saved_config(manifest: dict[str, Any], path: str | os.PathLike[str]) -> Config:
+    """The config a checkpoint's manifest holds; :class:`CheckpointError` if it does not fit."""
+    try:
+        return config_from_dict(manifest["config"])
+    except (ConfigError, TypeError, KeyError) as exc:
+        raise CheckpointError(f"{path}: the saved config does not fit this rlnb ({exc})") from exc
+
+
+def restore(trainer: Trainer, manifest: dict[str, Any], tensors: dict[str, Any], root: Path) -> None:
+    """Apply a checkpoint read from ``root`` to the freshly built session ``trainer``
+    trains (its prompt loader and tracker were built from the manifest already).
+
+    Raises :class:`CheckpointError` naming the part that does not fit.
+    """
+    import torch
+
+    from rlnb._samples import PromptItem
+
+    learner, rollouter = trainer.learner, trainer.rollouter
+    with mismatch("model", root):
+        learner.policy.load_state_dict(tensors["model"])
+    with mismatch("optimizer", root):
+        learner.optimizer.load_state_dict(unflatten_optimizer(tensors["optimizer"], manifest["optimizer"]))
+    warmup_state = None
+    if "warmup_optimizer" in tensors:
+        warmup_state = unflatten_optimizer(tensors["warmup_optimizer"], manifest["warmup_optimizer"])
+    with mismatch("warm-up optimizer", root):
+        trainer.restore_warmup(int(manifest["warmup_steps"]), warmup_state)
+    if learner.reference is not None:
+        with mismatch("reference model", root):
+            learner.reference.load_state_dict(tensors["reference"])
+    with mismatch("buffer", root):
+        trainer.buffer.load_state_dict(manifest["buffer"])
+    learner.version = int(manifest["step"])
+    rollouter.give_back([PromptItem(*item) for item in manifest["returned_prompts"]])
+    trainer.sync_weights()
+    torch.set_rng_state(tensors["rng"]["torch"])
+    set_python_rng_state(manifest["python_rng"])

@@ -1,13 +1,27 @@
 """``rlnb.Config``: one frozen dataclass per component, validated when it is made.
 
 Every error names the field and the fix, and is raised before any work starts.
+The checks themselves live in :mod:`rlnb._checks`; the parts these configs build
+take them validated and do not check them again.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from rlnb._checks import (
+    ENGINE_KINDS,
+    check_buffer,
+    check_int,
+    check_number,
+    check_sampling,
+    check_tracking,
+    is_int,
+    require,
+)
 from rlnb._errors import ConfigError
 from rlnb.data import get_task
 
@@ -19,21 +33,37 @@ __all__ = [
     "LearnConfig",
     "ModelConfig",
     "RolloutConfig",
+    "TrackConfig",
     "WarmupConfig",
 ]
 
-
-def _require(ok: bool, field: str, value: Any, fix: str) -> None:
-    if not ok:
-        raise ConfigError(f"{field}={value!r} is invalid: {fix}")
+_C = TypeVar("_C")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _renamed(**renames: str) -> Callable[[type[_C]], type[_C]]:
+    """A config whose fields ``old=new`` were renamed: the old keyword raises a
+    ConfigError that gives the new name (checkpoints of older versions are migrated
+    by :func:`rlnb.checkpoint.config_from_dict` through ``RENAMED``)."""
+
+    def decorate(cls: type[_C]) -> type[_C]:
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            for old, new in renames.items():
+                if old in kwargs:
+                    raise ConfigError(f"{cls.__name__}.{old} was renamed: use {cls.__name__}({new}={kwargs[old]!r})")
+            init(self, *args, **kwargs)
+
+        cls.__init__ = __init__  # type: ignore[method-assign]
+        RENAMED[cls.__name__] = dict(renames)
+        return cls
+
+    return decorate
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+# class name -> {old field: new field}, for configs saved by older versions
+RENAMED: dict[str, dict[str, str]] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,29 +81,9 @@ class BufferConfig:
     partitions: tuple[str, ...] = ("train", "val")
 
     def __post_init__(self) -> None:
-        _require(
-            _is_int(self.capacity) and self.capacity >= 1,
-            "BufferConfig.capacity",
-            self.capacity,
-            "use a positive number of groups, e.g. capacity=256",
-        )
-        _require(
-            self.max_staleness is None or (_is_int(self.max_staleness) and self.max_staleness >= 0),
-            "BufferConfig.max_staleness",
-            self.max_staleness,
-            "use None for no bound or an int >= 0, e.g. max_staleness=1",
-        )
+        check_buffer("BufferConfig", self.capacity, self.partitions, self.max_staleness)
         parts = self.partitions
-        _require(
-            isinstance(parts, tuple)
-            and len(parts) > 0
-            and all(isinstance(p, str) and p for p in parts)
-            and len(set(parts)) == len(parts),
-            "BufferConfig.partitions",
-            parts,
-            'use a tuple of distinct names, e.g. ("train", "val")',
-        )
-        _require("train" in parts, "BufferConfig.partitions", parts, 'include "train": the learner reads it')
+        require("train" in parts, "BufferConfig.partitions", parts, 'include "train": the learner reads it')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,19 +102,9 @@ class DataConfig:
     multiprocessing_context: str | None = None
 
     def __post_init__(self) -> None:
-        _require(
-            _is_int(self.num_workers) and self.num_workers >= 0,
-            "DataConfig.num_workers",
-            self.num_workers,
-            "use an int >= 0, e.g. num_workers=1",
-        )
-        _require(
-            _is_int(self.prefetch_factor) and self.prefetch_factor >= 1,
-            "DataConfig.prefetch_factor",
-            self.prefetch_factor,
-            "use an int >= 1, e.g. prefetch_factor=8",
-        )
-        _require(
+        check_int("DataConfig.num_workers", self.num_workers, minimum=0, example="num_workers=1")
+        check_int("DataConfig.prefetch_factor", self.prefetch_factor, minimum=1, example="prefetch_factor=8")
+        require(
             self.multiprocessing_context in (None, "fork", "forkserver", "spawn"),
             "DataConfig.multiprocessing_context",
             self.multiprocessing_context,
@@ -114,27 +114,41 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The built-in tiny policy (a decoder-only transformer).
+    """The shape of the built-in tiny policy (a decoder-only transformer).
 
-    d_model, n_layers, n_heads: width, depth and attention heads.
+    vocab_size: token ids; ``None`` (the default) takes the task's tokenizer's.
+    d_model, n_layers, n_heads: width, depth and attention heads (``d_model`` a
+        multiple of ``n_heads``).
     max_len: context length in tokens (prompt and completion together).
+    mlp_ratio: the MLP's hidden width is ``mlp_ratio * d_model``.
     """
 
+    vocab_size: int | None = None
     d_model: int = 128
     n_layers: int = 2
     n_heads: int = 4
     max_len: int = 32
+    mlp_ratio: int = 4
 
     def __post_init__(self) -> None:
-        for field in ("d_model", "n_layers", "n_heads", "max_len"):
-            value = getattr(self, field)
-            _require(_is_int(value) and value >= 1, f"ModelConfig.{field}", value, "use a positive int")
-        _require(
+        check_int("ModelConfig.vocab_size", self.vocab_size, minimum=1, optional=True, example="vocab_size=16")
+        for field, example in (("d_model", 128), ("n_layers", 2), ("n_heads", 4), ("max_len", 32), ("mlp_ratio", 4)):
+            check_int(f"ModelConfig.{field}", getattr(self, field), minimum=1, example=f"{field}={example}")
+        require(
             self.d_model % self.n_heads == 0,
             "ModelConfig.n_heads",
             self.n_heads,
             f"use a divisor of d_model={self.d_model}, e.g. n_heads=4",
         )
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head: ``d_model // n_heads``."""
+        return self.d_model // self.n_heads
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,29 +168,24 @@ class EngineConfig:
     threads: int = 1
 
     def __post_init__(self) -> None:
-        _require(self.kind in ("tiny",), "EngineConfig.kind", self.kind, 'use "tiny"')
-        _require(
-            _is_int(self.max_batch) and self.max_batch >= 1,
-            "EngineConfig.max_batch",
-            self.max_batch,
-            "use a positive int, e.g. max_batch=128",
-        )
-        _require(
-            _is_int(self.threads) and self.threads >= 1,
-            "EngineConfig.threads",
-            self.threads,
-            "use a positive int, e.g. threads=1",
-        )
+        require(self.kind in ENGINE_KINDS, "EngineConfig.kind", self.kind, f"use one of {ENGINE_KINDS}")
+        check_int("EngineConfig.max_batch", self.max_batch, minimum=1, example="max_batch=128")
+        check_int("EngineConfig.threads", self.threads, minimum=1, example="threads=1")
 
 
+@_renamed(max_staleness="max_policy_lag")
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """How prompts become groups of samples.
 
     group_size: samples per prompt (GRPO's G).
     max_inflight: samples generating at once (the rollouter's capacity).
-    max_staleness: policy versions a sample may lag the learner; None for no bound.
-    groups_per_step: groups the learner takes per step (sets the staleness budget).
+    max_policy_lag: how far background rollouts may run ahead of the learner, in
+        policy versions: a sample is trained on by a policy at most this many
+        versions newer than the one that started it. None: no bound (only the
+        buffer's capacity stops dispatch). Not to be confused with
+        ``BufferConfig.max_staleness``, which evicts groups already made.
+    groups_per_step: groups the learner takes per step (sets the dispatch budget).
     temperature, top_p, top_k: sampling (top_k 0 and top_p 1.0: no truncation).
     max_new_tokens: completion length limit; None takes the task's.
     max_continuations: times a partial rollout is continued after pauses.
@@ -185,7 +194,7 @@ class RolloutConfig:
 
     group_size: int = 8
     max_inflight: int = 128
-    max_staleness: int | None = 1
+    max_policy_lag: int | None = 1
     groups_per_step: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
@@ -196,41 +205,20 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         for field in ("group_size", "max_inflight", "groups_per_step"):
-            value = getattr(self, field)
-            _require(_is_int(value) and value >= 1, f"RolloutConfig.{field}", value, "use a positive int")
-        _require(
+            check_int(f"RolloutConfig.{field}", getattr(self, field), minimum=1)
+        require(
             self.max_inflight >= self.group_size,
             "RolloutConfig.max_inflight",
             self.max_inflight,
             f"use at least group_size={self.group_size}: a whole group is dispatched at once",
         )
-        _require(
-            self.max_staleness is None or (_is_int(self.max_staleness) and self.max_staleness >= 0),
-            "RolloutConfig.max_staleness",
-            self.max_staleness,
-            "use None or an int >= 0",
-        )
-        _require(
-            _is_number(self.temperature) and self.temperature >= 0,
-            "RolloutConfig.temperature",
-            self.temperature,
-            "use a number >= 0 (0 is greedy)",
-        )
-        _require(
-            _is_number(self.top_p) and 0 < self.top_p <= 1, "RolloutConfig.top_p", self.top_p, "use a number in (0, 1]"
-        )
-        _require(
-            _is_int(self.top_k) and self.top_k >= 0, "RolloutConfig.top_k", self.top_k, "use an int >= 0 (0: no limit)"
-        )
-        _require(
-            self.max_new_tokens is None or (_is_int(self.max_new_tokens) and self.max_new_tokens >= 1),
-            "RolloutConfig.max_new_tokens",
-            self.max_new_tokens,
-            "use None (the task's) or a positive int",
+        check_int("RolloutConfig.max_policy_lag", self.max_policy_lag, optional=True, example="max_policy_lag=1")
+        check_sampling("RolloutConfig", self.temperature, self.top_p, self.top_k)
+        check_int(
+            "RolloutConfig.max_new_tokens", self.max_new_tokens, minimum=1, optional=True, example="None (the task's)"
         )
         for field in ("max_continuations", "max_retries"):
-            value = getattr(self, field)
-            _require(_is_int(value) and value >= 0, f"RolloutConfig.{field}", value, "use an int >= 0")
+            check_int(f"RolloutConfig.{field}", getattr(self, field), minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,24 +246,32 @@ class LearnConfig:
     lr_decay_steps: int | None = None
 
     def __post_init__(self) -> None:
-        checks = (
-            ("lr", self.lr > 0, "use a learning rate > 0, e.g. lr=1e-4"),
-            (
-                "lr_decay_steps",
-                self.lr_decay_steps is None or (_is_int(self.lr_decay_steps) and self.lr_decay_steps >= 1),
-                "use None (constant lr) or an int >= 1, e.g. lr_decay_steps=3000",
-            ),
-            ("weight_decay", self.weight_decay >= 0, "use a value >= 0"),
-            ("max_grad_norm", self.max_grad_norm > 0, "use a norm > 0, e.g. max_grad_norm=1.0"),
-            ("clip_eps", 0 < self.clip_eps < 1, "use a value in (0, 1), e.g. clip_eps=0.2"),
-            ("is_cap", self.is_cap >= 1, "use a cap >= 1, e.g. is_cap=2.0"),
-            ("kl_coef", self.kl_coef >= 0, "use 0 (no KL) or a positive weight"),
-            ("epochs", isinstance(self.epochs, int) and self.epochs >= 1, "use an int >= 1"),
-            ("minibatches", isinstance(self.minibatches, int) and self.minibatches >= 1, "use an int >= 1"),
+        check_number("LearnConfig.lr", self.lr, gt=0, fix="use a learning rate > 0, e.g. lr=1e-4")
+        betas = self.betas
+        require(
+            isinstance(betas, tuple) and len(betas) == 2 and all(isinstance(b, int | float) for b in betas),
+            "LearnConfig.betas",
+            betas,
+            "use two numbers in [0, 1), e.g. betas=(0.9, 0.999)",
         )
-        for field, ok, fix in checks:
-            if not ok:
-                raise ConfigError(f"LearnConfig.{field}={getattr(self, field)!r} is invalid: {fix}")
+        for beta in betas:
+            check_number("LearnConfig.betas", beta, ge=0, lt=1, fix="use two numbers in [0, 1), e.g. (0.9, 0.999)")
+        check_number("LearnConfig.weight_decay", self.weight_decay, ge=0, fix="use a value >= 0")
+        check_number("LearnConfig.max_grad_norm", self.max_grad_norm, gt=0, fix="use a norm > 0, e.g. 1.0")
+        check_number("LearnConfig.clip_eps", self.clip_eps, gt=0, lt=1, fix="use a value in (0, 1), e.g. 0.2")
+        check_number("LearnConfig.is_cap", self.is_cap, ge=1, fix="use a cap >= 1, e.g. is_cap=2.0")
+        check_number("LearnConfig.kl_coef", self.kl_coef, ge=0, fix="use 0 (no KL) or a positive weight")
+        check_int("LearnConfig.epochs", self.epochs, minimum=1)
+        check_int("LearnConfig.minibatches", self.minibatches, minimum=1)
+        require(
+            isinstance(self.scale_advantages, bool),
+            "LearnConfig.scale_advantages",
+            self.scale_advantages,
+            "use True (GRPO) or False (Dr. GRPO)",
+        )
+        check_int(
+            "LearnConfig.lr_decay_steps", self.lr_decay_steps, minimum=1, optional=True, example="lr_decay_steps=3000"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,14 +287,9 @@ class WarmupConfig:
     lr: float = 1e-3
 
     def __post_init__(self) -> None:
-        checks = (
-            ("steps", _is_int(self.steps) and self.steps >= 0, "use an int >= 0, e.g. steps=300"),
-            ("batch_size", _is_int(self.batch_size) and self.batch_size >= 1, "use an int >= 1, e.g. 128"),
-            ("lr", _is_number(self.lr) and self.lr > 0, "use a learning rate > 0, e.g. lr=1e-3"),
-        )
-        for field, ok, fix in checks:
-            if not ok:
-                raise ConfigError(f"WarmupConfig.{field}={getattr(self, field)!r} is invalid: {fix}")
+        check_int("WarmupConfig.steps", self.steps, minimum=0, example="steps=300")
+        check_int("WarmupConfig.batch_size", self.batch_size, minimum=1, example="batch_size=128")
+        check_number("WarmupConfig.lr", self.lr, gt=0, fix="use a learning rate > 0, e.g. lr=1e-3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,49 +311,20 @@ class TrackConfig:
     run_id: str | None = None
 
     def __post_init__(self) -> None:
-        from rlnb.track._tracker import BACKENDS
-
-        _require(
-            isinstance(self.backends, tuple) and all(b in BACKENDS for b in self.backends),
+        require(
+            isinstance(self.backends, tuple),
             "TrackConfig.backends",
             self.backends,
-            f"use a tuple of names from {BACKENDS}, e.g. backends=('console', 'jsonl')",
+            "use a tuple of names, e.g. backends=('console', 'jsonl')",
         )
-        _require(
-            len(set(self.backends)) == len(self.backends),
-            "TrackConfig.backends",
-            self.backends,
-            "name each backend once",
+        check_tracking(
+            "TrackConfig", self.backends, self.run_dir, self.wandb_mode, self.wandb_project, self.console_every
         )
-        needs_dir = [b for b in self.backends if b != "console"]
-        _require(
-            not needs_dir or self.run_dir is not None,
-            "TrackConfig.run_dir",
-            self.run_dir,
-            f"backends {needs_dir} write files: give a directory, e.g. run_dir='runs/demo'",
-        )
-        _require(
-            self.wandb_mode in ("offline", "online", "disabled"),
-            "TrackConfig.wandb_mode",
-            self.wandb_mode,
-            "use 'offline', 'online' or 'disabled'",
-        )
-        if "wandb" in self.backends and self.wandb_mode == "online":
-            import os
-
-            has_key = os.environ.get("WANDB_API_KEY") or os.path.exists(os.path.expanduser("~/.netrc"))
-            _require(
-                bool(has_key),
-                "TrackConfig.wandb_mode",
-                self.wandb_mode,
-                "'online' needs a wandb API key (WANDB_API_KEY or `wandb login`); use 'offline' and "
-                "`wandb sync` the run directory later",
-            )
-        _require(
-            _is_int(self.console_every) and self.console_every >= 1,
-            "TrackConfig.console_every",
-            self.console_every,
-            "use an int >= 1",
+        require(
+            self.run_id is None or (isinstance(self.run_id, str) and bool(self.run_id)),
+            "TrackConfig.run_id",
+            self.run_id,
+            "use None (a new run) or a saved run's id",
         )
 
 
@@ -397,29 +359,23 @@ class Config:
     close_timeout: float = 5.0
 
     def __post_init__(self) -> None:
-        _require(_is_int(self.seed) and self.seed >= 0, "Config.seed", self.seed, "use an int >= 0, e.g. seed=0")
+        require(is_int(self.seed) and self.seed >= 0, "Config.seed", self.seed, "use an int >= 0, e.g. seed=0")
         for field, cls in PARTS.items():
             value = getattr(self, field)
-            _require(
+            require(
                 isinstance(value, cls),
                 f"Config.{field}",
                 value,
                 f"pass a rlnb.{cls.__name__}, e.g. {field}=rlnb.{cls.__name__}(...)",
             )
-        _require(isinstance(self.task, str), "Config.task", self.task, 'use a task name, e.g. task="addition"')
+        require(isinstance(self.task, str), "Config.task", self.task, 'use a task name, e.g. task="addition"')
         get_task(self.task)  # an unknown name fails here, naming the known ones
-        _require(self.mode in ("sync", "async"), "Config.mode", self.mode, 'use "sync" or "async"')
-        _require(
-            _is_number(self.step_timeout) and self.step_timeout > 0,
-            "Config.step_timeout",
-            self.step_timeout,
-            "use a number of seconds > 0, e.g. step_timeout=120.0",
+        require(self.mode in ("sync", "async"), "Config.mode", self.mode, 'use "sync" or "async"')
+        check_number(
+            "Config.step_timeout", self.step_timeout, gt=0, fix="use a number of seconds > 0, e.g. step_timeout=120.0"
         )
-        _require(
-            _is_number(self.close_timeout) and self.close_timeout > 0,
-            "Config.close_timeout",
-            self.close_timeout,
-            "use a number of seconds > 0, e.g. close_timeout=5.0",
+        check_number(
+            "Config.close_timeout", self.close_timeout, gt=0, fix="use a number of seconds > 0, e.g. close_timeout=5.0"
         )
 
     def replace(self, **changes: Any) -> Config:

@@ -5,6 +5,6 @@ count as dead), open rlnb event loops and open tracker runs. Gauges and the leak
 checker read these snapshots.
 """
 
-from rlnb.runtime._probe import ChildInfo, Snapshot, open_runs, snapshot
+from rlnb.runtime import ChildInfo, Snapshot, open_runs, snapshot
 
 __all__ = ["ChildInfo", "Snapshot", "open_runs", "snapshot"]

@@ -17,8 +17,7 @@ import time
 from collections.abc import Iterator
 
 from rlnb._errors import LeakError
-from rlnb.runtime._bridge import warm_up_loop_backend
-from rlnb.runtime._probe import Snapshot, snapshot
+from rlnb.runtime import Snapshot, snapshot, warm_up_loop_backend
 
 __all__ = ["no_leaks"]
 

@@ -7,11 +7,16 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import pytest
 
-from rlnb.rollout import RolloutStatistics
+import rlnb
+from rlnb.data import get_task
+from rlnb.learn import Callback
+from rlnb.models import CharTokenizer, TinyPolicy
+from rlnb.rollout import EngineStatistics, GenerateRequest, GenerateResult, PauseMode, RolloutStatistics, TinyEngine
 
 
 @contextlib.contextmanager
@@ -69,3 +74,80 @@ def assert_same_metrics(got: list[dict[str, float]], expected: list[dict[str, fl
         a = {k: v for k, v in a.items() if k not in TIMING_METRICS}
         b = {k: v for k, v in b.items() if k not in TIMING_METRICS}
         assert a == pytest.approx(b, rel=1e-4, abs=1e-6), f"step {step} differs"
+
+
+def press_ctrl_c() -> None:
+    """SIGINT to the main thread, as the notebook's stop button sends it."""
+    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+
+class HookedEngine:
+    """A real :class:`TinyEngine` for ``config`` (the session's policy shape and seed)
+    whose ``generate`` and ``update_weights`` first await the hooks a test sets:
+    ``before_generate(request)`` and ``before_update(version)``. Give it to a session
+    with ``rlnb.Session(config, engine=HookedEngine(config))``; the session owns it."""
+
+    def __init__(self, config: rlnb.Config, *, name: str = "rlnb-test-engine") -> None:
+        tokenizer = CharTokenizer(get_task(config.task).alphabet)
+        policy = TinyPolicy(config.model.replace(vocab_size=tokenizer.vocab_size), seed=config.seed)
+        e = config.engine
+        self.inner = TinyEngine(policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name)
+        self.before_generate: Callable[[GenerateRequest], Awaitable[None]] | None = None
+        self.before_update: Callable[[int], Awaitable[None]] | None = None
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if self.before_generate is not None:
+            await self.before_generate(request)
+        return await self.inner.generate(request)
+
+    async def update_weights(self, state: Mapping[str, Any], version: int) -> None:
+        if self.before_update is not None:
+            await self.before_update(version)
+        await self.inner.update_weights(state, version)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self.inner.abort(request_ids)
+
+    async def pause(self, mode: PauseMode | str = PauseMode.KEEP) -> None:
+        await self.inner.pause(mode)
+
+    async def resume(self) -> None:
+        await self.inner.resume()
+
+    def statistics(self) -> EngineStatistics:
+        return self.inner.statistics()
+
+    def close(self, timeout: float | None = None) -> None:
+        self.inner.close(timeout)
+
+
+class Recorder(Callback):
+    """Records the prompt ids of every batch trained on, and its metrics."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.metrics: list[dict[str, float]] = []
+        self._batch: list[int] = []
+
+    def on_batch(self, groups: Sequence[rlnb.Group]) -> None:
+        self._batch = [g.prompt_id for g in groups]
+
+    def on_step_end(self, metrics: Mapping[str, float]) -> None:
+        self.batches.append(self._batch)
+        self.metrics.append(dict(metrics))
+
+
+class Hooks(Callback):
+    """Callbacks a test sets per hook: ``on_batch`` and ``on_step_end`` attributes."""
+
+    def __init__(self) -> None:
+        self.batch: Callable[[Sequence[rlnb.Group]], None] | None = None
+        self.step_end: Callable[[Mapping[str, float]], None] | None = None
+
+    def on_batch(self, groups: Sequence[rlnb.Group]) -> None:
+        if self.batch is not None:
+            self.batch(groups)
+
+    def on_step_end(self, metrics: Mapping[str, float]) -> None:
+        if self.step_end is not None:
+            self.step_end(metrics)

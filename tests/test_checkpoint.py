@@ -1,16 +1,19 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
 import rlnb
 from rlnb.checkpoint import config_from_dict, config_to_dict
-from tests.helpers import assert_same_metrics
+from rlnb.rollout import GenerateRequest
+from tests.helpers import HookedEngine, assert_same_metrics, ctrl_c_once
 
 
 def small_config(**changes: object) -> rlnb.Config:
@@ -67,10 +70,19 @@ def test_an_interrupted_rollouts_prompts_survive_a_checkpoint(tmp_path: Path) ->
     config = small_config(warmup=rlnb.WarmupConfig())
     with rlnb.Session(config, name="straight") as sess:
         expected = sess.step()
-    with rlnb.Session(config, name="given-back") as sess:
-        # what an interrupted step leaves: its prompts taken from the loader, to go first
-        items = [next(sess._prompts) for _ in range(config.rollout.groups_per_step)]
-        sess._rollouter.give_back(items)  # type: ignore[union-attr]
+    engine = HookedEngine(config)
+    with rlnb.Session(config, name="given-back", engine=engine) as sess:
+        # an interrupted step leaves its prompts taken from the loader, to go first
+        generating = threading.Event()
+
+        async def slow(request: GenerateRequest) -> None:
+            generating.set()
+            await asyncio.sleep(0.05)
+
+        engine.before_generate = slow
+        with ctrl_c_once(generating):
+            sess.step()
+        assert sess.version == 0
         sess.save(tmp_path / "ckpt")
     with rlnb.Session.load(tmp_path / "ckpt", name="loaded") as sess:
         assert_same_metrics([sess.step()], [expected])

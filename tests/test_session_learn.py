@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 import rlnb
-from rlnb.rollout import GenerateRequest, GenerateResult
-from tests.helpers import assert_same_metrics, ctrl_c_once
+from rlnb.rollout import GenerateRequest
+from tests.helpers import HookedEngine, Hooks, Recorder, assert_same_metrics, ctrl_c_once, press_ctrl_c
 
 CONFIG = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
@@ -42,130 +42,79 @@ def test_train_runs_steps_and_evaluate_is_repeatable() -> None:
             sess.train(0)
 
 
-def test_ctrl_c_during_the_update_finishes_the_update_and_sync_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    with rlnb.Session(CONFIG, name="learn-ctrl-c-update") as sess:
-        learner: Any = sess._learner
-        real_step = learner.step
-
-        def step_then_interrupted(groups: list[rlnb.Group]) -> dict[str, float]:
-            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)  # mid-update
-            return real_step(groups)
-
-        monkeypatch.setattr(learner, "step", step_then_interrupted)
+def test_ctrl_c_once_the_async_batch_is_taken_finishes_the_update_and_sync_first() -> None:
+    hooks = Hooks()
+    with rlnb.Session(CONFIG.replace(mode="async"), name="learn-ctrl-c-update", callbacks=[hooks]) as sess:
+        hooks.batch = lambda groups: press_ctrl_c()  # the batch is taken; the update comes next
         with pytest.raises(KeyboardInterrupt):
             sess.step()
         # all-or-nothing: the optimizer step and the weight sync both happened
         assert sess.version == 1
         assert sess.statistics().engine.version == 1
-        monkeypatch.undo()
+        hooks.batch = None
         sess.step()  # and training goes on
         assert sess.version == 2
 
 
-def test_ctrl_c_while_rolling_out_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    with rlnb.Session(CONFIG, name="learn-ctrl-c-rollout") as sess:
-        engine: Any = sess._engine
-        real_generate = engine.generate
+def test_ctrl_c_while_rolling_out_changes_nothing() -> None:
+    engine = HookedEngine(CONFIG, name="rlnb-learn-ctrl-c-rollout-engine")
+    with rlnb.Session(CONFIG, name="learn-ctrl-c-rollout", engine=engine) as sess:
         generating = threading.Event()
 
-        async def slow_generate(request: GenerateRequest) -> GenerateResult:
+        async def slow(request: GenerateRequest) -> None:
             generating.set()
             await asyncio.sleep(0.05)
-            return await real_generate(request)
 
-        monkeypatch.setattr(engine, "generate", slow_generate)
+        engine.before_generate = slow
         with ctrl_c_once(generating):
             sess.step()
         assert sess.version == 0 and sess.statistics().engine.version == 0
-        monkeypatch.undo()
+        engine.before_generate = None
         assert sess.step()["version"] == 1
 
 
-class Recorder:
-    """Wraps the learner's step to record every batch it trains on and its metrics."""
-
-    def __init__(self, sess: rlnb.Session, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.batches: list[list[int]] = []
-        self.metrics: list[dict[str, float]] = []
-        learner: Any = sess._learner
-        real_step = learner.step
-
-        def step(groups: list[rlnb.Group]) -> dict[str, float]:
-            metrics = real_step(groups)
-            self.batches.append([g.prompt_id for g in groups])
-            self.metrics.append(metrics)
-            return metrics
-
-        monkeypatch.setattr(learner, "step", step)
-
-
-def interrupt_when(sess: rlnb.Session, phase: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def interrupt_when(engine: HookedEngine, hooks: Hooks, phase: str) -> None:
     """Make the next ``phase`` press Ctrl-C once: "rollout" (while generating),
-    "returned" (the rollout is done, the step has not yet got it), "update", "sync"."""
+    "batch" (the rollout is done, the update has not started), "sync" (during the
+    weight sync), "step_end" (the step is complete, inside its all-or-nothing part)."""
     pressed: list[bool] = []
 
-    def press() -> None:
+    def press(*_: Any) -> None:
         if not pressed:
             pressed.append(True)
-            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+            press_ctrl_c()
 
-    engine: Any = sess._engine
-    learner: Any = sess._learner
+    async def press_and_wait(*_: Any) -> None:
+        press()
+        await asyncio.sleep(0.05)  # the interrupt lands while the engine works
+
     if phase == "rollout":
-        real_generate = engine.generate
-
-        async def generate(request: GenerateRequest) -> GenerateResult:
-            press()
-            await asyncio.sleep(0.05)  # the interrupt lands while generating
-            return await real_generate(request)
-
-        monkeypatch.setattr(engine, "generate", generate)
-    elif phase == "returned":
-        rollouter: Any = sess._rollouter
-        real_collect = rollouter.collect
-
-        async def collect(n_groups: int, **kwargs: Any) -> list[rlnb.Group]:
-            groups = await real_collect(n_groups, **kwargs)
-            press()
-            await asyncio.sleep(1.0)  # cancelled by the interrupt, with the groups done
-            return groups
-
-        monkeypatch.setattr(rollouter, "collect", collect)
-    elif phase == "update":
-        real_step = learner.step
-
-        def step(groups: list[rlnb.Group]) -> dict[str, float]:
-            press()
-            return real_step(groups)
-
-        monkeypatch.setattr(learner, "step", step)
+        engine.before_generate = press_and_wait
+    elif phase == "batch":
+        hooks.batch = press
+    elif phase == "sync":
+        engine.before_update = press_and_wait
     else:
-        real_update = engine.update_weights
-
-        async def update_weights(state: Any, version: int) -> None:
-            press()
-            await asyncio.sleep(0.05)
-            await real_update(state, version)
-
-        monkeypatch.setattr(engine, "update_weights", update_weights)
+        hooks.step_end = press
 
 
-@pytest.mark.parametrize("phase", ["rollout", "returned", "update", "sync"])
-def test_ctrl_c_at_any_phase_then_train_again_gives_the_uninterrupted_run(
-    phase: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with rlnb.Session(CONFIG, name="straight") as sess:
-        straight = Recorder(sess, monkeypatch)
+@pytest.mark.parametrize("phase", ["rollout", "batch", "sync", "step_end"])
+def test_ctrl_c_at_any_phase_then_train_again_gives_the_uninterrupted_run(phase: str) -> None:
+    straight = Recorder()
+    with rlnb.Session(CONFIG, name="straight", callbacks=[straight]) as sess:
         sess.train(3, progress=False)
-    with rlnb.Session(CONFIG, name="interrupted") as sess:
+    interrupted, hooks = Recorder(), Hooks()
+    engine = HookedEngine(CONFIG)
+    with rlnb.Session(CONFIG, name="interrupted", engine=engine, callbacks=[interrupted, hooks]) as sess:
         sess.train(1, progress=False)
-        interrupt_when(sess, phase, monkeypatch)  # wraps on top of the recorder below
-        interrupted = Recorder(sess, monkeypatch)
+        interrupted.batches.clear()
+        interrupted.metrics.clear()
+        interrupt_when(engine, hooks, phase)
         with pytest.raises(KeyboardInterrupt):
             sess.train(2, progress=False)
         done = sess.version
         # before the update: nothing happened; from the update on: the step completed
-        assert done == (1 if phase in ("rollout", "returned") else 2)
+        assert done == (1 if phase in ("rollout", "batch") else 2)
         sess.train(3 - done, progress=False)
     assert sess.version == 3
     # no batch lost or trained twice: the same batches, in order, with the same metrics
@@ -173,12 +122,11 @@ def test_ctrl_c_at_any_phase_then_train_again_gives_the_uninterrupted_run(
     assert_same_metrics(interrupted.metrics, straight.metrics[1:])
 
 
-def test_async_ctrl_c_while_waiting_takes_nothing_and_during_update_completes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_async_ctrl_c_while_waiting_takes_nothing_and_during_update_completes() -> None:
     config = CONFIG.replace(mode="async")
-    with rlnb.Session(config, name="async-ctrl-c") as sess:
-        recorder = Recorder(sess, monkeypatch)
+    recorder, hooks = Recorder(), Hooks()
+    engine = HookedEngine(config)
+    with rlnb.Session(config, name="async-ctrl-c", engine=engine, callbacks=[recorder, hooks]) as sess:
         sess.step()
         sess.pause()  # no new groups arrive: the next step waits
         # Hold the finished groups aside (not dropped: they count against the
@@ -192,7 +140,7 @@ def test_async_ctrl_c_while_waiting_takes_nothing_and_during_update_completes(
         taken = sess.statistics().buffer.taken
         assert sess.version == 1
         sess.resume()
-        interrupt_when(sess, "update", monkeypatch)
+        interrupt_when(engine, hooks, "batch")  # taken: in async mode the step completes
         with pytest.raises(KeyboardInterrupt):
             sess.step()
         assert sess.version == 2  # the update and sync completed before the interrupt
@@ -203,23 +151,20 @@ def test_async_ctrl_c_while_waiting_takes_nothing_and_during_update_completes(
         assert stats.taken == taken + 3 * config.rollout.groups_per_step  # every batch taken was trained
 
 
-def test_an_update_that_fails_puts_its_batch_back(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_update_that_fails_puts_its_batch_back() -> None:
     config = CONFIG.replace(mode="async")
-    with rlnb.Session(config, name="async-fail") as sess:
-        learner: Any = sess._learner
-        real_step = learner.step
+    hooks, recorder = Hooks(), Recorder()
+    with rlnb.Session(config, name="async-fail", callbacks=[hooks, recorder]) as sess:
         seen: list[list[int]] = []
 
-        def failing(groups: list[rlnb.Group]) -> dict[str, float]:
+        def failing(groups: Sequence[rlnb.Group]) -> None:
             seen.append([g.prompt_id for g in groups])
             raise RuntimeError("out of memory, say")
 
-        monkeypatch.setattr(learner, "step", failing)
+        hooks.batch = failing
         with pytest.raises(RuntimeError, match="out of memory"):
             sess.step()
         assert sess.version == 0
-        monkeypatch.setattr(
-            learner, "step", lambda groups: seen.append([g.prompt_id for g in groups]) or real_step(groups)
-        )
+        hooks.batch = None
         sess.step()
-        assert seen[1] == seen[0]  # the same batch, not lost
+        assert recorder.batches == seen  # the same batch, not lost

@@ -11,20 +11,19 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 import rlnb
-from rlnb.notebook import RolloutBatch
-from rlnb.rollout import GenerateRequest, GenerateResult
-from tests.helpers import assert_counts_add_up, cause_chain, ctrl_c_once
+from rlnb import RolloutBatch
+from rlnb.rollout import GenerateRequest
+from tests.helpers import HookedEngine, assert_counts_add_up, cause_chain, ctrl_c_once
 
 CONFIG = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
     rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
 )
-# Background dispatch stops at (max_staleness + 1) * groups_per_step groups until the learner advances.
+# Background dispatch stops at (max_policy_lag + 1) * groups_per_step groups until the learner advances.
 BUDGET = (1 + 1) * 4
 PROMPT = re.compile(r"\d\d\+\d\d=")
 
@@ -120,17 +119,15 @@ def test_closing_during_generation_leaves_nothing_behind() -> None:
         sess.start_rollouts()
 
 
-def test_an_engine_failure_surfaces_chained_on_the_next_call_and_the_session_recovers(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_an_engine_failure_surfaces_chained_on_the_next_call_and_the_session_recovers() -> None:
     original = RuntimeError("engine exploded")
 
-    async def broken(request: GenerateRequest) -> GenerateResult:
+    async def broken(request: GenerateRequest) -> None:
         raise original
 
-    with rlnb.Session(CONFIG, name="engine-failure") as sess:
-        engine: Any = sess._engine
-        monkeypatch.setattr(engine, "generate", broken)
+    engine = HookedEngine(CONFIG, name="rlnb-engine-failure-engine")
+    with rlnb.Session(CONFIG, name="engine-failure", engine=engine) as sess:
+        engine.before_generate = broken
         sess.start_rollouts()
 
         # The next public call after a group fails reports it, statistics() included.
@@ -149,7 +146,7 @@ def test_an_engine_failure_surfaces_chained_on_the_next_call_and_the_session_rec
         assert all(cause_chain(e)[-1] is original for e in errors[0].errors)  # type: ignore[attr-defined]
 
         # Every failure is reported once; with generate fixed, rollouts work again.
-        monkeypatch.delattr(engine, "generate")
+        engine.before_generate = None
 
         def settled() -> bool:
             try:
@@ -168,25 +165,21 @@ def test_an_engine_failure_surfaces_chained_on_the_next_call_and_the_session_rec
         assert_counts_add_up(sess.statistics().rollout)
 
 
-def test_ctrl_c_during_rollout_raises_keyboard_interrupt_and_the_session_stays_usable(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_ctrl_c_during_rollout_raises_keyboard_interrupt_and_the_session_stays_usable() -> None:
     generating = threading.Event()
 
-    with rlnb.Session(CONFIG, name="ctrl-c") as sess:
-        engine: Any = sess._engine
-        real_generate = engine.generate
+    engine = HookedEngine(CONFIG, name="rlnb-ctrl-c-engine")
+    with rlnb.Session(CONFIG, name="ctrl-c", engine=engine) as sess:
 
-        async def slow_generate(request: GenerateRequest) -> GenerateResult:
+        async def slow(request: GenerateRequest) -> None:
             generating.set()
             await asyncio.sleep(0.2)  # the rollout is surely still running when Ctrl-C comes
-            return await real_generate(request)
 
-        monkeypatch.setattr(engine, "generate", slow_generate)
+        engine.before_generate = slow
 
         with ctrl_c_once(generating):
             sess.rollout(64)
-        monkeypatch.delattr(engine, "generate")
+        engine.before_generate = None
 
         assert [t.is_alive() for t in engine_threads("ctrl-c")] == [True]
         batch = sess.rollout(2)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rlnb.bench._common import BenchResult, Target, median, p99, time_calls_us
-from rlnb.runtime._probe import snapshot
+from rlnb.runtime import snapshot
 from rlnb.session import Session
 
 

@@ -15,7 +15,7 @@ import threading
 
 from rlnb.bench._common import BenchResult, Target, median, p99, time_ms
 from rlnb.buffer import ReplayBuffer
-from rlnb.runtime import _registry
+from rlnb.runtime import close_all as close_all_sessions
 from rlnb.session import Session
 
 
@@ -71,7 +71,7 @@ def run(*, repeats: int = 50, poll_interval: float = 5.0, tracker: str | None = 
     for _ in range(max(5, repeats // 5)):
         for i in range(3):
             _started_session(f"bench-close-all-{i}")
-        close_all.append(time_ms(_registry.close_all))
+        close_all.append(time_ms(close_all_sessions))
     figures = {
         "feeder_poll_interval_s": poll_interval,
         "feeder_close_median_ms": median(feeder),

@@ -53,7 +53,7 @@ async def _resume_latency(trials: int) -> dict[str, float]:
         buffer=buffer,
         group_size=8,
         max_inflight=100_000,
-        max_staleness=0,
+        max_policy_lag=0,
         groups_per_step=1,  # one more group per version: each trial opens room for one
         sampling=SamplingParams(max_new_tokens=2000),
     )
@@ -94,7 +94,7 @@ async def _resume_latency(trials: int) -> dict[str, float]:
 def _pause_abort_latency(trials: int) -> dict[str, float]:
     config = Config(
         model=ModelConfig(max_len=48),
-        rollout=RolloutConfig(max_staleness=None, max_new_tokens=40, max_inflight=128),
+        rollout=RolloutConfig(max_policy_lag=None, max_new_tokens=40, max_inflight=128),
         buffer=BufferConfig(capacity=100_000),
     )
     rng = random.Random(1)
@@ -118,10 +118,10 @@ def _pause_abort_latency(trials: int) -> dict[str, float]:
 
 
 def _batching_tokens_per_s(requests: int) -> dict[str, float]:
-    from rlnb.models import PolicyConfig, TinyPolicy
+    from rlnb.models import TinyPolicy
     from rlnb.rollout._tiny import TinyEngine
 
-    policy = TinyPolicy(PolicyConfig(vocab_size=16, max_len=256))
+    policy = TinyPolicy(ModelConfig(vocab_size=16, max_len=256))
     rng = random.Random(2)
     lengths = [max(1, min(240, round(rng.lognormvariate(0, 1.0) * 16))) for _ in range(requests)]
 

@@ -1,7 +1,21 @@
-"""Learning: GRPO advantages, the PPO-clip loss with off-policy correction, the Learner."""
+"""Learning: GRPO advantages, the PPO-clip loss with off-policy correction, the
+Learner, and the Trainer that runs the step loop."""
 
 from rlnb.config import LearnConfig
 from rlnb.learn._learner import Learner, TrainBatch, collate
 from rlnb.learn._loss import LossTerms, grpo_advantages, policy_loss
+from rlnb.learn._progress import progress_bar
+from rlnb.learn._trainer import Callback, Trainer
 
-__all__ = ["LearnConfig", "Learner", "LossTerms", "TrainBatch", "collate", "grpo_advantages", "policy_loss"]
+__all__ = [
+    "Callback",
+    "LearnConfig",
+    "Learner",
+    "LossTerms",
+    "TrainBatch",
+    "Trainer",
+    "collate",
+    "grpo_advantages",
+    "policy_loss",
+    "progress_bar",
+]

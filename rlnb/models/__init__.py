@@ -1,9 +1,27 @@
 """Small language models for the built-in engine: a character tokenizer and ``TinyPolicy``.
 
-Plain torch only; this layer knows nothing of sessions, loops or notebooks.
+Plain torch only; this layer knows nothing of sessions, loops or notebooks. A
+``TinyPolicy``'s shape is a :class:`rlnb.ModelConfig`.
 """
 
-from rlnb.models._policy import KVCache, PolicyConfig, TinyPolicy
+import typing as _typing
+
+from rlnb.models._kvcache import KVCache
+from rlnb.models._policy import TinyPolicy
 from rlnb.models._tokenizer import CharTokenizer
 
-__all__ = ["CharTokenizer", "KVCache", "PolicyConfig", "TinyPolicy"]
+__all__ = ["CharTokenizer", "KVCache", "TinyPolicy"]
+
+if not _typing.TYPE_CHECKING:  # hidden from mypy, so that it still reports a removed name as missing
+
+    def __getattr__(name: str) -> object:
+        # Python calls this only for names the module lacks: a removed name says what replaced it.
+        if name == "PolicyConfig":
+            from rlnb._errors import ConfigError
+
+            raise ConfigError(
+                "rlnb.models.PolicyConfig was merged into rlnb.ModelConfig: build a policy with "
+                "TinyPolicy(rlnb.ModelConfig(vocab_size=tokenizer.vocab_size, ...), seed=0) "
+                "(the seed is TinyPolicy's own keyword argument now)"
+            )
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,145 +4,34 @@ Training calls :meth:`TinyPolicy.forward` on whole (right-padded) sequences; a
 generation engine keeps one :class:`KVCache` with a fixed number of slots, fills
 slots with :meth:`TinyPolicy.prefill` and steps every active slot one token at a
 time with :meth:`TinyPolicy.decode`, each slot at its own position.
+
+The cache and its decode planner live in ``_kvcache``, the checkpoint files in ``_io``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import os
 from collections.abc import Iterable
-from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlnb._checks import check_int, is_int, require
 from rlnb._errors import ConfigError
+from rlnb.config import ModelConfig
+from rlnb.models import _io
+from rlnb.models._kvcache import KVCache, _DecodePlan
 
-__all__ = ["KVCache", "PolicyConfig", "TinyPolicy"]
-
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
-
-
-def _require(ok: bool, field: str, value: Any, fix: str) -> None:
-    if not ok:
-        raise ConfigError(f"{field}={value!r} is invalid: {fix}")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicyConfig:
-    """The shape of a :class:`TinyPolicy`, and the seed its weights are drawn from.
-
-    vocab_size: number of token ids (e.g. ``CharTokenizer.vocab_size``).
-    d_model, n_layers, n_heads: width, depth and attention heads (``d_model`` must
-        be a multiple of ``n_heads``).
-    max_len: context length, prompt plus completion tokens.
-    mlp_ratio: the MLP's hidden width is ``mlp_ratio * d_model``.
-    seed: the initial weights are a pure function of the config, seed included.
-
-    Raises :class:`~rlnb.ConfigError` naming the field and the fix.
-    """
-
-    vocab_size: int
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    max_len: int = 48
-    mlp_ratio: int = 4
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        examples = {"vocab_size": 16, "d_model": 128, "n_layers": 2, "n_heads": 4, "max_len": 48, "mlp_ratio": 4}
-        for name, example in examples.items():
-            value = getattr(self, name)
-            _require(
-                _is_int(value) and value >= 1,
-                f"PolicyConfig.{name}",
-                value,
-                f"use a positive int, e.g. {name}={example}",
-            )
-        _require(_is_int(self.seed) and self.seed >= 0, "PolicyConfig.seed", self.seed, "use an int >= 0, e.g. seed=0")
-        _require(
-            self.d_model % self.n_heads == 0,
-            "PolicyConfig.d_model",
-            self.d_model,
-            f"use a multiple of n_heads={self.n_heads}, e.g. d_model={self.n_heads * 32}",
-        )
-
-    @property
-    def head_dim(self) -> int:
-        """Width of one attention head: ``d_model // n_heads``."""
-        return self.d_model // self.n_heads
-
-    def replace(self, **changes: Any) -> PolicyConfig:
-        """A copy with ``changes`` applied (and validated)."""
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict of the fields; :meth:`from_dict` reads it back."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PolicyConfig:
-        """The config :meth:`to_dict` described.
-
-        Raises :class:`~rlnb.ConfigError` for a non-dict, an unknown or missing
-        field, or an invalid value.
-        """
-        if not isinstance(d, dict):
-            raise ConfigError(f"PolicyConfig.from_dict got {d!r}: pass a dict such as PolicyConfig.to_dict() returns")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ConfigError(
-                f"PolicyConfig.from_dict got unknown fields {unknown}: the fields are {sorted(names)}",
-            )
-        if "vocab_size" not in d:
-            raise ConfigError("PolicyConfig.vocab_size is missing: include it, e.g. vocab_size=16")
-        return cls(**d)
-
-
-@dataclasses.dataclass
-class KVCache:
-    """Keys and values of every layer for a fixed number of sequence slots.
-
-    k, v: ``[n_layers, slots, n_heads, max_len, head_dim]``. Make one with
-    :meth:`TinyPolicy.new_cache`. Raises ``ValueError`` if the shapes disagree.
-    """
-
-    k: torch.Tensor
-    v: torch.Tensor
-
-    def __post_init__(self) -> None:
-        if self.k.dim() != 5 or self.k.shape != self.v.shape:
-            raise ValueError(
-                f"KVCache needs k and v of one shape [n_layers, slots, n_heads, max_len, head_dim], "
-                f"got {tuple(self.k.shape)} and {tuple(self.v.shape)}; use TinyPolicy.new_cache(slots)"
-            )
-
-    @property
-    def slots(self) -> int:
-        """Number of sequences the cache holds."""
-        return int(self.k.shape[1])
-
-    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
-        """Copy positions ``0..length-1`` of slots ``src`` [n] into slots ``dst`` [n], in every layer."""
-        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
-        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+__all__ = ["TinyPolicy"]
 
 
 class _Block(nn.Module):
     """Pre-LayerNorm transformer block: causal self-attention, then a GELU MLP."""
 
-    def __init__(self, config: PolicyConfig) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         d = config.d_model
         self.n_heads = config.n_heads
@@ -198,100 +87,42 @@ class _Block(nn.Module):
         return x + self._mlp(x)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Bucket:
-    """Rows of a decode batch that attend over the same number of cached positions."""
-
-    rows: torch.Tensor  # indices into the batch
-    slots: torch.Tensor  # their cache slots
-    context: int  # positions 0..context-1 are read
-    mask: torch.Tensor  # [n, 1, 1, context]: each row sees up to its own position
-    first_slot: int | None  # set when slots are one ascending run: read a view, copy nothing
-
-    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        if self.first_slot is not None:
-            end = self.first_slot + self.slots.shape[0]
-            keys = k_cache[self.first_slot : end, :, : self.context]
-            values = v_cache[self.first_slot : end, :, : self.context]
-        else:  # index_select copies whole rows, several times faster than k_cache[slots] on CPU
-            keys = k_cache[:, :, : self.context].index_select(0, self.slots)
-            values = v_cache[:, :, : self.context].index_select(0, self.slots)
-        return F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=self.mask).squeeze(2)
-
-
-@dataclasses.dataclass(frozen=True)
-class _DecodePlan:
-    """How one decode step reads the cache, worked out once and shared by every layer.
-
-    Attention over a padded batch costs rows times the longest context in it; with long
-    tails (a few long sequences among many short ones) splitting the batch in two at
-    the best position is several times cheaper, so decode() does that when it pays.
-    """
-
-    slots: torch.Tensor
-    positions: torch.Tensor
-    buckets: tuple[_Bucket, ...]
-
-    @classmethod
-    def make(cls, slots: torch.Tensor, positions: torch.Tensor, arange: torch.Tensor) -> _DecodePlan:
-        a_n = slots.shape[0]
-        context = int(positions.max()) + 1
-        whole = torch.arange(a_n)
-        split = None
-        if a_n >= 8:
-            order = positions.argsort()
-            ends = positions[order] + 1  # the context a bucket ending at each row would need
-            n_short = torch.arange(1, a_n)
-            costs = n_short * ends[:-1] + (a_n - n_short) * context
-            best = int(costs.argmin())
-            if int(costs[best]) < 0.6 * a_n * context:  # worth the extra gathers
-                split = (order[: best + 1], order[best + 1 :], int(ends[best]))
-        if split is None:
-            return cls(slots, positions, (_bucket(whole, slots, positions, context, arange),))
-        short, long, short_context = split
-        return cls(
-            slots,
-            positions,
-            (
-                _bucket(short, slots[short], positions[short], short_context, arange),
-                _bucket(long, slots[long], positions[long], context, arange),
-            ),
-        )
-
-
-def _bucket(
-    rows: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, context: int, arange: torch.Tensor
-) -> _Bucket:
-    n = slots.shape[0]
-    mask = (arange[:context] <= positions[:, None]).view(n, 1, 1, context)
-    first = int(slots[0])
-    run = torch.equal(slots, torch.arange(first, first + n, dtype=slots.dtype))
-    return _Bucket(rows, slots, context, mask, first if run else None)
-
-
 class TinyPolicy(nn.Module):
     """Decoder-only transformer: token + learned position embeddings, pre-LayerNorm blocks with
     causal multi-head self-attention (``torch.nn.functional.scaled_dot_product_attention``) and a
     GELU MLP, final LayerNorm, output head tied to the token embedding.
 
-    The initial weights depend only on ``config`` (its ``seed`` included); building
-    one leaves the global torch RNG as it was. Raises :class:`~rlnb.ConfigError`
-    if ``config`` is not a :class:`PolicyConfig`.
+    ``config`` is the network's shape (its ``vocab_size`` must be set) and ``seed``
+    the seed its initial weights are drawn from: they are a pure function of the
+    two, and building one leaves the global torch RNG as it was. ``policy.config``
+    and ``policy.seed`` hold them. Raises :class:`~rlnb.ConfigError` naming the
+    field and the fix if ``config`` is not a :class:`~rlnb.ModelConfig`, its
+    ``vocab_size`` is None, or ``seed`` is not an int >= 0.
     """
 
     _positions: torch.Tensor  # arange(max_len), a buffer so it follows .to(device)
 
-    def __init__(self, config: PolicyConfig) -> None:
-        if not isinstance(config, PolicyConfig):
+    def __init__(self, config: ModelConfig, *, seed: int = 0) -> None:
+        require(
+            isinstance(config, ModelConfig),
+            "TinyPolicy.config",
+            config,
+            "pass a rlnb.ModelConfig, e.g. TinyPolicy(rlnb.ModelConfig(vocab_size=16))",
+        )
+        vocab_size = config.vocab_size
+        if vocab_size is None:  # an if, not require(): mypy narrows it to an int below
             raise ConfigError(
-                f"TinyPolicy.config={config!r} is invalid: pass a PolicyConfig, e.g. PolicyConfig(vocab_size=16)"
+                "ModelConfig.vocab_size=None is invalid: TinyPolicy needs the vocabulary size; set it, "
+                "e.g. config.replace(vocab_size=tokenizer.vocab_size)"
             )
+        check_int("TinyPolicy.seed", seed, minimum=0, example="seed=0")
         super().__init__()
         self.config = config
+        self.seed = seed
         d = config.d_model
         with torch.random.fork_rng(devices=[]):  # seed locally; the caller's RNG stream is untouched
-            torch.manual_seed(config.seed)
-            self.tok_emb = nn.Embedding(config.vocab_size, d)
+            torch.manual_seed(seed)
+            self.tok_emb = nn.Embedding(vocab_size, d)
             self.pos_emb = nn.Embedding(config.max_len, d)
             self.blocks = nn.ModuleList(_Block(config) for _ in range(config.n_layers))
             self.ln_f = nn.LayerNorm(d)
@@ -391,7 +222,7 @@ class TinyPolicy(nn.Module):
 
         Raises ``ValueError`` if ``slots`` is not a positive int.
         """
-        if not _is_int(slots) or slots < 1:
+        if not is_int(slots) or slots < 1:
             raise ValueError(f"TinyPolicy.new_cache needs slots >= 1, got {slots!r}")
         c = self.config
         w = self.tok_emb.weight
@@ -457,7 +288,7 @@ class TinyPolicy(nn.Module):
             )
         a_n = ids.shape[0]
         if a_n == 0:
-            return self.tok_emb.weight.new_empty(0, self.config.vocab_size)
+            return self.tok_emb.weight.new_empty(0, self.tok_emb.num_embeddings)
         # Nothing past the furthest slot's position can be attended to, so gather and
         # attend over only the first `context` positions (short prompts: a few of max_len).
         context = int(positions.max()) + 1
@@ -477,55 +308,19 @@ class TinyPolicy(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def save(self, directory: str | os.PathLike[str]) -> None:
-        """Write ``model.safetensors`` and ``config.json`` into ``directory`` (made if missing)."""
-        from safetensors.torch import save_file
+        """Write ``model.safetensors`` and ``config.json`` into ``directory`` (made if missing).
 
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        tensors = {name: t.detach().cpu().contiguous() for name, t in self.state_dict().items()}
-        save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
-        (path / CONFIG_FILE).write_text(json.dumps(self.config.to_dict(), indent=2) + "\n", encoding="utf-8")
+        ``config.json`` holds the :class:`~rlnb.ModelConfig` fields and ``"seed"``.
+        """
+        _io.save_policy(self, directory)
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> TinyPolicy:
         """The policy :meth:`save` wrote into ``directory`` (on the CPU, in float32).
 
         Reads only JSON and safetensors (nothing is unpickled). Raises ``ValueError``
-        naming the file and the problem: a missing file, invalid JSON or config,
-        a damaged weights file, or tensors whose names or shapes do not fit the config.
+        naming the file and the problem: a missing file, invalid JSON, a config that
+        is not a ModelConfig and seed (unknown or missing fields, bad values), a
+        damaged weights file, or tensors whose names or shapes do not fit the config.
         """
-        from safetensors.torch import load as load_safetensors
-
-        path = Path(directory)
-        config_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
-        for p in (config_path, weights_path):
-            if not p.is_file():
-                raise ValueError(
-                    f"{p} is missing: a TinyPolicy checkpoint directory holds {CONFIG_FILE} and {WEIGHTS_FILE}"
-                )
-        try:
-            raw = json.loads(config_path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{config_path} is not valid JSON: {e}") from e
-        try:
-            config = PolicyConfig.from_dict(raw)
-        except (ConfigError, TypeError) as e:
-            raise ValueError(f"{config_path} does not describe a PolicyConfig: {e}") from e
-        try:
-            # Read the bytes ourselves: no file handle or mmap outlives this call.
-            tensors = load_safetensors(weights_path.read_bytes())
-        except Exception as e:  # safetensors raises its own error type for every kind of damage
-            raise ValueError(f"{weights_path} is not a readable safetensors file: {e}") from e
-        model = cls(config)
-        expected = model.state_dict()
-        problems = [f"missing {k}" for k in sorted(set(expected) - set(tensors))]
-        problems += [f"unexpected {k}" for k in sorted(set(tensors) - set(expected))]
-        problems += [
-            f"{k} has shape {list(tensors[k].shape)}, the config needs {list(v.shape)}"
-            for k, v in expected.items()
-            if k in tensors and tensors[k].shape != v.shape
-        ]
-        if problems:
-            raise ValueError(f"{weights_path} does not match {config_path}: " + "; ".join(problems))
-        model.load_state_dict(tensors)
-        return model
+        return _io.load_policy(cls, directory)

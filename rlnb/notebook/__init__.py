@@ -1,5 +1,6 @@
-"""Notebook display and widgets. Nothing here holds a strong reference to a session."""
+"""The notebook layer, above the session: display and widgets. Nothing here holds a
+strong reference to a session, and nothing below imports it."""
 
-from rlnb.notebook._display import RolloutBatch
+from rlnb._samples import RolloutBatch
 
 __all__ = ["RolloutBatch"]

@@ -1,5 +1,9 @@
 """Generation: the ``Engine`` protocol, its backends and the asynchronous ``Rollouter``."""
 
+import typing as _typing
+
+from rlnb._samples import PromptItem
+from rlnb.rollout._accounting import RolloutStatistics
 from rlnb.rollout._engine import (
     Engine,
     EngineStatistics,
@@ -9,7 +13,25 @@ from rlnb.rollout._engine import (
     SamplingParams,
 )
 from rlnb.rollout._fake import FakeEngine
-from rlnb.rollout._rollouter import PromptItem, Rollouter, RolloutState, RolloutStatistics
+from rlnb.rollout._rollouter import Rollouter
+from rlnb.rollout._state import RolloutState
+
+if _typing.TYPE_CHECKING:
+    from rlnb.rollout._tiny import TinyEngine
+else:
+
+    def __getattr__(name: str) -> object:
+        # TinyEngine needs torch: imported when first asked for, so `import rlnb` stays light.
+        if name == "TinyEngine":
+            from rlnb.rollout._tiny import TinyEngine
+
+            return TinyEngine
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), "TinyEngine"})
+
 
 __all__ = [
     "Engine",
@@ -23,4 +45,5 @@ __all__ = [
     "RolloutStatistics",
     "Rollouter",
     "SamplingParams",
+    "TinyEngine",
 ]

@@ -11,6 +11,8 @@ import enum
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from rlnb._checks import check_int, check_sampling
+
 __all__ = [
     "Engine",
     "EngineStatistics",
@@ -33,11 +35,16 @@ class PauseMode(enum.StrEnum):
     ABORT = "abort"
     WAIT = "wait"
 
+    @classmethod
+    def _missing_(cls, value: object) -> PauseMode:
+        raise ValueError(f"pause(mode={value!r}) is invalid: use one of 'abort', 'keep', 'wait'")
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 is greedy; top_k 0 and top_p 1.0 mean no truncation;
-    ``ignore_eos`` generates exactly ``max_new_tokens`` (for benchmarks)."""
+    ``ignore_eos`` generates exactly ``max_new_tokens`` (for benchmarks). An invalid
+    field raises :class:`~rlnb.ConfigError` naming it."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -46,14 +53,8 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.temperature, int | float) and self.temperature >= 0):
-            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature!r}")
-        if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
-        if not (isinstance(self.top_k, int) and self.top_k >= 0):
-            raise ValueError(f"SamplingParams.top_k must be an int >= 0 (0: no limit), got {self.top_k!r}")
-        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
-            raise ValueError(f"SamplingParams.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        check_sampling("SamplingParams", self.temperature, self.top_p, self.top_k)
+        check_int("SamplingParams.max_new_tokens", self.max_new_tokens, minimum=1, example="max_new_tokens=16")
 
 
 @dataclasses.dataclass(frozen=True)

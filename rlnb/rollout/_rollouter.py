@@ -1,74 +1,31 @@
 """The asynchronous ``Rollouter``: prompts in, rewarded groups out, pausable at any time.
 
-It runs on the session's bridge loop. One explicit state machine governs it
-(RUNNING, PAUSING, PAUSED, SYNCING, CLOSED); every waiter waits on one condition
-for a predicate of that state, so ``resume()`` wakes the dispatcher at once instead
-of after the slowest in-flight generation. Capacity is a semaphore of samples. No
-lock is held across an await of the engine.
+It runs on the session's bridge loop and decides what to roll out and when: the
+policy-lag budget, the dispatch loop, ``collect`` and ``evaluate``. It owns the
+parts that do the rest: a :class:`StateMachine` (pause, resume, the weight-sync
+transaction, the WAIT drain; every wait is for a predicate of its state), a
+:class:`GroupRunner` (one group, one sample), a :class:`TaskSupervisor` (every
+task started, and their failures) and the :class:`Counters`. Capacity is a
+semaphore of samples. No lock is held across an await of the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
-import enum
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from rlnb._errors import BufferFull, ClosedError, RolloutError, WeightSyncError
-from rlnb._samples import Group, PromptItem, Sample
+from rlnb._errors import RolloutError
+from rlnb._samples import Group, PromptItem
 from rlnb.buffer import ReplayBuffer
-from rlnb.rollout._engine import Engine, GenerateRequest, PauseMode, SamplingParams
+from rlnb.rollout._accounting import Counters, RolloutStatistics, Ticket
+from rlnb.rollout._engine import Engine, PauseMode, SamplingParams
+from rlnb.rollout._group import GroupRunner, RewardFn
+from rlnb.rollout._state import RolloutState, StateMachine
+from rlnb.rollout._supervisor import TaskSupervisor
 
-__all__ = ["PromptItem", "RolloutState", "RolloutStatistics", "Rollouter"]
-
-
-class RolloutState(enum.Enum):
-    RUNNING = "running"
-    PAUSING = "pausing"  # engine told to pause; in WAIT mode, draining
-    PAUSED = "paused"
-    SYNCING = "syncing"  # weight-sync transaction under way
-    CLOSED = "closed"
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutStatistics:
-    """A snapshot of the rollouter's counters (samples unless named otherwise).
-
-    Every dispatched sample is in exactly one of: ``in_flight`` (generating or
-    queued), ``kept_partial`` (aborted by a pause, waiting to continue),
-    ``finished`` or ``failed``.
-    """
-
-    state: str
-    dispatching: bool
-    version: int
-    dispatched: int
-    in_flight: int
-    kept_partial: int
-    finished: int
-    failed: int
-    continuations: int
-    truncated: int
-    retries: int
-    groups_dispatched: int
-    groups_finished: int
-    groups_failed: int
-    last_resume_to_dispatch_ms: float | None
-
-
-RewardFn = Callable[[PromptItem, str], float]
-
-
-@dataclasses.dataclass
-class _Ticket:
-    """How many of a group's samples have given back their capacity."""
-
-    samples: int
-    settled: int = 0
-
+__all__ = ["Rollouter"]
 
 _DEFAULT_SAMPLING = SamplingParams()
 
@@ -77,8 +34,12 @@ class Rollouter:
     """Dispatches prompts as groups of samples to ``engine`` and puts rewarded groups in ``buffer``.
 
     ``prompts`` yields :class:`PromptItem`; ``encode``/``decode`` map text to token
-    ids; ``reward_fn(item, completion)`` scores a completion. Create and use it on
-    the bridge loop; the session wraps it for cells.
+    ids; ``reward_fn(item, completion)`` scores a completion. Background dispatch
+    runs at most ``max_policy_lag`` policy versions ahead of the learner: it starts
+    ``(version + max_policy_lag + 1) * groups_per_step`` groups in all, then waits
+    for :meth:`set_version` (None: no bound; only a full buffer holds it back).
+    Create and use it on the bridge loop; the session wraps it for cells. Raises
+    ValueError if ``max_inflight`` is smaller than ``group_size``.
     """
 
     def __init__(
@@ -92,7 +53,7 @@ class Rollouter:
         buffer: ReplayBuffer,
         group_size: int = 8,
         max_inflight: int = 64,
-        max_staleness: int | None = 1,
+        max_policy_lag: int | None = 1,
         groups_per_step: int = 16,
         sampling: SamplingParams = _DEFAULT_SAMPLING,
         max_continuations: int = 4,
@@ -101,84 +62,74 @@ class Rollouter:
     ) -> None:
         if max_inflight < group_size:
             raise ValueError(f"max_inflight ({max_inflight}) must be >= group_size ({group_size})")
-        self._engine = engine
         self._prompts = prompts
         self._returned: collections.deque[PromptItem] = collections.deque()  # taken, not rolled out
-        self._encode, self._decode = encode, decode
-        self._reward_fn = reward_fn
-        self._buffer = buffer
         self._group_size = group_size
-        self._max_staleness = max_staleness
+        self._max_policy_lag = max_policy_lag
         self._groups_per_step = groups_per_step
-        self._sampling = sampling
-        self._max_continuations = max_continuations
-        self._max_retries = max_retries
-        self._seed = seed
-        self._state = RolloutState.RUNNING
-        self._changed = asyncio.Condition()
+        self._counts = Counters()
+        self._tasks = TaskSupervisor()
+        self._machine = StateMachine(engine, tasks=self._tasks, drained=self._counts.drained)
+        self._runner = GroupRunner(
+            engine,
+            machine=self._machine,
+            tasks=self._tasks,
+            counters=self._counts,
+            buffer=buffer,
+            encode=encode,
+            decode=decode,
+            reward_fn=reward_fn,
+            group_size=group_size,
+            sampling=sampling,
+            max_continuations=max_continuations,
+            max_retries=max_retries,
+            seed=seed,
+        )
         self._capacity = asyncio.Semaphore(max_inflight)
         self._version = 0
         self._dispatcher: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._items: dict[asyncio.Task[Any], PromptItem] = {}  # collect()'s groups, while they run
         self._collected: list[PromptItem] = []  # the last collect()'s prompts
-        self._errors: list[BaseException] = []
-        self._counts = dict.fromkeys(
-            (
-                "dispatched",
-                "finished",
-                "failed",
-                "continuations",
-                "truncated",
-                "retries",
-                "groups_dispatched",
-                "groups_finished",
-                "groups_failed",
-            ),
-            0,
-        )
-        self._budget_used = 0  # groups dispatched into the buffer (collect()'s do not count)
-        self._pause_mode: PauseMode | None = None
-        self._ungrouped = 0  # samples done generating whose group has not been put yet
-        self._putting = 0  # finished groups waiting for room in the buffer
-        self._in_flight = 0
-        self._kept_partial = 0
-        self._generating = 0  # engine.generate calls outstanding (the WAIT drain waits for 0)
-        self._resumed_at: float | None = None
+        self._lag_budget_used = 0  # groups dispatched into the buffer (collect()'s do not count)
         self._resume_to_dispatch_ms: float | None = None
 
-    # -- state ------------------------------------------------------------------------
+    # -- state (the state machine's) ------------------------------------------------------
 
     @property
     def state(self) -> RolloutState:
-        return self._state
+        return self._machine.state
 
-    async def _set_state(self, state: RolloutState) -> None:
-        async with self._changed:
-            self._state = state
-            self._changed.notify_all()
+    async def pause(self, mode: PauseMode | str = PauseMode.ABORT) -> None:
+        """Pause generation; see :class:`PauseMode`. Returns once paused, except in
+        WAIT mode, where it returns at once and the drain finishes in the background
+        (``wait_paused()`` waits for it; ``resume()`` interrupts it). Raises
+        RolloutError during a weight sync."""
+        await self._machine.pause(mode)
 
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+    async def resume(self) -> None:
+        """Leave a pause: kept partial rollouts continue and dispatch goes on. Idempotent.
+        Raises RolloutError during a weight sync (which resumes by itself)."""
+        await self._machine.resume()
 
-    async def _wait_for(self, predicate: Callable[[], bool]) -> None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: predicate() or self._state is RolloutState.CLOSED)
-        if self._state is RolloutState.CLOSED:
-            raise ClosedError("the rollouter is closed")
+    async def wait_paused(self) -> None:
+        """Wait until the state is PAUSED (a WAIT-mode drain has finished)."""
+        await self._machine.wait_paused()
 
-    def _check_open(self) -> None:
-        if self._state is RolloutState.CLOSED:
-            raise ClosedError("the rollouter is closed")
+    async def sync_weights(self, weights: Mapping[str, Any], version: int) -> None:
+        """The weight-sync transaction: pause (KEEP) → ``update_weights`` → resume.
+
+        On failure the rollouter stays PAUSED and :class:`~rlnb.WeightSyncError` is
+        raised: never half-synced. Tokens generated afterwards carry ``version``.
+        """
+        await self._machine.sync_weights(weights, version)
 
     # -- control ----------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start dispatching into the buffer in the background (idempotent)."""
-        self._check_open()
+        self._machine.check_open()
         if self._dispatcher is None or self._dispatcher.done():
-            self._dispatcher = self._spawn(self._dispatch_loop(), name="rlnb-dispatcher")
+            self._dispatcher = self._tasks.spawn(self._dispatch_loop(), name="rlnb-dispatcher")
 
     async def stop(self) -> None:
         """Stop dispatching new groups; groups already dispatched still finish."""
@@ -191,96 +142,20 @@ class Rollouter:
     def dispatching(self) -> bool:
         return self._dispatcher is not None and not self._dispatcher.done()
 
-    async def pause(self, mode: PauseMode | str = PauseMode.ABORT) -> None:
-        """Pause generation; see :class:`PauseMode`. Returns once paused, except in
-        WAIT mode, where it returns at once and the drain finishes in the background
-        (``wait_paused()`` waits for it; ``resume()`` interrupts it)."""
-        mode = PauseMode(mode)
-        self._check_open()
-        if self._state is RolloutState.SYNCING:
-            raise RolloutError("cannot pause during a weight sync; try again when it returns")
-        if self._state is not RolloutState.RUNNING:
-            # Already paused: the same mode (or a milder one) changes nothing, while
-            # "abort" still turns a frozen or draining pause into partial rollouts.
-            if mode is not PauseMode.ABORT or self._pause_mode is PauseMode.ABORT:
-                return
-        self._pause_mode = mode
-        await self._set_state(RolloutState.PAUSING)
-        try:
-            await self._engine.pause(mode)
-        finally:
-            # Even if interrupted, the engine has stopped admitting: never stay PAUSING
-            # with nothing left to finish the pause.
-            if mode is PauseMode.WAIT:
-                self._spawn(self._drain(), name="rlnb-drain")
-            else:
-                await self._set_state(RolloutState.PAUSED)
-
-    def _drained(self) -> bool:
-        # Nothing generating, and every finished sample has reached its group's put.
-        return self._generating == 0 and self._ungrouped == 0
-
-    async def _drain(self) -> None:
-        await self._wait_for(lambda: self._drained() or self._state is not RolloutState.PAUSING)
-        if self._state is RolloutState.PAUSING:
-            await self._set_state(RolloutState.PAUSED)
-
-    async def resume(self) -> None:
-        """Leave a pause: kept partial rollouts continue and dispatch goes on. Idempotent."""
-        self._check_open()
-        if self._state is RolloutState.RUNNING:
-            return
-        if self._state is RolloutState.SYNCING:
-            raise RolloutError("cannot resume during a weight sync; it resumes by itself")
-        self._resumed_at = time.perf_counter()
-        # State first, then one turn of the loop so the dispatcher goes before whatever
-        # the engine's resume wakes (a request dispatched a moment early just queues).
-        await self._set_state(RolloutState.RUNNING)
-        await asyncio.sleep(0)
-        await self._engine.resume()
-
-    async def wait_paused(self) -> None:
-        """Wait until the state is PAUSED (a WAIT-mode drain has finished)."""
-        await self._wait_for(lambda: self._state is RolloutState.PAUSED)
-
-    async def sync_weights(self, weights: Mapping[str, Any], version: int) -> None:
-        """The weight-sync transaction: pause (KEEP) → ``update_weights`` → resume.
-
-        On failure the rollouter stays PAUSED and :class:`~rlnb.WeightSyncError` is
-        raised: never half-synced. Tokens generated afterwards carry ``version``.
-        """
-        self._check_open()
-        if self._state in (RolloutState.SYNCING, RolloutState.PAUSING):
-            raise WeightSyncError(f"cannot sync weights while {self._state.value}")
-        previous = self._state
-        await self._set_state(RolloutState.SYNCING)
-        synced = False
-        try:
-            if previous is RolloutState.RUNNING:
-                await self._engine.pause(PauseMode.KEEP)
-            await self._engine.update_weights(weights, version)
-            synced = True
-        except Exception as exc:
-            raise WeightSyncError(
-                f"weight sync to version {version} failed; rollouts stay paused (call resume() once fixed)"
-            ) from exc
-        finally:
-            if synced and previous is RolloutState.RUNNING:
-                await self._engine.resume()
-            await self._set_state(previous if synced else RolloutState.PAUSED)
-
     async def set_reward_fn(self, reward_fn: RewardFn) -> None:
         """Score every completion from now on with ``reward_fn`` (samples already scored keep theirs)."""
-        self._check_open()
-        self._reward_fn = reward_fn
+        if not callable(reward_fn):
+            raise TypeError(f"the reward function must be callable, got {type(reward_fn).__name__}")
+        self._machine.check_open()
+        self._runner.reward_fn = reward_fn
 
     async def set_version(self, version: int) -> None:
-        """Tell the rollouter the learner's policy version (opens the staleness bound)."""
-        self._check_open()
+        """Tell the rollouter the learner's policy version (opens the policy-lag budget)."""
+        self._machine.check_open()
         self._version = version
-        await self._notify()
+        await self._machine.notify()
 
-    # -- errors -------------------------------------------------------------------------
+    # -- prompts and errors -------------------------------------------------------------
 
     @property
     def returned_prompts(self) -> list[PromptItem]:
@@ -294,41 +169,19 @@ class Rollouter:
     def raise_pending(self) -> None:
         """Raise background failures not yet reported: one error chained to the first,
         holding them all in ``.errors``; each failure is reported exactly once."""
-        if not self._errors:
-            return
-        errors, self._errors = self._errors, []
-        if len(errors) == 1:
-            message = f"a background rollout failed: {errors[0]}"
-        else:
-            message = f"{len(errors)} background rollouts failed; the first: {errors[0]}"
-        exc = RolloutError(message)
-        exc.errors = errors  # type: ignore[attr-defined]
-        raise exc from errors[0]
-
-    def _spawn(self, coro: Any, *, name: str, report: bool = True) -> asyncio.Task[Any]:
-        """A supervised task: its failure is stored for ``raise_pending`` when ``report``
-        (otherwise whoever awaits it raises it)."""
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done if report else self._tasks.discard)
-        return task
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and (exc := task.exception()) is not None and not isinstance(exc, ClosedError):
-            self._errors.append(exc)
+        self._tasks.raise_pending()
 
     # -- dispatch ---------------------------------------------------------------------
 
-    def _staleness_ok(self) -> bool:
-        if self._max_staleness is None:
+    def _policy_lag_ok(self) -> bool:
+        if self._max_policy_lag is None:
             return True
-        allowed = (self._version + self._max_staleness + 1) * self._groups_per_step
-        return self._budget_used < allowed
+        allowed = (self._version + self._max_policy_lag + 1) * self._groups_per_step
+        return self._lag_budget_used < allowed
 
     def _may_dispatch(self) -> bool:
         # A full buffer is backpressure: finished groups waiting to go in stop new dispatch.
-        return self._state is RolloutState.RUNNING and self._staleness_ok() and self._putting == 0
+        return self._machine.state is RolloutState.RUNNING and self._policy_lag_ok() and self._counts.putting == 0
 
     async def _acquire_group(self) -> None:
         taken = 0
@@ -343,48 +196,39 @@ class Rollouter:
 
     async def _dispatch_loop(self) -> None:
         while True:
-            await self._wait_for(self._may_dispatch)
+            await self._machine.wait_for(self._may_dispatch)
             await self._acquire_group()
             if not self._may_dispatch():  # things changed while we waited for capacity
                 for _ in range(self._group_size):
                     self._capacity.release()
                 continue
-            self._budget_used += 1  # only groups bound for the learner count against staleness
+            self._lag_budget_used += 1  # only groups bound for the learner count against the budget
             self._spawn_group(to_buffer=True)
 
     def _spawn_group(self, *, to_buffer: bool) -> asyncio.Task[Any]:
-        """Start a group on the next prompt, its capacity already acquired; settle
-        what its samples never will."""
+        """Start a group on the next prompt, its capacity already acquired; its ticket
+        settles what its samples never will."""
         item = self._returned.popleft() if self._returned else next(self._prompts)
         self._note_dispatch()
-        ticket = _Ticket(self._group_size)
-        task = self._spawn(
-            self._run_group(item, ticket, to_buffer=to_buffer),
+        ticket = Ticket(self._group_size, self._capacity, self._counts)
+        task = self._tasks.spawn(
+            self._runner.run(item, ticket, to_buffer=to_buffer),
             name=f"rlnb-group-{item.prompt_id}",
             report=to_buffer,  # collect() raises its groups' failures itself
         )
-        task.add_done_callback(lambda _task: self._settle(ticket))
+        task.add_done_callback(lambda _task: ticket.settle_rest())
         if not to_buffer:
             self._items[task] = item
         return task
 
-    def _settle(self, ticket: _Ticket) -> None:
-        # A group cancelled before its samples ran (Ctrl-C during collect(), close)
-        # still owes their capacity and their count.
-        missing = ticket.samples - ticket.settled
-        for _ in range(missing):
-            self._capacity.release()
-        self._in_flight -= missing
-        self._counts["failed"] += missing
-        ticket.settled = ticket.samples
-
     def _note_dispatch(self) -> None:
-        self._counts["groups_dispatched"] += 1
-        self._counts["dispatched"] += self._group_size
-        self._in_flight += self._group_size
-        if self._resumed_at is not None:
-            self._resume_to_dispatch_ms = (time.perf_counter() - self._resumed_at) * 1e3
-            self._resumed_at = None
+        self._counts.groups_dispatched += 1
+        self._counts.dispatched += self._group_size
+        self._counts.in_flight += self._group_size
+        if (latency := self._machine.take_resume_latency_ms()) is not None:
+            self._resume_to_dispatch_ms = latency
+
+    # -- on demand ------------------------------------------------------------------------
 
     async def collect(self, n_groups: int, *, into: list[Group] | None = None) -> list[Group]:
         """Roll out ``n_groups`` new groups now and return them (not into the buffer).
@@ -392,11 +236,12 @@ class Rollouter:
         If interrupted, their prompts go first next time. ``into``, if given, gets
         the groups too the moment they are all done: a caller whose wait for the
         result is interrupted after that can still find them and hand their prompts
-        back with :meth:`give_back_collected`.
+        back with :meth:`give_back_collected`. Raises RolloutError unless running,
+        or if a group failed (chained to its failure).
         """
-        self._check_open()
-        if self._state is not RolloutState.RUNNING:
-            raise RolloutError(f"rollouts are {self._state.value}; call resume() first")
+        if not isinstance(n_groups, int) or isinstance(n_groups, bool) or n_groups < 1:
+            raise ValueError(f"rollout(n_groups={n_groups!r}): use a positive int")
+        self._check_running()
         tasks: list[asyncio.Task[Any]] = []
         try:
             for _ in range(n_groups):
@@ -430,183 +275,29 @@ class Rollouter:
 
     async def evaluate(self, items: list[PromptItem], *, max_new_tokens: int) -> list[tuple[str, float]]:
         """Greedy completions and rewards for ``items`` (not put in the buffer)."""
-        self._check_open()
-        if self._state is not RolloutState.RUNNING:
-            raise RolloutError(f"rollouts are {self._state.value}; call resume() first")
+        self._check_running()
         sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+        return list(await asyncio.gather(*(self._runner.evaluate(item, sampling) for item in items)))
 
-        async def one(item: PromptItem) -> tuple[str, float]:
-            request = GenerateRequest(f"eval.{item.prompt_id}", tuple(self._encode(item.prompt)), sampling)
-            result = await self._engine.generate(request)
-            completion = self._decode(list(result.token_ids))
-            return completion, self._reward(item, completion)
-
-        return list(await asyncio.gather(*map(one, items)))
-
-    # -- one group, one sample ----------------------------------------------------------
-
-    async def _run_group(self, item: PromptItem, ticket: _Ticket, *, to_buffer: bool) -> Group | None:
-        prompt_ids = tuple(self._encode(item.prompt))
-        base_seed = self._seed * 1_000_003 + item.prompt_id * 1009
-        coros = [self._run_sample(item, prompt_ids, i, base_seed + i, ticket) for i in range(self._group_size)]
-        results = await asyncio.gather(*coros, return_exceptions=True)
-        try:
-            for result in results:
-                if isinstance(result, asyncio.CancelledError):
-                    raise result
-            failures = [r for r in results if isinstance(r, BaseException)]
-            if failures:
-                self._counts["groups_failed"] += 1
-                if not to_buffer:
-                    raise failures[0]  # collect() raises it to its caller
-                self._errors.append(failures[0])  # reported at the next call, counted now
-                return None
-            samples = tuple(r for r in results if isinstance(r, Sample))
-            group = Group(prompt=item.prompt, samples=samples, prompt_id=item.prompt_id)
-            self._counts["groups_finished"] += 1
-            if to_buffer:
-                await self._put(group)
-            return group
-        finally:
-            self._ungrouped -= sum(isinstance(r, Sample) for r in results)
-            await self._notify_if_drained()
-
-    async def _put(self, group: Group) -> None:
-        try:
-            self._buffer.put_nowait(group)
-        except BufferFull:  # wait for the learner off the loop; dispatch holds meanwhile
-            self._putting += 1
-            try:
-                await asyncio.to_thread(self._buffer.put, group)
-            finally:
-                self._putting -= 1
-                await self._notify()
-
-    async def _run_sample(
-        self, item: PromptItem, prompt_ids: tuple[int, ...], index: int, seed: int, ticket: _Ticket
-    ) -> Sample:
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        continuations = 0
-        finish = "aborted"
-        try:
-            while True:
-                result = await self._generate_with_retries(item, prompt_ids, index, seed, tokens, continuations)
-                tokens += result.token_ids
-                logprobs += result.logprobs
-                versions += result.versions
-                if result.finish_reason != "aborted":
-                    finish = result.finish_reason
-                    break
-                if continuations >= self._max_continuations:
-                    self._counts["truncated"] += 1
-                    break
-                continuations += 1
-                self._counts["continuations"] += 1
-                self._kept_partial += 1
-                self._in_flight -= 1
-                try:
-                    await self._notify_if_drained()
-                    await self._wait_for(lambda: self._state is RolloutState.RUNNING)
-                finally:
-                    self._kept_partial -= 1
-                    self._in_flight += 1
-            completion = self._decode(tokens)
-            reward = self._reward(item, completion)
-        except BaseException:
-            self._counts["failed"] += 1
-            raise
-        else:
-            self._counts["finished"] += 1
-            self._ungrouped += 1
-            return Sample(
-                prompt=item.prompt,
-                completion=completion,
-                token_ids=tuple(tokens),
-                logprobs=tuple(logprobs),
-                versions=tuple(versions),
-                reward=reward,
-                finish_reason=finish,
-                resumed=continuations,
-            )
-        finally:
-            ticket.settled += 1
-            self._in_flight -= 1
-            self._capacity.release()
-            await self._notify_if_drained()
-
-    async def _notify_if_drained(self) -> None:
-        if self._state is RolloutState.PAUSING and self._drained():
-            await self._notify()  # a WAIT drain is waiting for this
-
-    async def _generate_with_retries(
-        self,
-        item: PromptItem,
-        prompt_ids: tuple[int, ...],
-        index: int,
-        seed: int,
-        prefix: list[int],
-        continuation: int,
-    ) -> Any:
-        attempt = 0
-        while True:
-            await self._wait_for(lambda: self._state is RolloutState.RUNNING)
-            remaining = self._sampling.max_new_tokens - len(prefix)
-            request = GenerateRequest(
-                request_id=f"{item.prompt_id}.{index}.{continuation}.{attempt}",
-                prompt_ids=prompt_ids,
-                sampling=dataclasses.replace(self._sampling, max_new_tokens=max(1, remaining)),
-                prefix_ids=tuple(prefix),
-                seed=seed * 31 + continuation * 7 + attempt,
-            )
-            self._generating += 1
-            try:
-                return await self._engine.generate(request)
-            except (asyncio.CancelledError, ClosedError):
-                raise
-            except Exception as exc:
-                attempt += 1
-                if attempt > self._max_retries:
-                    raise RolloutError(
-                        f"generation for prompt {item.prompt_id} sample {index} failed {attempt} times"
-                    ) from exc
-                self._counts["retries"] += 1
-            finally:
-                self._generating -= 1
-
-    def _reward(self, item: PromptItem, completion: str) -> float:
-        attempt = 0
-        while True:
-            try:
-                return float(self._reward_fn(item, completion))
-            except Exception as exc:
-                attempt += 1
-                if attempt > self._max_retries:
-                    raise RolloutError(
-                        f"reward function failed {attempt} times on prompt {item.prompt_id} ({item.prompt!r})"
-                    ) from exc
-                self._counts["retries"] += 1
+    def _check_running(self) -> None:
+        self._machine.check_open()
+        if (state := self._machine.state) is not RolloutState.RUNNING:
+            raise RolloutError(f"rollouts are {state.value}; call resume() first")
 
     # -- figures and lifecycle ------------------------------------------------------------
 
     def statistics(self) -> RolloutStatistics:
-        return RolloutStatistics(
-            state=self._state.value,
+        """A frozen snapshot of the counters; does not block."""
+        return self._counts.snapshot(
+            state=self._machine.state.value,
             dispatching=self.dispatching,
             version=self._version,
-            in_flight=self._in_flight,
-            kept_partial=self._kept_partial,
             last_resume_to_dispatch_ms=self._resume_to_dispatch_ms,
-            **self._counts,
         )
 
     async def aclose(self) -> None:
         """Cancel every task and wait for them; idempotent."""
-        if self._state is RolloutState.CLOSED:
+        if self._machine.state is RolloutState.CLOSED:
             return
-        await self._set_state(RolloutState.CLOSED)
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._machine.set(RolloutState.CLOSED)
+        await self._tasks.cancel_all()

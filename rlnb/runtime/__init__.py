@@ -1,10 +1,36 @@
-"""Lifecycle runtime: the sync→async bridge, the resource probe and the session registry.
+"""Lifecycle runtime: the sync→async bridge, the resource probe, the session registry
+and the Ctrl-C guard.
 
 This layer never imports torch, wandb, ray or ipywidgets.
 """
 
-from rlnb.runtime._bridge import AsyncBridge
-from rlnb.runtime._probe import Snapshot, snapshot
-from rlnb.runtime._registry import close_all, sessions
+from rlnb.runtime._bridge import AsyncBridge, warm_up_loop_backend
+from rlnb.runtime._interrupts import Deferred, defer_interrupts
+from rlnb.runtime._probe import ChildInfo, Snapshot, open_runs, register_run, snapshot, unregister_run
+from rlnb.runtime._registry import (
+    close_all,
+    lookup_session,
+    register_session,
+    replace_session,
+    sessions,
+    unregister_session,
+)
 
-__all__ = ["AsyncBridge", "Snapshot", "close_all", "sessions", "snapshot"]
+__all__ = [
+    "AsyncBridge",
+    "ChildInfo",
+    "Deferred",
+    "Snapshot",
+    "close_all",
+    "defer_interrupts",
+    "lookup_session",
+    "open_runs",
+    "register_run",
+    "register_session",
+    "replace_session",
+    "sessions",
+    "snapshot",
+    "unregister_run",
+    "unregister_session",
+    "warm_up_loop_backend",
+]

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol
 
-__all__ = ["close_all", "lookup", "register", "sessions", "unregister"]
+__all__ = ["close_all", "lookup_session", "register_session", "replace_session", "sessions", "unregister_session"]
 
 log = logging.getLogger("rlnb")
 
@@ -45,24 +45,33 @@ _LOCK = threading.RLock()
 _LIVE: dict[str, Closeable] = {}
 
 
-def register(obj: Closeable) -> None:
+def register_session(obj: Closeable) -> None:
     """Record ``obj`` as the live session under ``obj.name`` and install exit hooks."""
     with _LOCK:
         _LIVE[obj.name] = obj
     install_hooks()
 
 
-def unregister(obj: Closeable) -> None:
+def unregister_session(obj: Closeable) -> None:
     """Forget ``obj`` if it is still the one registered under its name."""
     with _LOCK:
         if _LIVE.get(obj.name) is obj:
             del _LIVE[obj.name]
 
 
-def lookup(name: str) -> Closeable | None:
+def lookup_session(name: str) -> Closeable | None:
     """The live session called ``name``, if any."""
     with _LOCK:
         return _LIVE.get(name)
+
+
+def replace_session(name: str) -> None:
+    """Close the live session called ``name``, if any, and say so on stderr (a re-run
+    cell makes its session anew under the same name)."""
+    previous = lookup_session(name)
+    if previous is not None:
+        previous.close()
+        print(f"rlnb: closed the earlier session {name!r} before making its replacement", file=sys.stderr)
 
 
 def sessions() -> list[Any]:
@@ -91,7 +100,7 @@ def close_all(timeout: float | None = 5.0, *, exit_code: int | None = None) -> N
         except Exception as exc:
             errors.append(exc)
         finally:
-            unregister(obj)
+            unregister_session(obj)
     if errors:
         raise ExceptionGroup(f"rlnb.close_all(): {len(errors)} session(s) failed to close", errors)
 

@@ -10,6 +10,7 @@ from rlnb.track._tracker import (
     TrackerError,
     exit_code_for,
 )
+from rlnb.track._wandb import wandb_mode_from_env
 from rlnb.track._wandb_file import WandbRunFile, read_records, read_run
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "exit_code_for",
     "read_records",
     "read_run",
+    "wandb_mode_from_env",
 ]

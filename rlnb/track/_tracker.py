@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from rlnb._checks import check_tracking
 from rlnb._errors import ConfigError, RlnbError
-from rlnb.runtime import _probe
+from rlnb.runtime import register_run, unregister_run
 
 __all__ = [
     "EXIT_FAILURE",
@@ -31,7 +32,6 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_FAILURE, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
-BACKENDS = ("console", "jsonl", "wandb", "plot")
 
 
 class TrackerError(RlnbError):
@@ -86,7 +86,7 @@ class Tracker:
         console_every: int = 10,
     ) -> None:
         names = [b for b in backends if isinstance(b, str)]
-        _validate(names, run_dir, wandb_mode, console_every)
+        check_tracking("Tracker", tuple(names), run_dir, wandb_mode, wandb_project, console_every)
         self.run_id = run_id or uuid.uuid4().hex[:8]
         self.run_dir = None if run_dir is None else Path(run_dir)
         self._lock = threading.Lock()
@@ -103,7 +103,7 @@ class Tracker:
         except BaseException:
             self.finish(EXIT_FAILURE, raise_errors=False)  # the ones already started
             raise
-        _probe.register_run(self, f"rlnb:{self.run_id}")
+        register_run(self, f"rlnb:{self.run_id}")
 
     def _make(
         self,
@@ -179,7 +179,7 @@ class Tracker:
                 except (Exception, SystemExit) as exc:
                     errors.append((backend.name, exc))
         finally:
-            _probe.unregister_run(self)
+            unregister_run(self)
         if errors and raise_errors:
             names = ", ".join(f"{n} ({e!r})" for n, e in errors)
             err = TrackerError(f"tracker backend(s) failed to finish: {names}; the others finished")
@@ -195,18 +195,3 @@ class Tracker:
     def __repr__(self) -> str:
         state = "finished" if self._finished else "open"
         return f"<rlnb.Tracker {self.run_id} {list(self.backends)} {state}>"
-
-
-def _validate(names: list[str], run_dir: str | Path | None, wandb_mode: str, console_every: int) -> None:
-    unknown = [n for n in names if n not in BACKENDS]
-    if unknown:
-        raise ConfigError(f"unknown tracker backend(s) {unknown}: use any of {list(BACKENDS)}")
-    if len(set(names)) != len(names):
-        raise ConfigError(f"tracker backends {names} name one twice: list each once")
-    needs_dir = [n for n in names if n != "console"]
-    if needs_dir and run_dir is None:
-        raise ConfigError(f"tracker backend(s) {needs_dir} write files: give a run_dir, e.g. run_dir='runs/demo'")
-    if wandb_mode not in ("offline", "online", "disabled"):
-        raise ConfigError(f"wandb mode {wandb_mode!r} is invalid: use 'offline', 'online' or 'disabled'")
-    if not isinstance(console_every, int) or console_every < 1:
-        raise ConfigError(f"console_every={console_every!r} is invalid: use an int >= 1")

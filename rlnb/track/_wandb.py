@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WandbBackend"]
+__all__ = ["WandbBackend", "wandb_mode_from_env"]
 
 _OPEN_LOCK = threading.Lock()
 _OPEN = 0  # rlnb wandb runs open in this process

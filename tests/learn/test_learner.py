@@ -5,7 +5,7 @@ import torch
 
 import rlnb
 from rlnb.learn import LearnConfig, Learner, collate
-from rlnb.models import CharTokenizer, PolicyConfig, TinyPolicy
+from rlnb.models import CharTokenizer, TinyPolicy
 
 TOK = CharTokenizer("0123456789+=")
 
@@ -15,7 +15,7 @@ def encode(text: str) -> list[int]:
 
 
 def policy() -> TinyPolicy:
-    return TinyPolicy(PolicyConfig(vocab_size=TOK.vocab_size, d_model=32, n_layers=1, n_heads=2, max_len=16))
+    return TinyPolicy(rlnb.ModelConfig(vocab_size=TOK.vocab_size, d_model=32, n_layers=1, n_heads=2, max_len=16))
 
 
 def sample_with_behaviour(

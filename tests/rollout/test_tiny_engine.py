@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import rlnb
-from rlnb.models import CharTokenizer, PolicyConfig, TinyPolicy
+from rlnb.models import CharTokenizer, TinyPolicy
 from rlnb.rollout import GenerateRequest, GenerateResult, PauseMode, SamplingParams
 from rlnb.rollout._tiny import TinyEngine
 from rlnb.runtime import AsyncBridge
@@ -20,7 +20,7 @@ EOS = TOKENIZER.EOS
 
 @pytest.fixture(scope="module")
 def policy() -> TinyPolicy:
-    return TinyPolicy(PolicyConfig(vocab_size=TOKENIZER.vocab_size, d_model=32, n_layers=2, n_heads=2, max_len=40))
+    return TinyPolicy(rlnb.ModelConfig(vocab_size=TOKENIZER.vocab_size, d_model=32, n_layers=2, n_heads=2, max_len=40))
 
 
 @pytest.fixture

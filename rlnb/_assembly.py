@@ -1,0 +1,199 @@
+"""How each part of a session is made from a :class:`~rlnb.Config`.
+
+The session decides the order, owns what these return and registers each close;
+these functions only translate config fields into constructor arguments, so the
+composition root reads as a list of stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlnb._errors import ConfigError
+from rlnb.buffer import ReplayBuffer
+from rlnb.config import Config, ModelConfig
+from rlnb.data import Task
+from rlnb.rollout import Engine, Rollouter, SamplingParams
+
+if TYPE_CHECKING:
+    from rlnb.data import PromptLoader
+    from rlnb.learn import Callback, Learner, Trainer
+    from rlnb.models import CharTokenizer
+    from rlnb.runtime import AsyncBridge
+    from rlnb.track import Tracker
+
+__all__ = [
+    "check_session_args",
+    "make_buffer",
+    "make_engine",
+    "make_learner",
+    "make_loader",
+    "make_rollouter",
+    "make_tracker",
+    "make_trainer",
+    "model_shape",
+]
+
+
+def check_session_args(config: Config | None, name: Any, engine: Any) -> Config:
+    """``Session``'s own arguments, checked before anything is built or replaced."""
+    if config is None:
+        config = Config()
+    if not isinstance(config, Config):
+        raise ConfigError(
+            f"Session(config=...) takes a rlnb.Config, got {type(config).__name__}: build one with rlnb.Config(...)"
+        )
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"Session(name={name!r}) is invalid: use a non-empty string, e.g. name='demo'")
+    if engine is not None and not isinstance(engine, Engine):
+        raise ConfigError(
+            f"Session(engine={type(engine).__name__}) is invalid: pass an object with the rlnb.rollout.Engine "
+            "methods (generate, abort, pause, resume, update_weights, statistics, close), or None"
+        )
+    return config
+
+
+def model_shape(config: Config, task: Task) -> tuple[CharTokenizer, ModelConfig]:
+    """The task's tokenizer and the model's shape with its vocabulary filled in.
+
+    Imports torch but runs no torch work (the prompt loader forks after this)."""
+    from rlnb.models import CharTokenizer
+
+    tokenizer = CharTokenizer(task.alphabet)
+    model, needed = config.model, tokenizer.vocab_size
+    if model.vocab_size is None:
+        return tokenizer, model.replace(vocab_size=needed)
+    if model.vocab_size < needed:
+        raise ConfigError(
+            f"ModelConfig.vocab_size={model.vocab_size} is invalid: task {task.name!r} needs {needed} "
+            "token ids; use None (the task's) or a larger size"
+        )
+    return tokenizer, model
+
+
+def make_loader(config: Config, task: Task, state: dict[str, Any] | None) -> PromptLoader:
+    from rlnb.data import PromptLoader
+
+    d = config.data
+    return PromptLoader(
+        task,
+        seed=config.seed,
+        num_workers=d.num_workers,
+        prefetch_factor=d.prefetch_factor,
+        multiprocessing_context=d.multiprocessing_context,
+        state=state,
+    )
+
+
+def make_tracker(config: Config, *, name: str, run_id: str | None) -> Tracker:
+    from rlnb import checkpoint
+    from rlnb.track import Tracker
+
+    t = config.track
+    return Tracker(
+        t.backends,
+        run_dir=t.run_dir,
+        run_id=run_id,
+        name=name,
+        config=checkpoint.config_to_dict(config),
+        wandb_mode=t.wandb_mode,
+        wandb_project=t.wandb_project,
+        console_every=t.console_every,
+    )
+
+
+def make_buffer(config: Config) -> ReplayBuffer:
+    b = config.buffer
+    return ReplayBuffer(b.capacity, partitions=b.partitions, max_staleness=b.max_staleness)
+
+
+def make_learner(config: Config, model: ModelConfig, tokenizer: CharTokenizer) -> Learner:
+    from rlnb.learn import Learner
+    from rlnb.models import TinyPolicy
+
+    return Learner(
+        TinyPolicy(model, seed=config.seed),
+        encode=lambda text: tokenizer.encode(text, bos=True),
+        pad_id=tokenizer.PAD,
+        eos_id=tokenizer.EOS,
+        config=config.learn,
+    )
+
+
+def make_engine(config: Config, learner: Learner, tokenizer: CharTokenizer, *, name: str) -> Engine:
+    from rlnb.rollout import TinyEngine
+
+    e = config.engine
+    return TinyEngine(learner.policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name)
+
+
+def make_rollouter(
+    config: Config,
+    task: Task,
+    tokenizer: CharTokenizer,
+    *,
+    engine: Engine,
+    prompts: PromptLoader,
+    buffer: ReplayBuffer,
+) -> Rollouter:
+    r = config.rollout
+    return Rollouter(
+        engine,
+        prompts=prompts,
+        encode=lambda text: tokenizer.encode(text, bos=True),
+        decode=tokenizer.decode,
+        reward_fn=lambda item, completion: task.reward(completion, item.answer),
+        buffer=buffer,
+        group_size=r.group_size,
+        max_inflight=r.max_inflight,
+        max_policy_lag=r.max_policy_lag,
+        groups_per_step=r.groups_per_step,
+        sampling=SamplingParams(
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_new_tokens=r.max_new_tokens or task.max_new_tokens,
+        ),
+        max_continuations=r.max_continuations,
+        max_retries=r.max_retries,
+        seed=config.seed,
+    )
+
+
+def make_trainer(
+    config: Config,
+    task: Task,
+    learner: Learner,
+    rollouter: Rollouter,
+    buffer: ReplayBuffer,
+    bridge: AsyncBridge,
+    tracker: Tracker,
+    *,
+    name: str,
+    callbacks: Sequence[Callback],
+    restore: tuple[dict[str, Any], dict[str, Any], Path] | None,
+    sync: bool,
+) -> Trainer:
+    """The trainer over the built parts; a checkpoint being loaded (``restore``) is
+    applied to them, and with ``sync`` a caller's engine gets the policy's weights."""
+    from rlnb import checkpoint
+    from rlnb.learn import Trainer
+
+    trainer = Trainer(
+        learner=learner,
+        rollouter=rollouter,
+        buffer=buffer,
+        bridge=bridge,
+        tracker=tracker,
+        task=task,
+        config=config,
+        name=name,
+        callbacks=callbacks,
+    )
+    if restore is not None:
+        checkpoint.restore(trainer, *restore)
+    elif sync:
+        trainer.sync_weights()
+    return trainer

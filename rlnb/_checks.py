@@ -1,0 +1,142 @@
+"""The checks every config shares, and the names that more than one layer reads.
+
+Each config dataclass validates its own fields once, with these helpers; the
+component it configures takes the validated config and trusts it. Every error is
+a :class:`~rlnb.ConfigError` that names the field and the fix, so a string given
+for a number is a ``ConfigError`` too, never a ``TypeError`` from a comparison.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from rlnb._errors import ConfigError
+
+__all__ = [
+    "ENGINE_KINDS",
+    "TRACKER_BACKENDS",
+    "WANDB_MODES",
+    "check_buffer",
+    "check_int",
+    "check_number",
+    "check_sampling",
+    "check_tracking",
+    "is_int",
+    "is_number",
+    "require",
+]
+
+# Names read by both the configs and the parts they select (the configs must not
+# import those parts): tracker backends, engine kinds, wandb modes.
+TRACKER_BACKENDS = ("console", "jsonl", "wandb", "plot")
+ENGINE_KINDS = ("tiny",)
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+def require(ok: bool, field: str, value: Any, fix: str) -> None:
+    """Raise ``ConfigError("{field}={value!r} is invalid: {fix}")`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(f"{field}={value!r} is invalid: {fix}")
+
+
+def is_int(value: Any) -> bool:
+    """An int, and not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float, and not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_int(field: str, value: Any, *, minimum: int = 0, optional: bool = False, example: Any = None) -> None:
+    """``value`` is an int >= ``minimum`` (or None when ``optional``)."""
+    if optional and value is None:
+        return
+    fix = f"use {'None or ' if optional else ''}an int >= {minimum}"
+    require(
+        is_int(value) and value >= minimum, field, value, fix + (f", e.g. {example}" if example is not None else "")
+    )
+
+
+def check_number(
+    field: str,
+    value: Any,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    fix: str,
+) -> None:
+    """``value`` is a finite number within the given bounds; ``fix`` says what to use."""
+    ok = (
+        is_number(value)
+        and (gt is None or value > gt)
+        and (ge is None or value >= ge)
+        and (lt is None or value < lt)
+        and (le is None or value <= le)
+    )
+    require(ok, field, value, fix)
+
+
+def check_sampling(owner: str, temperature: Any, top_p: Any, top_k: Any) -> None:
+    """The sampling fields that ``RolloutConfig`` and ``SamplingParams`` share."""
+    check_number(f"{owner}.temperature", temperature, ge=0, fix="use a number >= 0 (0 is greedy)")
+    check_number(f"{owner}.top_p", top_p, gt=0, le=1, fix="use a number in (0, 1], e.g. top_p=1.0 (no truncation)")
+    check_int(f"{owner}.top_k", top_k, minimum=0, example="top_k=0 (no limit)")
+
+
+def check_buffer(owner: str, capacity: Any, partitions: Any, max_staleness: Any) -> None:
+    """The replay buffer's shape, for ``BufferConfig`` and ``ReplayBuffer``."""
+    check_int(f"{owner}.capacity", capacity, minimum=1, example="capacity=256")
+    check_int(f"{owner}.max_staleness", max_staleness, optional=True, example="max_staleness=1")
+    require(
+        isinstance(partitions, tuple)
+        and len(partitions) > 0
+        and all(isinstance(p, str) and p for p in partitions)
+        and len(set(partitions)) == len(partitions),
+        f"{owner}.partitions",
+        partitions,
+        'use a tuple of distinct, non-empty names, e.g. ("train", "val")',
+    )
+
+
+def check_tracking(
+    owner: str, backends: tuple[Any, ...], run_dir: Any, wandb_mode: Any, wandb_project: Any, console_every: Any
+) -> None:
+    """A tracker's settings, for ``TrackConfig`` and ``Tracker`` (``backends``: the names)."""
+    unknown = [b for b in backends if b not in TRACKER_BACKENDS]
+    require(
+        not unknown,
+        f"{owner}.backends",
+        backends,
+        f"unknown backend(s) {unknown}: use names from {TRACKER_BACKENDS}, e.g. ('console', 'jsonl')",
+    )
+    require(len(set(backends)) == len(backends), f"{owner}.backends", backends, "name each backend once")
+    needs_dir = [b for b in backends if b != "console"]
+    require(
+        not needs_dir or run_dir is not None,
+        f"{owner}.run_dir",
+        run_dir,
+        f"backends {needs_dir} write files: give a directory, e.g. run_dir='runs/demo'",
+    )
+    require(wandb_mode in WANDB_MODES, f"{owner}.wandb_mode", wandb_mode, "use 'offline', 'online' or 'disabled'")
+    if "wandb" in backends and wandb_mode == "online":
+        has_key = os.environ.get("WANDB_API_KEY") or os.path.exists(os.path.expanduser("~/.netrc"))
+        require(
+            bool(has_key),
+            f"{owner}.wandb_mode",
+            wandb_mode,
+            "'online' needs a wandb API key (WANDB_API_KEY or `wandb login`); use 'offline' and "
+            "`wandb sync` the run directory later",
+        )
+    require(
+        isinstance(wandb_project, str) and bool(wandb_project),
+        f"{owner}.wandb_project",
+        wandb_project,
+        "use a non-empty name, e.g. wandb_project='rlnb'",
+    )
+    check_int(f"{owner}.console_every", console_every, minimum=1, example="console_every=10")

@@ -1,0 +1,103 @@
+"""A :class:`TinyPolicy` on disk: ``model.safetensors`` and ``config.json``.
+
+``config.json`` holds the :class:`~rlnb.ModelConfig` fields and the ``seed`` the
+weights were first drawn from; nothing is pickled, so loading a checkpoint runs
+no code from it. :meth:`TinyPolicy.save` and :meth:`TinyPolicy.load` call these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlnb._errors import ConfigError
+from rlnb.config import ModelConfig
+
+if TYPE_CHECKING:
+    from rlnb.models._policy import TinyPolicy
+
+__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "load_policy", "save_policy"]
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+def save_policy(policy: TinyPolicy, directory: str | os.PathLike[str]) -> None:
+    """Write ``policy``'s weights and config into ``directory`` (made if missing)."""
+    from safetensors.torch import save_file
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().cpu().contiguous() for name, t in policy.state_dict().items()}
+    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+    config = {**dataclasses.asdict(policy.config), "seed": policy.seed}
+    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def load_policy(cls: type[TinyPolicy], directory: str | os.PathLike[str]) -> TinyPolicy:
+    """The policy :func:`save_policy` wrote into ``directory``, built by ``cls``.
+
+    Raises ``ValueError`` naming the file and the problem; see :meth:`TinyPolicy.load`.
+    """
+    from safetensors.torch import load as load_safetensors
+
+    path = Path(directory)
+    config_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
+    for p in (config_path, weights_path):
+        if not p.is_file():
+            raise ValueError(
+                f"{p} is missing: a TinyPolicy checkpoint directory holds {CONFIG_FILE} and {WEIGHTS_FILE}"
+            )
+    try:
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{config_path} is not valid JSON: {e}") from e
+    try:
+        config, seed = _config_and_seed(raw)
+        model = cls(config, seed=seed)  # checks what ModelConfig leaves open: vocab_size set, the seed
+    except ConfigError as e:
+        raise ValueError(f"{config_path} does not describe a ModelConfig and seed: {e}") from e
+    try:
+        # Read the bytes ourselves: no file handle or mmap outlives this call.
+        tensors = load_safetensors(weights_path.read_bytes())
+    except Exception as e:  # safetensors raises its own error type for every kind of damage
+        raise ValueError(f"{weights_path} is not a readable safetensors file: {e}") from e
+    problems = _mismatches(model.state_dict(), tensors)
+    if problems:
+        raise ValueError(f"{weights_path} does not match {config_path}: " + "; ".join(problems))
+    model.load_state_dict(tensors)
+    return model
+
+
+def _config_and_seed(raw: Any) -> tuple[ModelConfig, int]:
+    """The ModelConfig and seed a config.json holds; ConfigError if it holds anything else."""
+    names = [f.name for f in dataclasses.fields(ModelConfig)] + ["seed"]
+    if not isinstance(raw, dict):
+        raise ConfigError(f"got {raw!r}: the file should hold an object with the fields {names}")
+    unknown = sorted(set(raw) - set(names))
+    if unknown:
+        raise ConfigError(f"unknown fields {unknown}: the fields are {names}")
+    # Every field is required: a default filled in here could differ from the one the checkpoint was saved with.
+    missing = [name for name in names if name not in raw]
+    if missing:
+        raise ConfigError(f"missing fields {missing}: save writes all of {names}")
+    fields = dict(raw)
+    seed = fields.pop("seed")
+    return ModelConfig(**fields), seed
+
+
+def _mismatches(expected: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> list[str]:
+    """What keeps ``tensors`` from loading into a model whose state dict is ``expected``."""
+    problems = [f"missing {k}" for k in sorted(set(expected) - set(tensors))]
+    problems += [f"unexpected {k}" for k in sorted(set(tensors) - set(expected))]
+    problems += [
+        f"{k} has shape {list(tensors[k].shape)}, the config needs {list(v.shape)}"
+        for k, v in expected.items()
+        if k in tensors and tensors[k].shape != v.shape
+    ]
+    return problems

@@ -1,0 +1,215 @@
+"""One group, one sample: how a dispatched prompt becomes a rewarded group.
+
+Each sample generates (with retries), continues its partial rollout after every
+abort pause (up to a limit), is decoded and rewarded; the group then goes to the
+buffer or back to ``collect()``. Whatever happens, each sample settles its ticket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+
+from rlnb._errors import BufferFull, ClosedError, RolloutError
+from rlnb._samples import Group, PromptItem, Sample
+from rlnb.buffer import ReplayBuffer
+from rlnb.rollout._accounting import Counters, Ticket
+from rlnb.rollout._engine import Engine, GenerateRequest, GenerateResult, SamplingParams
+from rlnb.rollout._state import StateMachine
+from rlnb.rollout._supervisor import TaskSupervisor
+
+__all__ = ["GroupRunner", "RewardFn"]
+
+RewardFn = Callable[[PromptItem, str], float]
+
+
+class GroupRunner:
+    """Rolls out groups of ``group_size`` samples on ``engine``; counts in ``counters``,
+    waits on ``machine``, reports background failures to ``tasks``.
+
+    ``reward_fn`` may be replaced at any time: completions scored later use the new one.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        machine: StateMachine,
+        tasks: TaskSupervisor,
+        counters: Counters,
+        buffer: ReplayBuffer,
+        encode: Callable[[str], list[int]],
+        decode: Callable[[list[int]], str],
+        reward_fn: RewardFn,
+        group_size: int,
+        sampling: SamplingParams,
+        max_continuations: int,
+        max_retries: int,
+        seed: int,
+    ) -> None:
+        self._engine = engine
+        self._machine = machine
+        self._tasks = tasks
+        self._counts = counters
+        self._buffer = buffer
+        self._encode, self._decode = encode, decode
+        self.reward_fn = reward_fn
+        self._group_size = group_size
+        self._sampling = sampling
+        self._max_continuations = max_continuations
+        self._max_retries = max_retries
+        self._seed = seed
+
+    async def run(self, item: PromptItem, ticket: Ticket, *, to_buffer: bool) -> Group | None:
+        """The group for ``item``, put in the buffer too when ``to_buffer``. A failed
+        group raises when not ``to_buffer`` (collect() reports it); otherwise its
+        failure is reported to ``tasks`` and the result is None."""
+        prompt_ids = tuple(self._encode(item.prompt))
+        base_seed = self._seed * 1_000_003 + item.prompt_id * 1009
+        coros = [self._run_sample(item, prompt_ids, i, base_seed + i, ticket) for i in range(self._group_size)]
+        results = await asyncio.gather(*coros, return_exceptions=True)
+        try:
+            for result in results:
+                if isinstance(result, asyncio.CancelledError):
+                    raise result
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:
+                self._counts.groups_failed += 1
+                if not to_buffer:
+                    raise failures[0]  # collect() raises it to its caller
+                self._tasks.report(failures[0])  # reported at the next call, counted now
+                return None
+            samples = tuple(r for r in results if isinstance(r, Sample))
+            group = Group(prompt=item.prompt, samples=samples, prompt_id=item.prompt_id)
+            self._counts.groups_finished += 1
+            if to_buffer:
+                await self._put(group)
+            return group
+        finally:
+            self._counts.ungrouped -= sum(isinstance(r, Sample) for r in results)
+            await self._machine.notify_if_drained()
+
+    async def _put(self, group: Group) -> None:
+        try:
+            self._buffer.put_nowait(group)
+        except BufferFull:  # wait for the learner off the loop; dispatch holds meanwhile
+            self._counts.putting += 1
+            try:
+                await asyncio.to_thread(self._buffer.put, group)
+            finally:
+                self._counts.putting -= 1
+                await self._machine.notify()
+
+    async def _run_sample(
+        self, item: PromptItem, prompt_ids: tuple[int, ...], index: int, seed: int, ticket: Ticket
+    ) -> Sample:
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        continuations = 0
+        finish = "aborted"
+        try:
+            while True:
+                result = await self._generate_with_retries(item, prompt_ids, index, seed, tokens, continuations)
+                tokens += result.token_ids
+                logprobs += result.logprobs
+                versions += result.versions
+                if result.finish_reason != "aborted":
+                    finish = result.finish_reason
+                    break
+                if continuations >= self._max_continuations:
+                    self._counts.truncated += 1
+                    break
+                continuations += 1
+                self._counts.continuations += 1
+                await self._keep_partial()
+            completion = self._decode(tokens)
+            reward = self.reward(item, completion)
+        except BaseException:
+            self._counts.failed += 1
+            raise
+        else:
+            self._counts.finished += 1
+            self._counts.ungrouped += 1
+            return Sample(
+                prompt=item.prompt,
+                completion=completion,
+                token_ids=tuple(tokens),
+                logprobs=tuple(logprobs),
+                versions=tuple(versions),
+                reward=reward,
+                finish_reason=finish,
+                resumed=continuations,
+            )
+        finally:
+            ticket.settle_one()
+            await self._machine.notify_if_drained()
+
+    async def _keep_partial(self) -> None:
+        """Hold an aborted sample, counted as kept partial, until rollouts run again."""
+        self._counts.kept_partial += 1
+        self._counts.in_flight -= 1
+        try:
+            await self._machine.notify_if_drained()
+            await self._machine.wait_running()
+        finally:
+            self._counts.kept_partial -= 1
+            self._counts.in_flight += 1
+
+    async def _generate_with_retries(
+        self,
+        item: PromptItem,
+        prompt_ids: tuple[int, ...],
+        index: int,
+        seed: int,
+        prefix: list[int],
+        continuation: int,
+    ) -> GenerateResult:
+        attempt = 0
+        while True:
+            await self._machine.wait_running()
+            remaining = self._sampling.max_new_tokens - len(prefix)
+            request = GenerateRequest(
+                request_id=f"{item.prompt_id}.{index}.{continuation}.{attempt}",
+                prompt_ids=prompt_ids,
+                sampling=dataclasses.replace(self._sampling, max_new_tokens=max(1, remaining)),
+                prefix_ids=tuple(prefix),
+                seed=seed * 31 + continuation * 7 + attempt,
+            )
+            self._counts.generating += 1
+            try:
+                return await self._engine.generate(request)
+            except (asyncio.CancelledError, ClosedError):
+                raise
+            except Exception as exc:
+                attempt += 1
+                if attempt > self._max_retries:
+                    raise RolloutError(
+                        f"generation for prompt {item.prompt_id} sample {index} failed {attempt} times"
+                    ) from exc
+                self._counts.retries += 1
+            finally:
+                self._counts.generating -= 1
+
+    async def evaluate(self, item: PromptItem, sampling: SamplingParams) -> tuple[str, float]:
+        """One completion of ``item`` with ``sampling`` (not retried) and its reward."""
+        request = GenerateRequest(f"eval.{item.prompt_id}", tuple(self._encode(item.prompt)), sampling)
+        result = await self._engine.generate(request)
+        completion = self._decode(list(result.token_ids))
+        return completion, self.reward(item, completion)
+
+    def reward(self, item: PromptItem, completion: str) -> float:
+        """``reward_fn(item, completion)``, retried up to ``max_retries`` times; raises
+        RolloutError, chained to the last failure, beyond that."""
+        attempt = 0
+        while True:
+            try:
+                return float(self.reward_fn(item, completion))
+            except Exception as exc:
+                attempt += 1
+                if attempt > self._max_retries:
+                    raise RolloutError(
+                        f"reward function failed {attempt} times on prompt {item.prompt_id} ({item.prompt!r})"
+                    ) from exc
+                self._counts.retries += 1

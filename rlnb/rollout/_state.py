@@ -1,0 +1,153 @@
+"""The rollouter's state machine: RUNNING, PAUSING, PAUSED, SYNCING, CLOSED.
+
+Every waiter waits on one condition for a predicate of the state, so ``resume()``
+wakes the dispatcher at once instead of after the slowest in-flight generation.
+The machine drives the engine's pause, resume and weight update; of the rollouts
+it knows only whether they have drained (what a WAIT pause waits for).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rlnb._errors import ClosedError, RolloutError, WeightSyncError
+from rlnb.rollout._engine import Engine, PauseMode
+from rlnb.rollout._supervisor import TaskSupervisor
+
+__all__ = ["RolloutState", "StateMachine"]
+
+
+class RolloutState(enum.Enum):
+    RUNNING = "running"
+    PAUSING = "pausing"  # engine told to pause; in WAIT mode, draining
+    PAUSED = "paused"
+    SYNCING = "syncing"  # weight-sync transaction under way
+    CLOSED = "closed"
+
+
+class StateMachine:
+    """The state of a :class:`~rlnb.rollout.Rollouter` and its transitions.
+
+    ``drained()`` says whether a WAIT pause has nothing left to wait for; the drain
+    runs in the background under ``tasks``. The rollouts wait here (``wait_for``)
+    and say when their counts change (``notify``).
+    """
+
+    def __init__(self, engine: Engine, *, tasks: TaskSupervisor, drained: Callable[[], bool]) -> None:
+        self._engine = engine
+        self._tasks = tasks
+        self._drained = drained
+        self._state = RolloutState.RUNNING
+        self._changed = asyncio.Condition()
+        self._pause_mode: PauseMode | None = None
+        self._resumed_at: float | None = None
+
+    @property
+    def state(self) -> RolloutState:
+        return self._state
+
+    async def set(self, state: RolloutState) -> None:
+        async with self._changed:
+            self._state = state
+            self._changed.notify_all()
+
+    async def notify(self) -> None:
+        """Wake every waiter to check its predicate again."""
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait_for(self, predicate: Callable[[], bool]) -> None:
+        """Wait until ``predicate()``; raises ClosedError once closed, waiting or not."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: predicate() or self._state is RolloutState.CLOSED)
+        if self._state is RolloutState.CLOSED:
+            raise ClosedError("the rollouter is closed")
+
+    async def wait_running(self) -> None:
+        await self.wait_for(lambda: self._state is RolloutState.RUNNING)
+
+    def check_open(self) -> None:
+        if self._state is RolloutState.CLOSED:
+            raise ClosedError("the rollouter is closed")
+
+    async def notify_if_drained(self) -> None:
+        if self._state is RolloutState.PAUSING and self._drained():
+            await self.notify()  # a WAIT drain is waiting for this
+
+    def take_resume_latency_ms(self) -> float | None:
+        """Milliseconds since the last ``resume()``, once per resume (else None)."""
+        if self._resumed_at is None:
+            return None
+        latency = (time.perf_counter() - self._resumed_at) * 1e3
+        self._resumed_at = None
+        return latency
+
+    # -- transitions --------------------------------------------------------------------
+
+    async def pause(self, mode: PauseMode | str) -> None:
+        mode = PauseMode(mode)
+        self.check_open()
+        if self._state is RolloutState.SYNCING:
+            raise RolloutError("cannot pause during a weight sync; try again when it returns")
+        if self._state is not RolloutState.RUNNING:
+            # Already paused: the same mode (or a milder one) changes nothing, while
+            # "abort" still turns a frozen or draining pause into partial rollouts.
+            if mode is not PauseMode.ABORT or self._pause_mode is PauseMode.ABORT:
+                return
+        self._pause_mode = mode
+        await self.set(RolloutState.PAUSING)
+        try:
+            await self._engine.pause(mode)
+        finally:
+            # Even if interrupted, the engine has stopped admitting: never stay PAUSING
+            # with nothing left to finish the pause.
+            if mode is PauseMode.WAIT:
+                self._tasks.spawn(self._drain(), name="rlnb-drain")
+            else:
+                await self.set(RolloutState.PAUSED)
+
+    async def _drain(self) -> None:
+        await self.wait_for(lambda: self._drained() or self._state is not RolloutState.PAUSING)
+        if self._state is RolloutState.PAUSING:
+            await self.set(RolloutState.PAUSED)
+
+    async def resume(self) -> None:
+        self.check_open()
+        if self._state is RolloutState.RUNNING:
+            return
+        if self._state is RolloutState.SYNCING:
+            raise RolloutError("cannot resume during a weight sync; it resumes by itself")
+        self._resumed_at = time.perf_counter()
+        # State first, then one turn of the loop so the dispatcher goes before whatever
+        # the engine's resume wakes (a request dispatched a moment early just queues).
+        await self.set(RolloutState.RUNNING)
+        await asyncio.sleep(0)
+        await self._engine.resume()
+
+    async def wait_paused(self) -> None:
+        await self.wait_for(lambda: self._state is RolloutState.PAUSED)
+
+    async def sync_weights(self, weights: Mapping[str, Any], version: int) -> None:
+        self.check_open()
+        if self._state in (RolloutState.SYNCING, RolloutState.PAUSING):
+            raise WeightSyncError(f"cannot sync weights while {self._state.value}")
+        previous = self._state
+        await self.set(RolloutState.SYNCING)
+        synced = False
+        try:
+            if previous is RolloutState.RUNNING:
+                await self._engine.pause(PauseMode.KEEP)
+            await self._engine.update_weights(weights, version)
+            synced = True
+        except Exception as exc:
+            raise WeightSyncError(
+                f"weight sync to version {version} failed; rollouts stay paused (call resume() once fixed)"
+            ) from exc
+        finally:
+            if synced and previous is RolloutState.RUNNING:
+                await self._engine.resume()
+            await self.set(previous if synced else RolloutState.PAUSED)
