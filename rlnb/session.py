@@ -3,8 +3,7 @@
 Each part registers its close on one LIFO exit stack the moment it exists, so a
 failure half-way through construction releases exactly what was acquired, and
 ``close()`` releases everything in reverse order even if one part fails to stop.
-The work itself is done by the parts: the :class:`~rlnb.learn.Trainer` runs the
-steps and :mod:`rlnb.checkpoint` says what a checkpoint holds.
+The parts do the work: the :class:`~rlnb.learn.Trainer` runs the steps.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlnb import _assembly as parts
+from rlnb import checkpoint
 from rlnb._errors import ClosedError
 from rlnb._samples import RolloutBatch
 from rlnb._statistics import SessionStatistics
@@ -26,6 +26,7 @@ from rlnb.config import Config
 from rlnb.data import Task, get_task
 from rlnb.rollout import Engine, PauseMode, Rollouter
 from rlnb.runtime import AsyncBridge, register_session, replace_session, unregister_session
+from rlnb.track import Tracker, exit_code_for
 
 if TYPE_CHECKING:
     from rlnb.learn import Callback
@@ -65,15 +66,16 @@ class Session:
         _restore: tuple[dict[str, Any], dict[str, Any], Path] | None = None,
     ) -> None:
         self._stack = contextlib.ExitStack()
-        self._closed = False
-        self._engine: Any = engine  # a caller's engine is ours from now on
-        self._engine_owned = False  # its close is on the stack
+        self._closed, self._exit_code = False, 0
+        self._deadline: float | None = None
         try:
             self._config = parts.check_session_args(config, name, engine)
+            self._engine: Any = engine
+            self._engine_given = engine is not None
+            if engine is not None:  # a caller's engine is ours from now on, closed last
+                self._own(engine)
             self._name, self._callbacks, self._restore = name, callbacks, _restore
             self._lock = threading.Lock()
-            self._deadline: float | None = None
-            self._exit_code = 0
             self._task: Task = get_task(self._config.task)
             self._tokenizer, self._model = parts.model_shape(self._config, self._task)
             replace_session(name)
@@ -82,8 +84,6 @@ class Session:
         except BaseException:
             self._closed = True
             self._stack.close()
-            if engine is not None and not self._engine_owned:
-                engine.close(timeout=1.0)
             raise
         finally:
             self._restore = None  # a checkpoint's (manifest, tensors, path), while loading
@@ -111,12 +111,9 @@ class Session:
         self._learner = parts.make_learner(self._config, self._model, self._tokenizer)
 
     def _build_engine(self) -> None:
-        self._engine_given = self._engine is not None
         if self._engine is None:
             name = f"rlnb-{self._name}-engine"
-            self._engine = parts.make_engine(self._config, self._learner, self._tokenizer, name=name)
-        self._own(self._engine)
-        self._engine_owned = True
+            self._engine = self._own(parts.make_engine(self._config, self._learner, self._tokenizer, name=name))
 
     def _build_rollouter(self) -> None:
         self._rollouter = parts.make_rollouter(
@@ -127,7 +124,8 @@ class Session:
     def _build_trainer(self) -> None:
         self._trainer = parts.make_trainer(
             self._config, self._task, self._learner, self._rollouter, self._buffer, self._bridge, self._tracker,
-            name=self._name, callbacks=self._callbacks, restore=self._restore, sync=self._engine_given,
+            name=self._name, callbacks=self._callbacks, restore=self._restore,
+            sync=self._engine_given,
         )  # fmt: skip
 
     def _build_registry(self) -> None:
@@ -171,7 +169,7 @@ class Session:
         return self._buffer
 
     @property
-    def tracker(self) -> Any:
+    def tracker(self) -> Tracker:
         """The session's :class:`~rlnb.Tracker` (``Config.track``); it finishes on close."""
         return self._tracker
 
@@ -189,13 +187,9 @@ class Session:
         """A frozen snapshot of the session's figures: buffer, rollouter and engine.
 
         Like every public call, raises a background failure not yet reported (once)."""
-        self._check()
+        rollouter = self._check()
         return SessionStatistics(
-            name=self._name,
-            closed=self._closed,
-            buffer=self._buffer.statistics(),
-            rollout=self._rollouter.statistics(),
-            engine=self._engine.statistics(),
+            self._name, self._closed, self._buffer.statistics(), rollouter.statistics(), self._engine.statistics()
         )
 
     # -- rollouts ---------------------------------------------------------------------
@@ -297,8 +291,6 @@ class Session:
         and the buffer holds only whole groups; rollouts are then left as they were
         (running, dispatching or paused). Blocks.
         """
-        from rlnb import checkpoint
-
         self._check()
         return checkpoint.save(self._trainer, path, prompts=self._prompts, name=self._name, run_id=self._tracker.run_id)
 
@@ -310,8 +302,6 @@ class Session:
         checkpoint before anything is built. Replaces a live session called ``name``.
         Restores the process's Python and torch random states too.
         """
-        from rlnb import checkpoint
-
         manifest, tensors = checkpoint.read(path)
         return cls(checkpoint.saved_config(manifest, path), name=name, _restore=(manifest, tensors, Path(path)))
 
@@ -350,8 +340,6 @@ class Session:
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        from rlnb.track import exit_code_for
-
         self.close(exit_code=exit_code_for(exc))
 
     def __repr__(self) -> str:

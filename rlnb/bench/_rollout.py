@@ -119,7 +119,7 @@ def _pause_abort_latency(trials: int) -> dict[str, float]:
 
 def _batching_tokens_per_s(requests: int) -> dict[str, float]:
     from rlnb.models import TinyPolicy
-    from rlnb.rollout._tiny import TinyEngine
+    from rlnb.rollout import TinyEngine
 
     policy = TinyPolicy(ModelConfig(vocab_size=16, max_len=256))
     rng = random.Random(2)
