@@ -47,3 +47,41 @@ def test_the_session_builds_its_buffer_from_the_config() -> None:
         assert stats.capacity == 2 and stats.max_staleness == 0
         assert set(stats.sizes) == {"train", "eval"}
         assert sess.config is cfg
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: rlnb.LearnConfig(lr="x"), "LearnConfig.lr"),
+        (lambda: rlnb.LearnConfig(clip_eps=None), "LearnConfig.clip_eps"),
+        (lambda: rlnb.LearnConfig(betas=(0.9,)), "LearnConfig.betas"),
+        (lambda: rlnb.LearnConfig(kl_coef=float("nan")), "LearnConfig.kl_coef"),
+        (lambda: rlnb.WarmupConfig(lr="1e-3"), "WarmupConfig.lr"),
+        (lambda: rlnb.RolloutConfig(temperature="hot"), "RolloutConfig.temperature"),
+        (lambda: rlnb.Config(step_timeout="60"), "Config.step_timeout"),
+        (lambda: rlnb.ModelConfig(d_model=64.0), "ModelConfig.d_model"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_a_config_error_not_a_type_error(make, field: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(rlnb.ConfigError, match=rf"{field}=.* is invalid: use"):
+        make()
+
+
+def test_renamed_fields_say_their_new_name_and_old_checkpoints_still_load() -> None:
+    with pytest.raises(
+        rlnb.ConfigError, match=r"RolloutConfig.max_staleness was renamed: use RolloutConfig\(max_policy_lag=2\)"
+    ):
+        rlnb.RolloutConfig(max_staleness=2)  # type: ignore[call-arg]
+    from rlnb.checkpoint import config_from_dict, config_to_dict
+
+    saved = config_to_dict(rlnb.Config(rollout=rlnb.RolloutConfig(max_policy_lag=3)))
+    saved["rollout"]["max_staleness"] = saved["rollout"].pop("max_policy_lag")  # as an older rlnb wrote it
+    assert config_from_dict(saved).rollout.max_policy_lag == 3
+
+
+def test_the_model_shape_has_one_name() -> None:
+    with pytest.raises(rlnb.ConfigError, match=r"merged into rlnb\.ModelConfig"):
+        from rlnb.models import PolicyConfig  # noqa: F401
+    with pytest.raises(rlnb.ConfigError, match=r"ModelConfig.vocab_size=4 is invalid: task 'addition' needs"):
+        rlnb.Session(rlnb.Config(model=rlnb.ModelConfig(vocab_size=4)), name="too-small")
+    assert rlnb.sessions() == []

@@ -168,3 +168,45 @@ def test_close_wakes_a_thread_blocked_on_the_buffer() -> None:
 def test_a_session_cannot_be_pickled() -> None:
     with rlnb.Session(name="pickle") as sess, pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(sess)
+
+
+class ClosableFake(rlnb.rollout.FakeEngine):
+    """A FakeEngine that records its close."""
+
+    def __init__(self) -> None:
+        super().__init__(lengths=3)
+        self.close_calls = 0
+
+    def close(self, timeout: float | None = None) -> None:
+        self.close_calls += 1
+        super().close(timeout)
+
+
+def test_a_session_drives_any_engine_it_is_given_and_owns_it() -> None:
+    engine = ClosableFake()
+    with rlnb.Session(name="given-engine", engine=engine) as sess:
+        assert engine.weights is not None  # it starts from the policy's weights
+        batch = sess.rollout(2)
+        assert len(batch) == 2 and all(s.token_ids == (3, 3, 2) for g in batch for s in g.samples)
+        assert sess.statistics().engine.generated_tokens == 2 * sess.config.rollout.group_size * 3
+        assert not [t for t in threading.enumerate() if t.name == "rlnb-given-engine-engine"]  # none built
+        assert engine.close_calls == 0
+    assert engine.close_calls == 1
+
+
+def test_an_object_that_is_not_an_engine_is_refused_before_anything_is_built() -> None:
+    before = snapshot()
+    with pytest.raises(rlnb.ConfigError, match=r"Session\(engine=str\) is invalid.*generate"):
+        rlnb.Session(name="not-an-engine", engine="vllm")  # type: ignore[arg-type]
+    assert rlnb.sessions() == [] and snapshot().new_since(before) == {}
+
+
+def test_a_given_engine_is_closed_when_construction_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(self: Session) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(Session, "_build_rollouter", fail)
+    engine = ClosableFake()
+    with pytest.raises(RuntimeError, match="injected"):
+        rlnb.Session(name="given-then-broken", engine=engine)
+    assert engine.close_calls == 1
