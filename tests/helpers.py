@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import asyncio
 import contextlib
 import signal
 import threading
@@ -94,6 +95,17 @@ class HookedEngine:
         self.inner = TinyEngine(policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name)
         self.before_generate: Callable[[GenerateRequest], Awaitable[None]] | None = None
         self.before_update: Callable[[int], Awaitable[None]] | None = None
+
+    def slow_down(self, delay: float) -> threading.Event:
+        """Make every generate wait ``delay`` s first; the event is set once one has started."""
+        started = threading.Event()
+
+        async def slow(request: GenerateRequest) -> None:
+            started.set()
+            await asyncio.sleep(delay)
+
+        self.before_generate = slow
+        return started
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if self.before_generate is not None:

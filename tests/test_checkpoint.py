@@ -1,18 +1,15 @@
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
 
 import rlnb
 from rlnb.checkpoint import config_from_dict, config_to_dict
-from rlnb.rollout import GenerateRequest
 from tests.helpers import HookedEngine, assert_same_metrics, ctrl_c_once
 
 
@@ -73,13 +70,7 @@ def test_an_interrupted_rollouts_prompts_survive_a_checkpoint(tmp_path: Path) ->
     engine = HookedEngine(config)
     with rlnb.Session(config, name="given-back", engine=engine) as sess:
         # an interrupted step leaves its prompts taken from the loader, to go first
-        generating = threading.Event()
-
-        async def slow(request: GenerateRequest) -> None:
-            generating.set()
-            await asyncio.sleep(0.05)
-
-        engine.before_generate = slow
+        generating = engine.slow_down(0.05)
         with ctrl_c_once(generating):
             sess.step()
         assert sess.version == 0

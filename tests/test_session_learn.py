@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 import rlnb
-from rlnb.rollout import GenerateRequest
 from tests.helpers import HookedEngine, Hooks, Recorder, assert_same_metrics, ctrl_c_once, press_ctrl_c
 
 CONFIG = rlnb.Config(
@@ -59,13 +58,7 @@ def test_ctrl_c_once_the_async_batch_is_taken_finishes_the_update_and_sync_first
 def test_ctrl_c_while_rolling_out_changes_nothing() -> None:
     engine = HookedEngine(CONFIG, name="rlnb-learn-ctrl-c-rollout-engine")
     with rlnb.Session(CONFIG, name="learn-ctrl-c-rollout", engine=engine) as sess:
-        generating = threading.Event()
-
-        async def slow(request: GenerateRequest) -> None:
-            generating.set()
-            await asyncio.sleep(0.05)
-
-        engine.before_generate = slow
+        generating = engine.slow_down(0.05)
         with ctrl_c_once(generating):
             sess.step()
         assert sess.version == 0 and sess.statistics().engine.version == 0

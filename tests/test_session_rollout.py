@@ -6,7 +6,6 @@ pause/resume, errors that surface on the next call, Ctrl-C and close mid-generat
 
 from __future__ import annotations
 
-import asyncio
 import re
 import threading
 import time
@@ -166,17 +165,9 @@ def test_an_engine_failure_surfaces_chained_on_the_next_call_and_the_session_rec
 
 
 def test_ctrl_c_during_rollout_raises_keyboard_interrupt_and_the_session_stays_usable() -> None:
-    generating = threading.Event()
-
     engine = HookedEngine(CONFIG, name="rlnb-ctrl-c-engine")
     with rlnb.Session(CONFIG, name="ctrl-c", engine=engine) as sess:
-
-        async def slow(request: GenerateRequest) -> None:
-            generating.set()
-            await asyncio.sleep(0.2)  # the rollout is surely still running when Ctrl-C comes
-
-        engine.before_generate = slow
-
+        generating = engine.slow_down(0.2)  # the rollout is surely still running when Ctrl-C comes
         with ctrl_c_once(generating):
             sess.rollout(64)
         engine.before_generate = None
