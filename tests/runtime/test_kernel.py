@@ -163,7 +163,10 @@ def test_restart_closes_sessions_and_exits_gracefully(tmp_path: Path) -> None:
         assert km.provisioner is not None and km.provisioner.process.pid == pid
         stop_gracefully(km, log_file, restart=True)
         assert km.provisioner.process.pid != pid
-        assert ok(kc, "import rlnb; print(rlnb.sessions())").strip() == "[]"
+        # Read the answer from the reply, not from stdout: the client's IOPub socket may
+        # still be re-subscribing to the new kernel and miss its first messages.
+        reply = kc.execute_interactive("import rlnb", user_expressions={"live": "rlnb.sessions()"}, timeout=TIMEOUT)
+        assert reply["content"]["user_expressions"]["live"]["data"]["text/plain"] == "[]"
 
 
 def test_shutdown_closes_sessions_and_exits_gracefully(tmp_path: Path) -> None:
