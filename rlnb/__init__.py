@@ -28,6 +28,8 @@ from rlnb._errors import (
     LeakError,
     RlnbError,
     RolloutError,
+    TrainingError,
+    TrainingInterrupted,
     WeightSyncError,
 )
 from rlnb._samples import Group, PromptItem, RolloutBatch, Sample
@@ -81,6 +83,8 @@ __all__ = [
     "TrackConfig",
     "Tracker",
     "TrackerError",
+    "TrainingError",
+    "TrainingInterrupted",
     "WarmupConfig",
     "WeightSyncError",
     "close_all",

@@ -45,3 +45,16 @@ class WeightSyncError(RolloutError):
 
 class CheckpointError(RlnbError):
     """A checkpoint is missing, damaged, of another format, or does not fit the session."""
+
+
+class TrainingError(RlnbError, RuntimeError):
+    """Background training (``Session.start()``) failed; the cause is chained."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a training call safely; the message says what was kept and how
+    to go on. A notebook shows that one line instead of a traceback (IPython calls
+    ``_render_traceback_``); it is still a KeyboardInterrupt everywhere else."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"KeyboardInterrupt: {self}"]

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
+from rlnb import _reprs
 from rlnb.buffer import BufferStatistics
 from rlnb.rollout import EngineStatistics, RolloutStatistics
 
 __all__ = ["SessionStatistics"]
+
+# The metrics a reader looks for first; the rest follow in their own order.
+_FIRST_METRICS = ("reward_mean", "accuracy", "loss", "kl")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,3 +25,82 @@ class SessionStatistics:
     buffer: BufferStatistics
     rollout: RolloutStatistics
     engine: EngineStatistics
+
+    def _rows(self) -> list[tuple[str, list[str]]]:
+        rows = [("session", [f"{self.name!r}, {'closed' if self.closed else 'open'}"])]
+        training = getattr(self, "training", None)
+        if training is not None:
+            rows.append(("training", _training_lines(training)))
+        rows += [
+            ("rollouts", _rollout_lines(self.rollout)),
+            ("buffer", _buffer_lines(self.buffer)),
+            ("engine", _engine_lines(self.engine)),
+        ]
+        return rows
+
+    def __repr__(self) -> str:
+        return _reprs.text_block("SessionStatistics", self._rows())
+
+    def _repr_html_(self) -> str:
+        return _reprs.html_table("SessionStatistics", self._rows())
+
+
+def _training_lines(training: Any) -> list[str]:
+    rate = training.steps_per_s
+    head = [
+        "running" if training.running else "stopped",
+        f"step {training.step}",
+        *([f"{_reprs.number(rate)} steps/s"] if rate is not None else []),
+    ]
+    lines = [", ".join(head)]
+    metrics = _metrics(training.last_metrics)
+    if metrics:
+        lines.append(metrics)
+    if training.waiting:
+        lines.append(f"waiting: {_reprs.clip(training.waiting, 300)}")
+    if training.error:
+        lines.append(f"error: {_reprs.clip(training.error, 300)}")
+    return lines
+
+
+def _metrics(metrics: Mapping[str, float], limit: int = 5) -> str:
+    names = [m for m in _FIRST_METRICS if m in metrics] + [m for m in metrics if m not in _FIRST_METRICS]
+    shown = ", ".join(f"{m} {_reprs.number(metrics[m])}" for m in names[:limit])
+    return shown + (f", … and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _rollout_lines(r: RolloutStatistics) -> list[str]:
+    cancelled = getattr(r, "cancelled", None)
+    return [
+        f"{r.state}, {'dispatching' if r.dispatching else 'not dispatching'}, version {r.version}",
+        _reprs.pairs(
+            ("in flight", r.in_flight),
+            ("kept partial", r.kept_partial),
+            ("finished", r.finished),
+            ("failed", r.failed),
+            *([("cancelled", cancelled)] if cancelled is not None else []),
+        ),
+        _reprs.pairs(("retries", r.retries), ("continuations", r.continuations), ("truncated", r.truncated)),
+    ]
+
+
+def _buffer_lines(b: BufferStatistics) -> list[str]:
+    sizes = ", ".join(f"{p} {n} ({b.samples.get(p, 0)} samples)" for p, n in b.sizes.items())
+    lines = [
+        f"groups: {sizes or 'no partitions'}",
+        _reprs.pairs(("put", b.put), ("taken", b.taken), ("evicted stale", b.evicted_stale))
+        + f", capacity {b.capacity} per partition"
+        + (", closed" if b.closed else ""),
+    ]
+    if b.feeder_error:
+        lines.append(f"feeder error: {_reprs.clip(b.feeder_error, 300)}")
+    return lines
+
+
+def _engine_lines(e: EngineStatistics) -> list[str]:
+    paused = f"paused ({e.paused})" if e.paused else "not paused"
+    return [
+        f"version {e.version}, {paused}",
+        _reprs.pairs(("waiting", e.waiting), ("running", e.running), ("finished", e.finished), ("aborted", e.aborted))
+        + f"; {e.generated_tokens} tokens generated",
+    ]

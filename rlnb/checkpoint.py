@@ -249,7 +249,7 @@ def capture(
         "name": name,
         "config": config_to_dict(trainer.config),
         "step": learner.version,
-        "warmup_steps": trainer.warmup_steps,
+        "warmup_steps": trainer.warmup_stage.steps,
         "loader": trainer.bridge.run(loader_state()),
         "returned_prompts": [[i.prompt_id, i.prompt, i.answer] for i in rollouter.returned_prompts],
         "buffer": trainer.buffer.state_dict(),
@@ -261,9 +261,9 @@ def capture(
         "rng": {"torch": torch.get_rng_state()},
     }
     tensors["optimizer"], manifest["optimizer"] = flatten_optimizer(learner.optimizer.state_dict())
-    if trainer.warmup_optimizer is not None:
+    if trainer.warmup_stage.optimizer is not None:
         tensors["warmup_optimizer"], manifest["warmup_optimizer"] = flatten_optimizer(
-            trainer.warmup_optimizer.state_dict()
+            trainer.warmup_stage.optimizer.state_dict()
         )
     if learner.reference is not None:
         tensors["reference"] = learner.reference.state_dict()
@@ -315,7 +315,7 @@ def restore(trainer: Trainer, manifest: dict[str, Any], tensors: dict[str, Any],
     if "warmup_optimizer" in tensors:
         warmup_state = unflatten_optimizer(tensors["warmup_optimizer"], manifest["warmup_optimizer"])
     with mismatch("warm-up optimizer", root):
-        trainer.restore_warmup(int(manifest["warmup_steps"]), warmup_state)
+        trainer.warmup_stage.restore(int(manifest["warmup_steps"]), warmup_state)
     if learner.reference is not None:
         with mismatch("reference model", root):
             learner.reference.load_state_dict(tensors["reference"])

@@ -12,21 +12,21 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlnb import _assembly as parts
 from rlnb import checkpoint
 from rlnb._errors import ClosedError
-from rlnb._samples import RolloutBatch
+from rlnb._rollout_cells import RolloutCells
 from rlnb._statistics import SessionStatistics
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config
 from rlnb.data import Task, get_task
-from rlnb.rollout import Engine, PauseMode, Rollouter
+from rlnb.rollout import Engine, Rollouter
 from rlnb.runtime import AsyncBridge, register_session, replace_session, unregister_session
-from rlnb.track import Tracker, exit_code_for
+from rlnb.track import EXIT_SIGINT, Tracker, exit_code_for
 
 if TYPE_CHECKING:
     from rlnb.learn import Callback
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["Session", "SessionStatistics"]
 
 
-class Session:
+class Session(RolloutCells):
     """A training run you can drive one notebook cell at a time.
 
     ``Session(config, name=...)`` closes a live session of the same name first (so
@@ -127,6 +127,7 @@ class Session:
             name=self._name, callbacks=self._callbacks, restore=self._restore,
             sync=self._engine_given,
         )  # fmt: skip
+        self._own(self._trainer)  # closed first: a background run stops before its parts
 
     def _build_registry(self) -> None:
         register_session(self)
@@ -192,49 +193,6 @@ class Session:
             self._name, self._closed, self._buffer.statistics(), rollouter.statistics(), self._engine.statistics()
         )
 
-    # -- rollouts ---------------------------------------------------------------------
-
-    def rollout(self, n_groups: int = 1, *, timeout: float | None = None) -> RolloutBatch:
-        """Roll out ``n_groups`` new prompts now and return them (they do not go to the buffer).
-
-        Blocks until they finish (or ``timeout``). Raises :class:`~rlnb.RolloutError`
-        if rollouts are paused or a generation or reward failed after its retries.
-        """
-        return RolloutBatch(self._bridge.run(self._check().collect(n_groups), timeout=timeout))
-
-    def start_rollouts(self) -> None:
-        """Generate in the background into the buffer, within the dispatch budget. Idempotent."""
-        self._bridge.run(self._check().start())
-
-    def stop_rollouts(self) -> None:
-        """Stop dispatching new prompts; those in flight still finish into the buffer."""
-        self._bridge.run(self._check().stop())
-
-    def pause(self, mode: PauseMode | str = PauseMode.ABORT) -> None:
-        """Pause generation. ``"abort"`` (default) keeps every in-flight sample as a
-        partial rollout and continues it after :meth:`resume`; ``"keep"`` freezes the
-        engine in place; ``"wait"`` lets in-flight samples finish (:meth:`wait_paused`
-        waits for that). Blocks until paused, except in ``"wait"`` mode."""
-        self._bridge.run(self._check().pause(PauseMode(mode)))
-
-    def resume(self) -> None:
-        """Leave a pause: partial rollouts continue with their prefixes and dispatch goes on."""
-        self._bridge.run(self._check().resume())
-
-    def wait_paused(self, timeout: float | None = None) -> None:
-        """Block until a pause has taken effect; :class:`TimeoutError` after ``timeout`` s."""
-        self._bridge.run(self._check().wait_paused(), timeout=timeout)
-
-    def set_reward(self, reward_fn: Callable[[str, Any], float]) -> None:
-        """Use ``reward_fn(completion, answer) -> float`` from the next rollout on.
-
-        Completions already scored keep their rewards. Raises ``TypeError`` if it is
-        not callable.
-        """
-        if not callable(reward_fn):
-            raise TypeError(f"set_reward() takes a callable (completion, answer) -> float, not {reward_fn!r}")
-        self._bridge.run(self._check().set_reward_fn(lambda item, completion: reward_fn(completion, item.answer)))
-
     # -- learning ---------------------------------------------------------------------
 
     @property
@@ -256,14 +214,51 @@ class Session:
         self._check()
         return self._trainer.step(timeout=timeout)
 
-    def train(self, n_steps: int, *, progress: bool = True) -> list[dict[str, float]]:
-        """Run ``n_steps`` of :meth:`step` with a progress bar (terminal or notebook).
+    def train(
+        self, n_steps: int | None = None, *, until: int | None = None, progress: bool = True
+    ) -> list[dict[str, float]]:
+        """Run ``n_steps`` more steps, or steps until the policy version is ``until``,
+        with a progress bar (terminal or notebook); returns each step's metrics.
 
-        Ctrl-C stops after the current step is consistent; call ``train()`` again to
-        go on. Returns each step's metrics.
+        Ctrl-C stops once the step in progress is consistent and says so in one line
+        (:class:`~rlnb.TrainingInterrupted`); ``train(until=N)`` again goes on to N.
+        Every completed step is in :attr:`history`, an interrupted call's too.
         """
         self._check()
-        return self._trainer.train(n_steps, progress=progress)
+        return self._trainer.train(n_steps, until=until, progress=progress)
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        """Every completed step's metrics, oldest first (a copy)."""
+        return list(self._trainer.history)
+
+    @property
+    def training(self) -> bool:
+        """Whether training runs in the background (:meth:`start`)."""
+        return self._trainer.training
+
+    def start(self, steps: int | None = None) -> None:
+        """Train on the session's own thread and return at once: ``steps`` more steps,
+        or until :meth:`stop` (None). The kernel stays free: widgets, :meth:`pause`,
+        :meth:`resume` and other cells work meanwhile, and Ctrl-C in another cell does
+        not touch the run. A failure is raised, chained, at the next call on the
+        session. :meth:`step`, :meth:`train`, :meth:`warmup`, :meth:`evaluate` and
+        :meth:`save` raise until the run ends."""
+        self._check()
+        self._trainer.start(steps)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """End the background run at a step boundary and wait for it (a step that has
+        started its update completes; one still waiting trains nothing). Idempotent."""
+        self._check_open()
+        self._trainer.stop(timeout)
+        self._check()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the background run has taken its ``steps`` (or was stopped);
+        raises its failure. :class:`TimeoutError` after ``timeout`` s."""
+        self._check()
+        self._trainer.wait(timeout)
 
     def warmup(self, n_steps: int | None = None, *, progress: bool = True) -> list[dict[str, float]]:
         """Supervised warm-up: ``n_steps`` (``Config.warmup.steps`` by default) of
@@ -311,6 +306,7 @@ class Session:
         """Every public call starts here: closed sessions and background errors raise."""
         self._check_open()
         self._rollouter.raise_pending()
+        self._trainer.raise_pending()
         return self._rollouter
 
     def _check_open(self) -> None:
@@ -332,6 +328,8 @@ class Session:
             if self._closed:
                 return
             self._closed = True
+        if exit_code == 0 and self._trainer.training:
+            exit_code = EXIT_SIGINT  # the run was cut short, as by Ctrl-C
         self._exit_code = exit_code
         self._deadline = time.monotonic() + (self._config.close_timeout if timeout is None else timeout)
         self._stack.close()
@@ -343,7 +341,10 @@ class Session:
         self.close(exit_code=exit_code_for(exc))
 
     def __repr__(self) -> str:
-        return f"<rlnb.Session {self._name!r} {'closed' if self._closed else 'open'}>"
+        if self._closed:
+            return f"<rlnb.Session {self._name!r} closed (tracker exit code {self._exit_code})>"
+        state = "training in the background" if self._trainer.training else "idle"
+        return f"<rlnb.Session {self._name!r} open: step {self.version}, {self._config.mode} mode, {state}>"
 
     def __getstate__(self) -> Any:
         raise TypeError("a Session owns threads, loops and files and cannot be pickled")

@@ -10,5 +10,5 @@ fi
 # The constraints file pins the CPU build of torch for this machine (and CI) without
 # narrowing what users of the package may install.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check \
-    -c .ci/constraints.txt -e ".[dev,ray]" 2>&1 | grep -v "^WARNING: Location" || true
+    -c .ci/constraints.txt -e ".[dev,ray,notebook]" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import rlnb, torch; print(f'rlnb {rlnb.__version__} ready (torch {torch.__version__})')"

@@ -58,9 +58,9 @@ def cause_chain(error: BaseException) -> list[BaseException]:
 
 
 def assert_counts_add_up(s: RolloutStatistics) -> None:
-    """Every dispatched sample is finished, kept partial, failed or in flight."""
-    assert s.dispatched == s.finished + s.kept_partial + s.failed + s.in_flight, s
-    assert min(s.finished, s.kept_partial, s.failed, s.in_flight) >= 0, s
+    """Every dispatched sample is finished, kept partial, failed, cancelled or in flight."""
+    assert s.dispatched == s.finished + s.kept_partial + s.failed + s.cancelled + s.in_flight, s
+    assert min(s.finished, s.kept_partial, s.failed, s.cancelled, s.in_flight) >= 0, s
 
 
 # Timing figures differ from run to run. The rest match up to float rounding: the

@@ -15,6 +15,7 @@ LAYERS = {
     "rlnb._errors": 0,
     "rlnb._checks": 0,
     "rlnb._samples": 0,
+    "rlnb._reprs": 0,
     "rlnb.runtime": 1,
     "rlnb.probe": 1,
     "rlnb.testing": 1,

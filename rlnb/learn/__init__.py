@@ -5,7 +5,8 @@ from rlnb.config import LearnConfig
 from rlnb.learn._learner import Learner, TrainBatch, collate
 from rlnb.learn._loss import LossTerms, grpo_advantages, policy_loss
 from rlnb.learn._progress import progress_bar
-from rlnb.learn._trainer import Callback, Trainer
+from rlnb.learn._trainer import Callback, Trainer, TrainingStatistics
+from rlnb.learn._warmup import Warmup
 
 __all__ = [
     "Callback",
@@ -14,6 +15,8 @@ __all__ = [
     "LossTerms",
     "TrainBatch",
     "Trainer",
+    "TrainingStatistics",
+    "Warmup",
     "collate",
     "grpo_advantages",
     "policy_loss",

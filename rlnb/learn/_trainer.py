@@ -1,37 +1,39 @@
 """The ``Trainer``: the step loop, and the transaction around update and weight sync.
 
 It drives parts it is given (a learner, a rollouter, a buffer, the bridge their
-coroutines run on and a tracker) and owns none of them: the session builds and
-closes them. It is the one place where training happens, from a cell (``step``,
-``train``, ``warmup``, ``evaluate``) or, later, from a background thread.
+coroutines run on and a tracker) and owns none of them but its background thread:
+the session builds and closes them. Training happens here, from a cell (``step``,
+``train``) or on the trainer's own thread (``start``/``stop``/``wait``).
 
-A step has two phases. Before the update, nothing has changed: an exception or a
-Ctrl-C there keeps the batch (in sync mode its prompts go first next time, rolled
-out again with the same seeds; in async mode it goes back to the buffer). From the
-update on, the optimizer step and the weight sync are all-or-nothing with respect
-to Ctrl-C: the interrupt is held back and raised once both are done.
+A step has two phases. Before the update, nothing has changed: an exception, a
+Ctrl-C or a background ``stop()`` there keeps the batch (in sync mode its prompts
+go first next time, rolled out again with the same seeds; in async mode it goes
+back to the buffer). From the update on, the optimizer step and the weight sync
+are all-or-nothing: a Ctrl-C is held back and raised once both are done.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+from rlnb._errors import TrainingInterrupted
 from rlnb._samples import Group
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config
 from rlnb.data import Task
+from rlnb.learn._background import BackgroundRun
 from rlnb.learn._learner import Learner
 from rlnb.learn._progress import progress_bar
-from rlnb.rollout import PauseMode, Rollouter
+from rlnb.learn._warmup import Warmup
+from rlnb.rollout import PauseMode, Rollouter, RolloutState
 from rlnb.runtime import AsyncBridge, Deferred, defer_interrupts
 
-__all__ = ["Callback", "Trainer"]
-
-# The warm-up draws its prompts from a stream of its own, apart from training's.
-WARMUP_SEED_OFFSET = 1_000_000
+__all__ = ["Callback", "Trainer", "TrainingStatistics"]
 
 
 class _Tracker(Protocol):
@@ -41,11 +43,12 @@ class _Tracker(Protocol):
 class Callback:
     """Hooks into every training step; override the ones you need (each does nothing).
 
-    They run on the thread that runs the step, inside its phases (see
-    :class:`Trainer`): ``on_batch`` before the update, ``on_step_end`` inside the
-    all-or-nothing part, after the update and the weight sync. An exception raised
-    in ``on_batch`` ends the step with nothing trained and the batch kept; one
-    raised in ``on_step_end`` reaches the caller after the step is complete.
+    They run on the thread that runs the step (the trainer's own in the
+    background), inside its phases: ``on_batch`` before the update, ``on_step_end``
+    inside the all-or-nothing part, after the update and the weight sync. An
+    exception raised in ``on_batch`` ends the step with nothing trained and the
+    batch kept; one raised in ``on_step_end`` reaches the caller after the step is
+    complete.
     """
 
     def on_batch(self, groups: Sequence[Group]) -> None:
@@ -55,13 +58,30 @@ class Callback:
         """The step is complete: updated, synced to the engine and logged."""
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainingStatistics:
+    """A snapshot of training: ``running`` in the background or not, the policy
+    version (``step``), the steps/s of the current or last background run, the last
+    step's metrics, what a step is waiting for (None when it is not), and a
+    background failure not yet raised."""
+
+    running: bool
+    step: int
+    steps_per_s: float | None
+    last_metrics: Mapping[str, float]
+    waiting: str | None
+    error: str | None
+
+
 class Trainer:
     """Runs training steps on the parts it is given; see the module docstring.
 
     ``config`` supplies the mode, the batch size (``rollout.groups_per_step``), the
     async step timeout and the warm-up settings; ``task`` the warm-up and held-out
-    prompts. ``callbacks`` is a list you may change between calls. Not thread-safe:
-    one caller at a time.
+    prompts. ``callbacks`` is a list you may change between steps. ``history``
+    holds every completed step's metrics, interrupted calls' included. One
+    foreground call at a time; while a background run goes, the calls that train
+    raise an error that says to ``stop()`` it.
     """
 
     def __init__(
@@ -86,9 +106,10 @@ class Trainer:
         self.config = config
         self.name = name
         self.callbacks: list[Callback] = list(callbacks)
-        self._warmup_opt: Any = None  # made by the first warm-up step
-        self._warmup_steps = 0
-        self._warmup_prompts = self._warmup_stream()
+        self.history: list[dict[str, float]] = []
+        self.warmup_stage = Warmup(learner, task, config)
+        self._phase: str | None = None  # what the current step waits for
+        self._run: BackgroundRun | None = None
 
     @property
     def version(self) -> int:
@@ -101,16 +122,32 @@ class Trainer:
         """One training step in the config's mode; returns its metrics. Blocks.
 
         ``timeout`` bounds the sync rollout, or the async wait for a batch
-        (``Config.step_timeout`` when None)."""
-        if self.config.mode == "sync":
-            return self._sync_step(timeout)
-        return self._async_step(self.config.step_timeout if timeout is None else timeout)
+        (``Config.step_timeout`` when None). Ctrl-C raises
+        :class:`~rlnb.TrainingInterrupted`, which says what was kept."""
+        self._check_idle("step()")
+        with self._explained_interrupts("step()"):
+            return self._step(timeout, None)
 
-    def _sync_step(self, timeout: float | None) -> dict[str, float]:
+    def _step(self, timeout: float | None, cancel: threading.Event | None) -> dict[str, float]:
+        try:
+            if self.config.mode == "sync":
+                return self._sync_step(timeout, cancel)
+            return self._async_step(self.config.step_timeout if timeout is None else timeout, cancel)
+        finally:
+            self._phase = None
+
+    def _sync_step(self, timeout: float | None, cancel: threading.Event | None) -> dict[str, float]:
         rollouter, before = self.rollouter, self.learner.version
         groups: list[Group] = []
+        if cancel is not None:  # in the background a pause is waited out, not an error
+            self._phase = "rollouts are paused: resume() them"
+            while rollouter.state is not RolloutState.RUNNING:
+                if cancel.wait(0.02):
+                    raise _cancelled()
         try:
-            self.bridge.run(rollouter.collect(self.config.rollout.groups_per_step, into=groups), timeout=timeout)
+            self._phase = "rolling out"
+            collect = rollouter.collect(self.config.rollout.groups_per_step, into=groups)
+            self.bridge.run(collect, timeout=timeout, cancel=cancel)
             self._call("on_batch", groups)
             with defer_interrupts():
                 return self._update(groups)
@@ -121,11 +158,11 @@ class Trainer:
                 self.bridge.run(rollouter.give_back_collected())
             raise
 
-    def _async_step(self, timeout: float) -> dict[str, float]:
+    def _async_step(self, timeout: float | None, cancel: threading.Event | None) -> dict[str, float]:
         before = self.learner.version
         self.bridge.run(self.rollouter.start())
         with defer_interrupts() as deferred:
-            groups = self._take_batch(deferred, timeout)
+            groups = self._take_batch(deferred, timeout, cancel)
             try:
                 self._call("on_batch", groups)
                 return self._update(groups)
@@ -134,33 +171,42 @@ class Trainer:
                     self.buffer.put_back(groups)
                 raise
 
-    def _take_batch(self, deferred: Deferred, timeout: float) -> list[Group]:
-        """The async step's batch, waited for with SIGINT held back: a Ctrl-C while
-        waiting raises at once with nothing taken; once taken, the step completes."""
+    def _take_batch(self, deferred: Deferred, timeout: float | None, cancel: threading.Event | None) -> list[Group]:
+        """The async step's batch, waited for with SIGINT held back: a Ctrl-C (or a
+        background stop) while waiting raises at once with nothing taken; once
+        taken, the step completes. The background waits without a deadline."""
         n, rollouter = self.config.rollout.groups_per_step, self.rollouter
-        deadline = time.monotonic() + timeout
+        deadline = None if cancel is not None or timeout is None else time.monotonic() + timeout
+        self._phase = "waiting for a batch"
         while True:
             if deferred.interrupted:
                 raise KeyboardInterrupt("interrupted while waiting for a batch; nothing was taken")
+            if cancel is not None and cancel.is_set():
+                raise _cancelled()
             rollouter.raise_pending()
-            remaining = deadline - time.monotonic()
+            remaining = 0.05 if deadline is None else deadline - time.monotonic()
             try:
                 return self.buffer.get(n, timeout=max(0.0, min(0.05, remaining)))
             except TimeoutError as exc:
-                if remaining <= 0.05:
-                    stats = rollouter.statistics()
-                    raise TimeoutError(
-                        f"step() waited {timeout} s for {n} groups from the buffer; it holds {len(self.buffer)}, "
-                        f"{stats.in_flight} samples are in flight and rollouts are {stats.state.lower()}"
-                        f"{'' if stats.dispatching else ' (not dispatching)'}: resume() paused rollouts, or raise "
-                        "Config.step_timeout"
-                    ) from exc
+                if remaining <= 0.05 and deadline is not None:
+                    raise self._batch_timeout(n, timeout) from exc
+
+    def _batch_timeout(self, n: int, timeout: float | None) -> TimeoutError:
+        stats = self.rollouter.statistics()
+        return TimeoutError(
+            f"step() waited {timeout} s for {n} groups from the buffer; it holds {len(self.buffer)}, "
+            f"{stats.in_flight} samples are in flight and rollouts are {stats.state.lower()}"
+            f"{'' if stats.dispatching else ' (not dispatching)'}: resume() paused rollouts, or raise "
+            "Config.step_timeout"
+        )
 
     def _update(self, groups: list[Group]) -> dict[str, float]:
         """Update on ``groups``, then the weight-sync transaction (callers defer SIGINT)."""
+        self._phase = "updating"
         metrics = self.learner.step(groups)
         self.sync_weights()
         self.buffer.set_version(self.learner.version)
+        self.history.append(metrics)
         self.tracker.log(metrics, step=self.learner.version)
         self._call("on_step_end", metrics)
         return metrics
@@ -176,82 +222,64 @@ class Trainer:
         for callback in list(self.callbacks):
             getattr(callback, hook)(arg)
 
-    # -- loops and stages -------------------------------------------------------------------
+    # -- in a cell ----------------------------------------------------------------------------
 
-    def train(self, n_steps: int, *, progress: bool = True) -> list[dict[str, float]]:
-        """``n_steps`` of :meth:`step` with a progress bar; returns each step's metrics."""
-        if not isinstance(n_steps, int) or isinstance(n_steps, bool) or n_steps < 1:
-            raise ValueError(f"train(n_steps={n_steps!r}): use a positive int")
+    def train(
+        self, n_steps: int | None = None, *, until: int | None = None, progress: bool = True
+    ) -> list[dict[str, float]]:
+        """``n_steps`` more steps, or steps until the policy version is ``until``, with
+        a progress bar; returns each step's metrics (all of them are in ``history``).
+        Ctrl-C raises :class:`~rlnb.TrainingInterrupted`, which says how to go on."""
+        self._check_idle("train()")
+        target = _target(n_steps, until, self.version)
+        call = f"train(until={target})"
         history: list[dict[str, float]] = []
-        with progress_bar(n_steps, f"rlnb {self.name}", progress) as bar:
-            for _ in range(n_steps):
-                metrics = self.step()
-                history.append(metrics)
-                bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
-                bar.update(1)
+        with progress_bar(target - self.version, f"rlnb {self.name}", progress) as bar:
+            with self._explained_interrupts(call, bar=bar, counted=lambda: len(history)):
+                while self.version < target:
+                    metrics = self._step(None, None)
+                    history.append(metrics)
+                    bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
+                    bar.update(1)
         return history
 
-    @property
-    def warmup_steps(self) -> int:
-        """Supervised warm-up steps taken so far."""
-        return self._warmup_steps
-
-    def restore_warmup(self, steps: int, optimizer_state: dict[str, Any] | None) -> None:
-        """Go on from a checkpoint's warm-up: its step count and its optimiser's state."""
-        self._warmup_steps = steps
-        self._warmup_prompts = self._warmup_stream()
-        if optimizer_state is not None:
-            self._warmup_optimizer().load_state_dict(optimizer_state)
-
-    def _warmup_stream(self) -> Iterator[Any]:
-        """The warm-up's own prompt stream, from where ``warmup_steps`` steps left it."""
-        start = self._warmup_steps * self.config.warmup.batch_size
-        return self.task.prompts(self.config.seed + WARMUP_SEED_OFFSET, start=start)
-
-    @property
-    def warmup_optimizer(self) -> Any:
-        """The warm-up's own AdamW, or None before the first warm-up."""
-        return self._warmup_opt
-
-    def _warmup_optimizer(self) -> Any:
-        import torch
-
-        if self._warmup_opt is None:
-            self._warmup_opt = torch.optim.AdamW(self.learner.policy.parameters(), lr=self.config.warmup.lr)
-        return self._warmup_opt
+    @contextlib.contextmanager
+    def _explained_interrupts(
+        self, call: str, *, bar: Any = None, counted: Callable[[], int] = lambda: 0
+    ) -> Iterator[None]:
+        """Turn Ctrl-C into a one-line :class:`TrainingInterrupted` that says whether
+        the step in progress completed, and how to go on. ``counted()``: the steps
+        the caller has already accounted for (and shown on ``bar``)."""
+        before = self.version
+        try:
+            yield
+        except KeyboardInterrupt:
+            completed = self.version - before > counted()  # the update ran; the interrupt waited for it
+            if completed and bar is not None:
+                bar.update(1)
+            done = (
+                "the step in progress was completed (updated and synced)"
+                if completed
+                else "nothing of the step in progress was trained (its batch is kept)"
+            )
+            raise TrainingInterrupted(
+                f"rlnb stopped at step {self.version}: {done}; call {call} again to go on"
+            ) from None
 
     def warmup(self, n_steps: int | None = None, *, progress: bool = True) -> list[dict[str, float]]:
         """Supervised warm-up (see ``Session.warmup``); the weights go to the engine after."""
-        cfg = self.config.warmup
-        n_steps = cfg.steps if n_steps is None else n_steps
-        if not isinstance(n_steps, int) or isinstance(n_steps, bool) or n_steps < 0:
-            raise ValueError(f"warmup(n_steps={n_steps!r}): use an int >= 0")
-        optimizer = self._warmup_optimizer()
-        history: list[dict[str, float]] = []
-        try:
-            with progress_bar(n_steps, f"rlnb {self.name} warm-up", progress) as bar:
-                for _ in range(n_steps):
-                    items = [next(self._warmup_prompts) for _ in range(cfg.batch_size)]
-                    with defer_interrupts():
-                        metrics = self.learner.supervised_step(
-                            [(item.prompt, str(item.answer)) for item in items], optimizer
-                        )
-                        self._warmup_steps += 1
-                    history.append(metrics)
-                    bar.set_postfix(loss=f"{metrics['sft_loss']:.3f}")
-                    bar.update(1)
-        finally:
-            if history:
-                with defer_interrupts():
-                    self.sync_weights()
-                    self.tracker.log(
-                        {"warmup/steps": float(self._warmup_steps), "warmup/sft_loss": history[-1]["sft_loss"]},
-                        step=self.learner.version,
-                    )
-        return history
+        self._check_idle("warmup()")
+        return self.warmup_stage.run(
+            n_steps,
+            sync=self.sync_weights,
+            log=lambda metrics: self.tracker.log(metrics, step=self.learner.version),
+            progress=progress,
+            name=self.name,
+        )
 
     def evaluate(self, n_prompts: int = 200, *, seed: int = 12345) -> float:
         """Greedy exact-match accuracy on ``n_prompts`` held-out prompts of the task. Blocks."""
+        self._check_idle("evaluate()")
         items = self.task.eval_set(n_prompts, seed=seed)
         max_new = self.config.rollout.max_new_tokens or self.task.max_new_tokens
         results = self.bridge.run(self.rollouter.evaluate(items, max_new_tokens=max_new))
@@ -263,6 +291,7 @@ class Trainer:
     def quiesced(self) -> Iterator[None]:
         """Nothing generating inside: dispatch stopped and in-flight groups finished
         into the buffer (kept partial rollouts too); afterwards rollouts are as they were."""
+        self._check_idle("save()")
         rollouter, run = self.rollouter, self.bridge.run
         was_dispatching, was_state = rollouter.dispatching, rollouter.state
         run(rollouter.stop())
@@ -272,7 +301,88 @@ class Trainer:
         try:
             yield
         finally:
-            if was_state.value == "running":
+            if was_state is RolloutState.RUNNING:
                 run(rollouter.resume())
             if was_dispatching:
                 run(rollouter.start())
+
+    # -- in the background ------------------------------------------------------------------
+
+    @property
+    def training(self) -> bool:
+        """Whether a background run is going."""
+        return self._run is not None and self._run.running
+
+    def start(self, steps: int | None = None) -> None:
+        """Train on the trainer's own thread until ``steps`` more steps are done (None:
+        until :meth:`stop`); returns at once. Raises ``RuntimeError`` if a run is going."""
+        if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+            raise ValueError(f"start(steps={steps!r}): use a positive int, or None to train until stop()")
+        self._check_idle("start()")
+        self.raise_pending()
+        self._run = BackgroundRun(lambda cancel: self._step(None, cancel), steps=steps, name=f"rlnb-{self.name}-train")
+        self._run.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """End the background run at a step boundary (a step that has started its update
+        completes; one still waiting trains nothing) and wait for it. Idempotent.
+        Raises ``TimeoutError`` if it has not ended after ``timeout`` s."""
+        if self._run is not None and not self._run.stop(timeout):
+            raise TimeoutError(f"the background run did not stop within {timeout} s; it stops after its step")
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the background run ends (its ``steps`` are done, or it was
+        stopped); raise its failure, if any. ``TimeoutError`` after ``timeout`` s."""
+        if self._run is not None and not self._run.wait_ended(timeout):
+            raise TimeoutError(f"the background run is still training after {timeout} s")
+        self.raise_pending()
+
+    def raise_pending(self) -> None:
+        """Raise a background failure not yet reported, once, as :class:`~rlnb.TrainingError`."""
+        if self._run is not None:
+            self._run.raise_error()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop a background run (waiting up to ``timeout`` s); idempotent."""
+        if self._run is not None:
+            self._run.stop(timeout)
+
+    def _check_idle(self, call: str) -> None:
+        if self.training:
+            raise RuntimeError(
+                f"{call} cannot run while training goes on in the background: call stop() first "
+                "(or wait() for it to finish)"
+            )
+
+    def statistics(self) -> TrainingStatistics:
+        """A frozen snapshot of training; does not block."""
+        run = self._run
+        waiting = self._phase if self.training and self._phase != "updating" else None
+        if waiting is not None and self.rollouter.state is not RolloutState.RUNNING:
+            waiting = "rollouts are paused: resume() them"
+        return TrainingStatistics(
+            running=self.training,
+            step=self.version,
+            steps_per_s=None if run is None else run.steps_per_s,
+            last_metrics=dict(self.history[-1]) if self.history else {},
+            waiting=waiting,
+            error=None if run is None or run.error is None else repr(run.error),
+        )
+
+
+def _target(n_steps: int | None, until: int | None, version: int) -> int:
+    if (n_steps is None) == (until is None):
+        raise ValueError("train() takes n_steps (that many more steps) or until= (a policy version), one of them")
+    if n_steps is not None:
+        if not isinstance(n_steps, int) or isinstance(n_steps, bool) or n_steps < 1:
+            raise ValueError(f"train(n_steps={n_steps!r}): use a positive int")
+        return version + n_steps
+    if not isinstance(until, int) or isinstance(until, bool) or until < 0:
+        raise ValueError(f"train(until={until!r}): use a policy version, an int >= 0")
+    return max(until, version)
+
+
+def _cancelled() -> BaseException:
+    import asyncio
+
+    return asyncio.CancelledError("stopped before the update; nothing was trained")

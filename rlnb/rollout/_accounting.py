@@ -1,15 +1,27 @@
-"""What the rollouter counts: live counters, capacity tickets and the frozen snapshot.
+"""What the rollouter counts: live counters, each group's ticket and the frozen snapshot.
 
-Every dispatched sample is in exactly one of: in flight, kept partial, finished or
-failed; the counters move a sample from one to another without an await between.
+Every dispatched sample is in exactly one of: in flight, kept partial, finished,
+failed or cancelled; the counters move a sample from one to another without an
+await between. A sample fails only if its generation or reward really failed; one
+that was cancelled (Ctrl-C during collect(), close) or whose engine or rollouter
+closed under it counts as cancelled: nothing went wrong, its prompt is rolled out
+again or the run is over.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
-__all__ = ["Counters", "RolloutStatistics", "Ticket"]
+from rlnb._errors import ClosedError
+
+__all__ = ["Counters", "RolloutStatistics", "Ticket", "is_cancellation"]
+
+
+def is_cancellation(error: BaseException) -> bool:
+    """Whether ``error`` ended work that did not fail: it was cancelled, or what it ran on closed."""
+    return isinstance(error, (asyncio.CancelledError, ClosedError))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,7 +30,10 @@ class RolloutStatistics:
 
     Every dispatched sample is in exactly one of: ``in_flight`` (generating or
     queued), ``kept_partial`` (aborted by a pause, waiting to continue),
-    ``finished`` or ``failed``.
+    ``finished``, ``failed`` (its generation or reward failed after its retries) or
+    ``cancelled`` (cancelled by Ctrl-C or close before it finished; nothing failed).
+    A group failed if one of its samples failed, and was cancelled if it ended
+    unfinished otherwise.
     """
 
     state: str
@@ -29,12 +44,14 @@ class RolloutStatistics:
     kept_partial: int
     finished: int
     failed: int
+    cancelled: int
     continuations: int
     truncated: int
     retries: int
     groups_dispatched: int
     groups_finished: int
     groups_failed: int
+    groups_cancelled: int
     last_resume_to_dispatch_ms: float | None
 
 
@@ -48,12 +65,14 @@ class Counters:
     kept_partial: int = 0
     finished: int = 0
     failed: int = 0
+    cancelled: int = 0
     continuations: int = 0
     truncated: int = 0
     retries: int = 0
     groups_dispatched: int = 0
     groups_finished: int = 0
     groups_failed: int = 0
+    groups_cancelled: int = 0
     generating: int = 0  # engine.generate calls outstanding (the WAIT drain waits for 0)
     ungrouped: int = 0  # samples done generating whose group has not been put yet
     putting: int = 0  # finished groups waiting for room in the buffer
@@ -74,38 +93,72 @@ class Counters:
             kept_partial=self.kept_partial,
             finished=self.finished,
             failed=self.failed,
+            cancelled=self.cancelled,
             continuations=self.continuations,
             truncated=self.truncated,
             retries=self.retries,
             groups_dispatched=self.groups_dispatched,
             groups_finished=self.groups_finished,
             groups_failed=self.groups_failed,
+            groups_cancelled=self.groups_cancelled,
             last_resume_to_dispatch_ms=last_resume_to_dispatch_ms,
         )
 
 
 @dataclasses.dataclass
 class Ticket:
-    """A dispatched group's hold on ``capacity``: one permit per sample, each given
-    back exactly once, by its sample or, for samples that never ran, by ``settle_rest``."""
+    """A dispatched group's accounts: its hold on ``capacity`` (one permit per sample,
+    each given back exactly once, by its sample or, for samples that never ran, by
+    ``settle_rest``), how each of its samples ended, and how the group ended (counted once)."""
 
     samples: int
     capacity: asyncio.Semaphore
     counters: Counters
     settled: int = 0
+    failed: int = 0  # samples of this group that really failed
+    ungrouped: int = 0  # its finished samples counted in ``counters.ungrouped``
+    ended: bool = False  # the group is counted as finished, failed or cancelled
 
-    def settle_one(self) -> None:
-        """A sample has ended (finished or failed): it leaves the in-flight count."""
+    def end_sample(self, error: BaseException | None) -> None:
+        """A sample has ended, finished (``error`` None), cancelled or failed: it leaves
+        the in-flight count and gives back its permit."""
+        counts = self.counters
+        if error is None:
+            counts.finished += 1
+            counts.ungrouped += 1
+            self.ungrouped += 1
+        elif is_cancellation(error):
+            counts.cancelled += 1
+        else:
+            counts.failed += 1
+            self.failed += 1
         self.settled += 1
-        self.counters.in_flight -= 1
+        counts.in_flight -= 1
         self.capacity.release()
 
-    def settle_rest(self) -> None:
-        """The group has ended: samples cancelled before they ran (Ctrl-C during
-        collect(), close) still owe their capacity and count as failed."""
-        missing = self.samples - self.settled
-        for _ in range(missing):
-            self.capacity.release()
-        self.counters.in_flight -= missing
-        self.counters.failed += missing
-        self.settled = self.samples
+    def grouped(self) -> None:
+        """The group's finished samples have reached its end (put, returned or dropped)."""
+        self.counters.ungrouped -= self.ungrouped
+        self.ungrouped = 0
+
+    def end_group(self, error: BaseException | None) -> None:
+        """Count the group once: finished (``error`` None), failed if one of its samples
+        (or the group itself) really failed, cancelled otherwise. Later calls change nothing."""
+        if self.ended:
+            return
+        self.ended = True
+        if error is None:
+            self.counters.groups_finished += 1
+        elif self.failed or not is_cancellation(error):
+            self.counters.groups_failed += 1
+        else:
+            self.counters.groups_cancelled += 1
+
+    def settle_rest(self, task: asyncio.Future[Any]) -> None:
+        """The group's ``task`` is done: samples that never ran still owe their capacity.
+        They were cancelled with the group (Ctrl-C during collect(), close) unless the
+        group itself failed before starting them; the group is counted if it was not."""
+        error = asyncio.CancelledError() if task.cancelled() else task.exception()
+        for _ in range(self.samples - self.settled):
+            self.end_sample(error if error is not None else asyncio.CancelledError())
+        self.end_group(error)

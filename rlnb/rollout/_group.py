@@ -14,7 +14,7 @@ from collections.abc import Callable
 from rlnb._errors import BufferFull, ClosedError, RolloutError
 from rlnb._samples import Group, PromptItem, Sample
 from rlnb.buffer import ReplayBuffer
-from rlnb.rollout._accounting import Counters, Ticket
+from rlnb.rollout._accounting import Counters, Ticket, is_cancellation
 from rlnb.rollout._engine import Engine, GenerateRequest, GenerateResult, SamplingParams
 from rlnb.rollout._state import StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor
@@ -64,31 +64,39 @@ class GroupRunner:
     async def run(self, item: PromptItem, ticket: Ticket, *, to_buffer: bool) -> Group | None:
         """The group for ``item``, put in the buffer too when ``to_buffer``. A failed
         group raises when not ``to_buffer`` (collect() reports it); otherwise its
-        failure is reported to ``tasks`` and the result is None."""
+        failure is reported to ``tasks`` and the result is None. Counts the group on
+        ``ticket`` (a group cancelled before its end is counted by ``settle_rest``)."""
         prompt_ids = tuple(self._encode(item.prompt))
         base_seed = self._seed * 1_000_003 + item.prompt_id * 1009
         coros = [self._run_sample(item, prompt_ids, i, base_seed + i, ticket) for i in range(self._group_size)]
-        results = await asyncio.gather(*coros, return_exceptions=True)
         try:
-            for result in results:
-                if isinstance(result, asyncio.CancelledError):
-                    raise result
-            failures = [r for r in results if isinstance(r, BaseException)]
-            if failures:
-                self._counts.groups_failed += 1
-                if not to_buffer:
-                    raise failures[0]  # collect() raises it to its caller
-                self._tasks.report(failures[0])  # reported at the next call, counted now
-                return None
-            samples = tuple(r for r in results if isinstance(r, Sample))
-            group = Group(prompt=item.prompt, samples=samples, prompt_id=item.prompt_id)
-            self._counts.groups_finished += 1
-            if to_buffer:
+            results = await asyncio.gather(*coros, return_exceptions=True)
+            group = self._end_group(item, results, ticket, to_buffer=to_buffer)
+            if group is not None and to_buffer:
                 await self._put(group)
             return group
-        finally:
-            self._counts.ungrouped -= sum(isinstance(r, Sample) for r in results)
+        finally:  # also when cancelled mid-group: its finished samples must not hold up a WAIT drain
+            ticket.grouped()
             await self._machine.notify_if_drained()
+
+    def _end_group(
+        self, item: PromptItem, results: list[Sample | BaseException], ticket: Ticket, *, to_buffer: bool
+    ) -> Group | None:
+        """The group of ``results``, counted on ``ticket``; or its first real failure
+        (else its cancellation), raised or reported as ``run`` says."""
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            failures = [e for e in errors if not is_cancellation(e)]
+            error = failures[0] if failures else errors[0]
+            ticket.end_group(error)
+            if isinstance(error, asyncio.CancelledError) or not to_buffer:
+                raise error  # collect() raises a failure to its caller
+            if failures:
+                self._tasks.report(error)  # reported at the next call, counted now
+            return None
+        samples = tuple(r for r in results if isinstance(r, Sample))
+        ticket.end_group(None)
+        return Group(prompt=item.prompt, samples=samples, prompt_id=item.prompt_id)
 
     async def _put(self, group: Group) -> None:
         try:
@@ -109,6 +117,7 @@ class GroupRunner:
         versions: list[int] = []
         continuations = 0
         finish = "aborted"
+        error: BaseException | None = None
         try:
             while True:
                 result = await self._generate_with_retries(item, prompt_ids, index, seed, tokens, continuations)
@@ -126,12 +135,10 @@ class GroupRunner:
                 await self._keep_partial()
             completion = self._decode(tokens)
             reward = self.reward(item, completion)
-        except BaseException:
-            self._counts.failed += 1
+        except BaseException as exc:
+            error = exc  # a failure, or a cancellation (Ctrl-C, close): the ticket tells them apart
             raise
         else:
-            self._counts.finished += 1
-            self._counts.ungrouped += 1
             return Sample(
                 prompt=item.prompt,
                 completion=completion,
@@ -143,7 +150,7 @@ class GroupRunner:
                 resumed=continuations,
             )
         finally:
-            ticket.settle_one()
+            ticket.end_sample(error)
             await self._machine.notify_if_drained()
 
     async def _keep_partial(self) -> None:

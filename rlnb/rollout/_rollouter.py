@@ -216,7 +216,7 @@ class Rollouter:
             name=f"rlnb-group-{item.prompt_id}",
             report=to_buffer,  # collect() raises its groups' failures itself
         )
-        task.add_done_callback(lambda _task: ticket.settle_rest())
+        task.add_done_callback(ticket.settle_rest)
         if not to_buffer:
             self._items[task] = item
         return task

@@ -145,15 +145,23 @@ class AsyncBridge:
             self._calls[fut] = None
             loop.call_soon_threadsafe(self._start_call, coro, fut, ctx)
 
-    def run(self, coro: Coroutine[Any, Any, T], /, *, timeout: float | None = None) -> T:
+    def run(
+        self,
+        coro: Coroutine[Any, Any, T],
+        /,
+        *,
+        timeout: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> T:
         """Run ``coro`` on the bridge loop and block until it returns its result.
 
         Raises whatever the coroutine raises; :class:`TimeoutError` after ``timeout``
         seconds; :class:`~rlnb.BridgeReentryError` when called from the bridge's own
         loop thread (``await`` the coroutine there instead); :class:`~rlnb.ClosedError`
-        when the bridge is or becomes closed. On timeout or KeyboardInterrupt the
-        coroutine is cancelled (and given a moment to clean up) before the error
-        propagates.
+        when the bridge is or becomes closed; ``asyncio.CancelledError`` once the
+        ``cancel`` event is set (another thread's way to stop the call). On timeout,
+        KeyboardInterrupt or ``cancel`` the coroutine is cancelled (and given a
+        moment to clean up) before the error propagates.
         """
         if self._in_loop_thread():
             coro.close()
@@ -167,7 +175,10 @@ class AsyncBridge:
         # Ctrl-C may land on any bytecode: from here on every path cancels the call.
         try:
             self._schedule(coro, fut)
-            return _result_in_slices(fut, timeout)
+            return _result_in_slices(fut, timeout, cancel)
+        except _CancelRequested:
+            self._cancel_call(fut, coro)
+            raise asyncio.CancelledError(f"the call on bridge {self._name!r} was cancelled by request") from None
         except concurrent.futures.TimeoutError:
             if fut.done():  # the coroutine itself raised TimeoutError
                 raise
@@ -382,15 +393,25 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _result_in_slices(fut: concurrent.futures.Future[T], timeout: float | None) -> T:
-    """``fut.result(timeout)``, waiting at most ``_WAIT_SLICE`` seconds at a time (see there)."""
+class _CancelRequested(Exception):
+    """The ``cancel`` event of a :meth:`AsyncBridge.run` was set while it waited."""
+
+
+def _result_in_slices(
+    fut: concurrent.futures.Future[T], timeout: float | None, cancel: threading.Event | None = None
+) -> T:
+    """``fut.result(timeout)``, waiting at most ``_WAIT_SLICE`` seconds at a time (see
+    there), and a fifth of that when ``cancel`` must be noticed soon."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    step = _WAIT_SLICE if cancel is None else _WAIT_SLICE / 5
     while True:
-        wait = _WAIT_SLICE if deadline is None else min(_WAIT_SLICE, max(0.0, deadline - time.monotonic()))
+        wait = step if deadline is None else min(step, max(0.0, deadline - time.monotonic()))
         try:
             return fut.result(wait)
         except concurrent.futures.TimeoutError:
             if fut.done():  # finished meanwhile, or raised TimeoutError itself
                 return fut.result()
+            if cancel is not None and cancel.is_set():
+                raise _CancelRequested from None
             if deadline is not None and time.monotonic() >= deadline:
                 raise

@@ -9,10 +9,11 @@ import dataclasses
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import psutil
 
+from rlnb import _reprs
 from rlnb.runtime import _bridge
 
 __all__ = ["ChildInfo", "Snapshot", "open_runs", "register_run", "snapshot", "unregister_run"]
@@ -91,6 +92,50 @@ class Snapshot:
             "runs": [run for run in self.runs if run not in before.runs],
         }
         return {kind: items for kind, items in found.items() if items}
+
+    def _rows(self) -> list[tuple[str, list[str]]]:
+        kinds = {
+            "fds": (self.num_fds, _fd_kinds(self.fds.values())),
+            "threads": (self.num_threads, _reprs.name_list(self.threads.values())),
+            "children": (
+                self.num_children,
+                _reprs.name_list(f"{c.pid} {c.name}" for c in sorted(self.children, key=lambda c: c.pid)),
+            ),
+            "loops": (len(self.loops), _reprs.name_list(self.loops)),
+            "runs": (len(self.runs), _reprs.name_list(self.runs)),
+        }
+        width = max(len(str(count)) for count, _ in kinds.values())
+        return [
+            (kind, [f"{count:>{width}}: {names}" if names else f"{count:>{width}}"])
+            for kind, (count, names) in kinds.items()
+        ]
+
+    def __repr__(self) -> str:
+        return _reprs.text_block("probe.Snapshot", self._rows())
+
+    def _repr_html_(self) -> str:
+        return _reprs.html_table("probe.Snapshot", self._rows())
+
+
+def _fd_kinds(targets: Iterable[str]) -> str:
+    """What the FDs point at, by kind: "9 files, 6 pipes, 4 sockets"."""
+    counts: dict[str, int] = {}
+    for target in targets:
+        if target.startswith("/dev/"):
+            kind = "device"
+        elif target.startswith("/"):
+            kind = "file"
+        elif target.startswith(("pipe:", "socket:")):
+            kind = target.split(":", 1)[0]
+        elif target.startswith("anon_inode:"):
+            kind = "anon inode"
+        elif target == "?":  # the platform lets us count FDs but not look at them
+            continue
+        else:
+            kind = "other"
+        counts[kind] = counts.get(kind, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{n} {kind}{'' if n == 1 else 's'}" for kind, n in ranked)
 
 
 def _open_fds() -> dict[int, str]:

@@ -89,10 +89,9 @@ async def make_rollouter(
     **kwargs: Any,
 ) -> AsyncIterator[tuple[Rollouter, ReplayBuffer]]:
     kwargs.setdefault("sampling", NO_LENGTH_CUT)
+    kwargs.setdefault("encode", encode)
     buffer = ReplayBuffer(buffer_capacity)
-    rollouter = Rollouter(
-        engine, prompts=prompt_stream(), encode=encode, decode=decode, reward_fn=reward_fn, buffer=buffer, **kwargs
-    )
+    rollouter = Rollouter(engine, prompts=prompt_stream(), decode=decode, reward_fn=reward_fn, buffer=buffer, **kwargs)
     try:
         yield rollouter, buffer
     finally:

@@ -169,7 +169,7 @@ def test_retries_count_only_attempts_that_are_retried() -> None:
 # -- 6. counting invariant ----------------------------------------------------------------
 
 
-def test_every_dispatched_sample_is_finished_kept_failed_or_in_flight_at_all_times() -> None:
+def test_every_dispatched_sample_is_finished_kept_failed_cancelled_or_in_flight_at_all_times() -> None:
     def lengths(request: GenerateRequest) -> int:
         prompt, sample, _, _ = parse_id(request.request_id)
         return 2 + (prompt * 7 + sample * 3) % 11
@@ -192,7 +192,7 @@ def test_every_dispatched_sample_is_finished_kept_failed_or_in_flight_at_all_tim
                 nonlocal checks
                 while True:
                     s = r.statistics()
-                    if s.dispatched != s.finished + s.kept_partial + s.failed + s.in_flight:
+                    if s.dispatched != s.finished + s.kept_partial + s.failed + s.cancelled + s.in_flight:
                         violations.append(s)
                     checks += 1
                     await asyncio.sleep(0)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 import threading
@@ -104,3 +105,64 @@ def test_no_leaks_waits_out_a_child_that_is_exiting() -> None:
 
 def test_the_no_leaks_fixture_is_available_to_any_test(no_leaks: object) -> None:
     assert isinstance(no_leaks, rlnb.probe.Snapshot)
+
+
+def test_a_snapshot_reads_as_a_few_short_lines_counts_first() -> None:
+    stop = threading.Event()
+    threads = [threading.Thread(target=stop.wait, name=f"repr-worker-{i}-with-a-longish-name") for i in range(12)]
+    for thread in threads:
+        thread.start()
+    try:
+        snap = snapshot()
+        text = repr(snap)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+    lines = text.splitlines()
+    assert 3 <= len(lines) <= 10, text
+    assert all(len(line) < 100 for line in lines), text
+    for kind, count in [("fds", snap.num_fds), ("threads", snap.num_threads), ("children", snap.num_children)]:
+        assert re.search(rf"^\s*{kind}\s+{count}\b", text, re.MULTILINE), (kind, text)
+    assert "MainThread" in text
+    # 13 threads do not fit on a line: the rest are counted, not listed
+    assert re.search(r"… and \d+ more", text), text
+    assert sum(line.count("repr-worker-") for line in lines) < 12
+
+
+def test_a_snapshot_names_children_loops_and_runs() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    owner = object()
+    register_run(owner, "jsonl:repr-run")
+    try:
+        with rlnb.AsyncBridge(name="repr-bridge") as bridge:
+
+            async def noop() -> None:
+                return None
+
+            bridge.run(noop())  # the loop starts on first use
+            text = repr(snapshot())
+    finally:
+        unregister_run(owner)
+        child.kill()
+        child.wait()
+    assert re.search(rf"children\s+1: {child.pid} \S", text), text
+    assert re.search(r"loops\s+1: repr-bridge", text), text
+    assert re.search(r"runs\s+1: jsonl:repr-run", text), text
+
+
+def test_a_snapshot_renders_as_an_html_table_that_escapes_names() -> None:
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="<b>bold</b>")
+    thread.start()
+    try:
+        page = snapshot()._repr_html_()
+    finally:
+        stop.set()
+        thread.join()
+    assert page.startswith("<table>") and page.endswith("</table>")
+    assert "&lt;b&gt;bold&lt;/b&gt;" in page
+    assert "<b>" not in page
+    for kind in ("fds", "threads", "children", "loops", "runs"):
+        assert f">{kind}</th>" in page

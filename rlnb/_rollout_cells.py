@@ -1,0 +1,66 @@
+"""The session's rollout cells: look at rollouts, generate in the background, pause
+and resume, swap the reward. A part of :class:`~rlnb.Session`, kept apart so that
+``session.py`` stays the composition root and its training cells."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rlnb._samples import RolloutBatch
+from rlnb.rollout import PauseMode, Rollouter
+from rlnb.runtime import AsyncBridge
+
+__all__ = ["RolloutCells"]
+
+
+class RolloutCells:
+    """Rollout methods of :class:`~rlnb.Session`, which provides ``_bridge`` and
+    ``_check()`` (every public call starts there: closed sessions and background
+    errors raise)."""
+
+    _bridge: AsyncBridge
+
+    def _check(self) -> Rollouter:
+        raise NotImplementedError  # the session's
+
+    def rollout(self, n_groups: int = 1, *, timeout: float | None = None) -> RolloutBatch:
+        """Roll out ``n_groups`` new prompts now and return them (they do not go to the buffer).
+
+        Blocks until they finish (or ``timeout``). Raises :class:`~rlnb.RolloutError`
+        if rollouts are paused or a generation or reward failed after its retries.
+        """
+        return RolloutBatch(self._bridge.run(self._check().collect(n_groups), timeout=timeout))
+
+    def start_rollouts(self) -> None:
+        """Generate in the background into the buffer, within the dispatch budget. Idempotent."""
+        self._bridge.run(self._check().start())
+
+    def stop_rollouts(self) -> None:
+        """Stop dispatching new prompts; those in flight still finish into the buffer."""
+        self._bridge.run(self._check().stop())
+
+    def pause(self, mode: PauseMode | str = PauseMode.ABORT) -> None:
+        """Pause generation. ``"abort"`` (default) keeps every in-flight sample as a
+        partial rollout and continues it after :meth:`resume`; ``"keep"`` freezes the
+        engine in place; ``"wait"`` lets in-flight samples finish (:meth:`wait_paused`
+        waits for that). Blocks until paused, except in ``"wait"`` mode."""
+        self._bridge.run(self._check().pause(PauseMode(mode)))
+
+    def resume(self) -> None:
+        """Leave a pause: partial rollouts continue with their prefixes and dispatch goes on."""
+        self._bridge.run(self._check().resume())
+
+    def wait_paused(self, timeout: float | None = None) -> None:
+        """Block until a pause has taken effect; :class:`TimeoutError` after ``timeout`` s."""
+        self._bridge.run(self._check().wait_paused(), timeout=timeout)
+
+    def set_reward(self, reward_fn: Callable[[str, Any], float]) -> None:
+        """Use ``reward_fn(completion, answer) -> float`` from the next rollout on.
+
+        Completions already scored keep their rewards. Raises ``TypeError`` if it is
+        not callable.
+        """
+        if not callable(reward_fn):
+            raise TypeError(f"set_reward() takes a callable (completion, answer) -> float, not {reward_fn!r}")
+        self._bridge.run(self._check().set_reward_fn(lambda item, completion: reward_fn(completion, item.answer)))

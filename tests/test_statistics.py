@@ -1,0 +1,105 @@
+"""SessionStatistics reads as a short block of text and a small HTML table."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+
+import pytest
+
+import rlnb
+from rlnb._statistics import SessionStatistics
+
+CONFIG = rlnb.Config(
+    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+    data=rlnb.DataConfig(num_workers=0),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+    """What a session's training snapshot offers the repr."""
+
+    running: bool
+    step: int
+    steps_per_s: float | None
+    last_metrics: Mapping[str, float]
+    waiting: str | None
+    error: str | None
+
+
+@pytest.fixture
+def stats() -> SessionStatistics:
+    with rlnb.Session(CONFIG, name="repr") as sess:
+        sess.rollout(1)
+        return sess.statistics()  # a frozen snapshot: it outlives the session
+
+
+def with_training(stats: SessionStatistics, training: Training) -> SessionStatistics:
+    # Sets the attribute whether or not SessionStatistics has a ``training`` field yet.
+    copy = dataclasses.replace(stats)
+    object.__setattr__(copy, "training", training)
+    return copy
+
+
+def assert_readable(text: str) -> list[str]:
+    lines = text.splitlines()
+    assert 5 <= len(lines) <= 20, text
+    assert all(len(line) < 100 for line in lines), text
+    return lines
+
+
+def test_statistics_read_as_short_lines_with_the_counts(stats: SessionStatistics) -> None:
+    text = repr(stats)
+    assert_readable(text)
+    for section in ("session", "rollouts", "buffer", "engine"):
+        assert re.search(rf"^\s*{section}\s", text, re.MULTILINE), (section, text)
+    assert "'repr', open" in text
+    assert f"finished {stats.rollout.finished}" in text and stats.rollout.finished > 0
+    assert f"put {stats.buffer.put}" in text
+    assert f"capacity {stats.buffer.capacity}" in text
+    assert f"{stats.engine.generated_tokens} tokens generated" in text
+    assert "training" not in text or getattr(stats, "training", None) is not None
+
+
+def test_a_training_section_shows_step_rate_metrics_waiting_and_error(stats: SessionStatistics) -> None:
+    metrics = {f"extra_{i}": float(i) for i in range(10)} | {"accuracy": 0.25, "reward_mean": 0.4375}
+    training = Training(
+        running=True,
+        step=12,
+        steps_per_s=3.14159,
+        last_metrics=metrics,
+        waiting="for rollouts <version 3>",
+        error="RuntimeError: " + "x" * 300 + "\nTraceback line",
+    )
+    text = repr(with_training(stats, training))
+    assert_readable(text)
+    assert re.search(r"^\s*training\s+running, step 12, 3.142 steps/s", text, re.MULTILINE), text
+    assert "reward_mean 0.4375, accuracy 0.25" in text  # the metrics a reader looks for come first
+    assert "… and" in text  # not all twelve metrics
+    assert "waiting: for rollouts <version 3>" in text
+    assert "error: RuntimeError: xxx" in text and "Traceback" not in text
+
+    page = with_training(stats, training)._repr_html_()
+    assert "&lt;version 3&gt;" in page and "<version" not in page
+
+
+def test_a_stopped_training_without_rate_or_metrics_is_one_line(stats: SessionStatistics) -> None:
+    text = repr(with_training(stats, Training(False, 0, None, {}, None, None)))
+    training_lines = [line for line in text.splitlines() if "step 0" in line]
+    assert len(training_lines) == 1 and "stopped" in training_lines[0] and "steps/s" not in text, text
+
+
+def test_cancelled_rollouts_show_when_the_rollout_snapshot_counts_them(stats: SessionStatistics) -> None:
+    rollout = dataclasses.replace(stats.rollout)
+    object.__setattr__(rollout, "cancelled", 7)
+    assert "cancelled 7" in repr(dataclasses.replace(stats, rollout=rollout))
+
+
+def test_statistics_render_as_an_html_table(stats: SessionStatistics) -> None:
+    page = stats._repr_html_()
+    assert page.startswith("<table>") and page.endswith("</table>")
+    for section in ("session", "rollouts", "buffer", "engine"):
+        assert f">{section}</th>" in page
+    assert "&#x27;repr&#x27;" in page  # the quoted name, escaped
