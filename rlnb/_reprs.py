@@ -73,7 +73,7 @@ def html_table(title: str, rows: Rows) -> str:
     """The rows as a ``<table>`` with ``title`` as its caption, every value escaped."""
     left = ' style="text-align:left"'
     body = "".join(
-        f"<tr><th{left}>{html.escape(label)}</th><td{left}>{'<br>'.join(html.escape(line) for line in lines)}</td></tr>"
+        f"<tr><th{left}>{html.escape(label)}</th><td{left}>{'<br>'.join(map(html.escape, lines))}</td></tr>"
         for label, lines in rows
     )
     return f"<table><caption{left}>{html.escape(title)}</caption><tbody>{body}</tbody></table>"

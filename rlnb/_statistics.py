@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlnb import _reprs
 from rlnb.buffer import BufferStatistics
 from rlnb.rollout import EngineStatistics, RolloutStatistics
+
+if TYPE_CHECKING:
+    from rlnb.learn import TrainingStatistics  # torch: not at `import rlnb`
 
 __all__ = ["SessionStatistics"]
 
@@ -18,19 +21,19 @@ _FIRST_METRICS = ("reward_mean", "accuracy", "loss", "kl")
 
 @dataclasses.dataclass(frozen=True)
 class SessionStatistics:
-    """A snapshot of a session and its parts."""
+    """A snapshot of a session and its parts: training (background run, step,
+    steps/s, last metrics, what a step waits for), rollouts, buffer and engine."""
 
     name: str
     closed: bool
     buffer: BufferStatistics
     rollout: RolloutStatistics
     engine: EngineStatistics
+    training: TrainingStatistics
 
     def _rows(self) -> list[tuple[str, list[str]]]:
         rows = [("session", [f"{self.name!r}, {'closed' if self.closed else 'open'}"])]
-        training = getattr(self, "training", None)
-        if training is not None:
-            rows.append(("training", _training_lines(training)))
+        rows.append(("training", _training_lines(self.training)))
         rows += [
             ("rollouts", _rollout_lines(self.rollout)),
             ("buffer", _buffer_lines(self.buffer)),

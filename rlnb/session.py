@@ -189,9 +189,8 @@ class Session(RolloutCells):
 
         Like every public call, raises a background failure not yet reported (once)."""
         rollouter = self._check()
-        return SessionStatistics(
-            self._name, self._closed, self._buffer.statistics(), rollouter.statistics(), self._engine.statistics()
-        )
+        parts = (self._buffer.statistics(), rollouter.statistics(), self._engine.statistics())
+        return SessionStatistics(self._name, self._closed, *parts, self._trainer.statistics())
 
     # -- learning ---------------------------------------------------------------------
 

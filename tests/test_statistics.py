@@ -4,29 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
 
 import pytest
 
 import rlnb
 from rlnb._statistics import SessionStatistics
+from rlnb.learn import TrainingStatistics
 
 CONFIG = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
     data=rlnb.DataConfig(num_workers=0),
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Training:
-    """What a session's training snapshot offers the repr."""
-
-    running: bool
-    step: int
-    steps_per_s: float | None
-    last_metrics: Mapping[str, float]
-    waiting: str | None
-    error: str | None
 
 
 @pytest.fixture
@@ -36,11 +24,8 @@ def stats() -> SessionStatistics:
         return sess.statistics()  # a frozen snapshot: it outlives the session
 
 
-def with_training(stats: SessionStatistics, training: Training) -> SessionStatistics:
-    # Sets the attribute whether or not SessionStatistics has a ``training`` field yet.
-    copy = dataclasses.replace(stats)
-    object.__setattr__(copy, "training", training)
-    return copy
+def with_training(stats: SessionStatistics, training: TrainingStatistics) -> SessionStatistics:
+    return dataclasses.replace(stats, training=training)
 
 
 def assert_readable(text: str) -> list[str]:
@@ -60,12 +45,12 @@ def test_statistics_read_as_short_lines_with_the_counts(stats: SessionStatistics
     assert f"put {stats.buffer.put}" in text
     assert f"capacity {stats.buffer.capacity}" in text
     assert f"{stats.engine.generated_tokens} tokens generated" in text
-    assert "training" not in text or getattr(stats, "training", None) is not None
+    assert re.search(r"^\s*training\s+stopped, step 0", text, re.MULTILINE), text
 
 
 def test_a_training_section_shows_step_rate_metrics_waiting_and_error(stats: SessionStatistics) -> None:
     metrics = {f"extra_{i}": float(i) for i in range(10)} | {"accuracy": 0.25, "reward_mean": 0.4375}
-    training = Training(
+    training = TrainingStatistics(
         running=True,
         step=12,
         steps_per_s=3.14159,
@@ -86,14 +71,13 @@ def test_a_training_section_shows_step_rate_metrics_waiting_and_error(stats: Ses
 
 
 def test_a_stopped_training_without_rate_or_metrics_is_one_line(stats: SessionStatistics) -> None:
-    text = repr(with_training(stats, Training(False, 0, None, {}, None, None)))
+    text = repr(with_training(stats, TrainingStatistics(False, 0, None, {}, None, None)))
     training_lines = [line for line in text.splitlines() if "step 0" in line]
     assert len(training_lines) == 1 and "stopped" in training_lines[0] and "steps/s" not in text, text
 
 
 def test_cancelled_rollouts_show_when_the_rollout_snapshot_counts_them(stats: SessionStatistics) -> None:
-    rollout = dataclasses.replace(stats.rollout)
-    object.__setattr__(rollout, "cancelled", 7)
+    rollout = dataclasses.replace(stats.rollout, cancelled=7)
     assert "cancelled 7" in repr(dataclasses.replace(stats, rollout=rollout))
 
 

@@ -123,6 +123,25 @@ def test_timeout_cancels_the_coroutine(bridge: AsyncBridge) -> None:
     assert events == ["finally"]
 
 
+def test_a_cancel_event_set_from_another_thread_cancels_the_coroutine(bridge: AsyncBridge) -> None:
+    started, cleaned, cancel = threading.Event(), threading.Event(), threading.Event()
+
+    async def wait_forever() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        finally:
+            cleaned.set()
+
+    stopper = threading.Thread(target=lambda: started.wait(10) and cancel.set())
+    stopper.start()
+    with pytest.raises(asyncio.CancelledError, match="cancelled by request"):
+        bridge.run(wait_forever(), cancel=cancel)
+    stopper.join()
+    assert cleaned.is_set()  # the coroutine ran its cleanup before run() returned
+    assert bridge.run(add(1, 1), cancel=threading.Event()) == 2  # an unset event changes nothing
+
+
 def test_a_timeout_error_raised_by_the_coroutine_is_not_mistaken_for_ours(bridge: AsyncBridge) -> None:
     async def raises_timeout() -> None:
         raise TimeoutError("the coroutine's own")
