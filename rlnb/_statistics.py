@@ -73,7 +73,6 @@ def _metrics(metrics: Mapping[str, float], limit: int = 5) -> str:
 
 
 def _rollout_lines(r: RolloutStatistics) -> list[str]:
-    cancelled = getattr(r, "cancelled", None)
     return [
         f"{r.state}, {'dispatching' if r.dispatching else 'not dispatching'}, version {r.version}",
         _reprs.pairs(
@@ -81,7 +80,7 @@ def _rollout_lines(r: RolloutStatistics) -> list[str]:
             ("kept partial", r.kept_partial),
             ("finished", r.finished),
             ("failed", r.failed),
-            *([("cancelled", cancelled)] if cancelled is not None else []),
+            ("cancelled", r.cancelled),
         ),
         _reprs.pairs(("retries", r.retries), ("continuations", r.continuations), ("truncated", r.truncated)),
     ]

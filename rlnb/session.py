@@ -12,7 +12,8 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,11 +22,20 @@ from rlnb import checkpoint
 from rlnb._errors import ClosedError
 from rlnb._rollout_cells import RolloutCells
 from rlnb._statistics import SessionStatistics
+from rlnb._training_cells import TrainingCells
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config
 from rlnb.data import Task, get_task
 from rlnb.rollout import Engine, Rollouter
-from rlnb.runtime import AsyncBridge, register_session, replace_session, unregister_session
+from rlnb.runtime import (
+    AsyncBridge,
+    Snapshot,
+    make_view,
+    register_session,
+    replace_session,
+    snapshot,
+    unregister_session,
+)
 from rlnb.track import EXIT_SIGINT, Tracker, exit_code_for
 
 if TYPE_CHECKING:
@@ -34,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["Session", "SessionStatistics"]
 
 
-class Session(RolloutCells):
+class Session(RolloutCells, TrainingCells):
     """A training run you can drive one notebook cell at a time.
 
     ``Session(config, name=...)`` closes a live session of the same name first (so
@@ -68,6 +78,8 @@ class Session(RolloutCells):
         self._stack = contextlib.ExitStack()
         self._closed, self._exit_code = False, 0
         self._deadline: float | None = None
+        self._on_close: list[tuple[Callable[..., object], tuple[Any, ...]]] = []
+        self._stack.callback(self._closed_callbacks)  # registered first: runs after every part is closed
         try:
             self._config = parts.check_session_args(config, name, engine)
             self._engine: Any = engine
@@ -79,6 +91,7 @@ class Session(RolloutCells):
             self._task: Task = get_task(self._config.task)
             self._tokenizer, self._model = parts.model_shape(self._config, self._task)
             replace_session(name)
+            self._baseline = snapshot()  # what the process held before this session built anything
             for stage in self._STAGES:
                 getattr(self, f"_build_{stage}")()
         except BaseException:
@@ -184,6 +197,31 @@ class Session(RolloutCells):
         """The :class:`~rlnb.learn.Callback` objects called at each step; add or remove freely."""
         return self._trainer.callbacks
 
+    @property
+    def baseline(self) -> Snapshot:
+        """The process's :func:`rlnb.probe.snapshot` from before this session built anything."""
+        return self._baseline
+
+    def dashboard(self) -> Any:
+        """This session's dashboard widget (one per session; :mod:`rlnb.notebook`)."""
+        self._check_open()
+        return make_view("dashboard", self)
+
+    def on_close(self, fn: Callable[..., object], *args: Any) -> None:
+        """Call ``fn(*args)`` once this session has closed every part (at once if it is
+        closed already); a failure there is warned about, never raised."""
+        if self._closed:
+            fn(*args)
+        else:
+            self._on_close.append((fn, args))
+
+    def _closed_callbacks(self) -> None:
+        for fn, args in self._on_close:
+            try:
+                fn(*args)
+            except Exception as exc:
+                warnings.warn(f"rlnb: a close callback of session {self._name!r} failed: {exc!r}", stacklevel=1)
+
     def statistics(self) -> SessionStatistics:
         """A frozen snapshot of the session's figures: buffer, rollouter and engine.
 
@@ -191,89 +229,6 @@ class Session(RolloutCells):
         rollouter = self._check()
         parts = (self._buffer.statistics(), rollouter.statistics(), self._engine.statistics())
         return SessionStatistics(self._name, self._closed, *parts, self._trainer.statistics())
-
-    # -- learning ---------------------------------------------------------------------
-
-    @property
-    def version(self) -> int:
-        """The learner's policy version: the number of steps taken."""
-        return self._trainer.version
-
-    def step(self, *, timeout: float | None = None) -> dict[str, float]:
-        """One training step; returns its metrics. Blocks.
-
-        ``mode="sync"``: roll out ``groups_per_step`` fresh groups with the current
-        policy, update on them and sync the new weights to the engine. ``"async"``:
-        take them from the buffer (background rollouts start on the first call),
-        waiting at most ``timeout`` s (``Config.step_timeout``), then update and sync.
-        Ctrl-C is safe at any point (see :class:`~rlnb.learn.Trainer`): before the
-        update nothing changes; once it has started, the update and the weight sync
-        finish first and the interrupt is raised after.
-        """
-        self._check()
-        return self._trainer.step(timeout=timeout)
-
-    def train(
-        self, n_steps: int | None = None, *, until: int | None = None, progress: bool = True
-    ) -> list[dict[str, float]]:
-        """Run ``n_steps`` more steps, or steps until the policy version is ``until``,
-        with a progress bar (terminal or notebook); returns each step's metrics.
-
-        Ctrl-C stops once the step in progress is consistent and says so in one line
-        (:class:`~rlnb.TrainingInterrupted`); ``train(until=N)`` again goes on to N.
-        Every completed step is in :attr:`history`, an interrupted call's too.
-        """
-        self._check()
-        return self._trainer.train(n_steps, until=until, progress=progress)
-
-    @property
-    def history(self) -> list[dict[str, float]]:
-        """Every completed step's metrics, oldest first (a copy)."""
-        return list(self._trainer.history)
-
-    @property
-    def training(self) -> bool:
-        """Whether training runs in the background (:meth:`start`)."""
-        return self._trainer.training
-
-    def start(self, steps: int | None = None) -> None:
-        """Train on the session's own thread and return at once: ``steps`` more steps,
-        or until :meth:`stop` (None). The kernel stays free: widgets, :meth:`pause`,
-        :meth:`resume` and other cells work meanwhile, and Ctrl-C in another cell does
-        not touch the run. A failure is raised, chained, at the next call on the
-        session. :meth:`step`, :meth:`train`, :meth:`warmup`, :meth:`evaluate` and
-        :meth:`save` raise until the run ends."""
-        self._check()
-        self._trainer.start(steps)
-
-    def stop(self, timeout: float | None = None) -> None:
-        """End the background run at a step boundary and wait for it (a step that has
-        started its update completes; one still waiting trains nothing). Idempotent."""
-        self._check_open()
-        self._trainer.stop(timeout)
-        self._check()
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until the background run has taken its ``steps`` (or was stopped);
-        raises its failure. :class:`TimeoutError` after ``timeout`` s."""
-        self._check()
-        self._trainer.wait(timeout)
-
-    def warmup(self, n_steps: int | None = None, *, progress: bool = True) -> list[dict[str, float]]:
-        """Supervised warm-up: ``n_steps`` (``Config.warmup.steps`` by default) of
-        teacher-forced cross-entropy on the task's answers, then the weights go to the
-        engine. It is a stage of its own, before RL; the policy version stays put.
-
-        The task's answers must be the completion text (true of the built-in tasks).
-        Ctrl-C stops after the current step and the engine still gets the weights.
-        """
-        self._check()
-        return self._trainer.warmup(n_steps, progress=progress)
-
-    def evaluate(self, n_prompts: int = 200, *, seed: int = 12345) -> float:
-        """Greedy exact-match accuracy on ``n_prompts`` held-out prompts of the task. Blocks."""
-        self._check()
-        return self._trainer.evaluate(n_prompts, seed=seed)
 
     # -- checkpoints ------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ LAYERS = {
     "rlnb._statistics": 7,
     "rlnb.session": 8,
     "rlnb._rollout_cells": 8,
+    "rlnb._training_cells": 8,
     "rlnb.notebook": 9,
     "rlnb._run": 10,
     "rlnb.cli": 10,

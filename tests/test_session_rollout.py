@@ -175,7 +175,11 @@ def test_ctrl_c_during_rollout_raises_keyboard_interrupt_and_the_session_stays_u
         assert [t.is_alive() for t in engine_threads("ctrl-c")] == [True]
         batch = sess.rollout(2)
         assert len(batch) == 2 and all(len(g.samples) == CONFIG.rollout.group_size for g in batch)
-        assert_counts_add_up(sess.statistics().rollout)
+        stats = sess.statistics().rollout
+        assert_counts_add_up(stats)
+        # The interrupted samples were cancelled (their prompts go again), not failed.
+        assert stats.cancelled > 0 and stats.groups_cancelled > 0
+        assert stats.failed == 0 and stats.groups_failed == 0
 
 
 def test_pause_wait_drains_even_with_more_samples_in_flight_than_engine_slots() -> None:

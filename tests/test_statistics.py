@@ -76,7 +76,7 @@ def test_a_stopped_training_without_rate_or_metrics_is_one_line(stats: SessionSt
     assert len(training_lines) == 1 and "stopped" in training_lines[0] and "steps/s" not in text, text
 
 
-def test_cancelled_rollouts_show_when_the_rollout_snapshot_counts_them(stats: SessionStatistics) -> None:
+def test_cancelled_rollouts_show_apart_from_failed_ones(stats: SessionStatistics) -> None:
     rollout = dataclasses.replace(stats.rollout, cancelled=7)
     assert "cancelled 7" in repr(dataclasses.replace(stats, rollout=rollout))
 

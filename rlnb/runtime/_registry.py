@@ -23,7 +23,16 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol
 
-__all__ = ["close_all", "lookup_session", "register_session", "replace_session", "sessions", "unregister_session"]
+__all__ = [
+    "close_all",
+    "lookup_session",
+    "make_view",
+    "register_session",
+    "register_view",
+    "replace_session",
+    "sessions",
+    "unregister_session",
+]
 
 log = logging.getLogger("rlnb")
 
@@ -72,6 +81,25 @@ def replace_session(name: str) -> None:
     if previous is not None:
         previous.close()
         print(f"rlnb: closed the earlier session {name!r} before making its replacement", file=sys.stderr)
+
+
+# Views of a session made by the layer above it (the notebook's dashboard): the
+# session asks for them by name without importing that layer.
+_VIEWS: dict[str, Callable[[Any], Any]] = {}
+
+
+def register_view(name: str, factory: Callable[[Any], Any]) -> None:
+    """Make ``factory(session)`` the view called ``name`` (``Session.dashboard()`` asks for "dashboard")."""
+    _VIEWS[name] = factory
+
+
+def make_view(name: str, session: Any) -> Any:
+    """The view ``name`` of ``session``; ``LookupError`` naming the known views if none is registered."""
+    try:
+        factory = _VIEWS[name]
+    except KeyError:
+        raise LookupError(f"no {name!r} view is registered (known: {sorted(_VIEWS)}); import rlnb.notebook") from None
+    return factory(session)
 
 
 def sessions() -> list[Any]:

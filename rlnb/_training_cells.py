@@ -1,0 +1,108 @@
+"""The session's training cells: step, train, warm up, evaluate, and train in the
+background. A part of :class:`~rlnb.Session`, which delegates them to its
+:class:`~rlnb.learn.Trainer`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rlnb.rollout import Rollouter
+
+if TYPE_CHECKING:
+    from rlnb.learn import Trainer
+
+__all__ = ["TrainingCells"]
+
+
+class TrainingCells:
+    """Training methods of :class:`~rlnb.Session`, which provides ``_trainer``,
+    ``_check()`` and ``_check_open()``."""
+
+    _trainer: Trainer
+
+    def _check(self) -> Rollouter:
+        raise NotImplementedError  # the session's
+
+    def _check_open(self) -> None:
+        raise NotImplementedError  # the session's
+
+    @property
+    def version(self) -> int:
+        """The learner's policy version: the number of steps taken."""
+        return self._trainer.version
+
+    def step(self, *, timeout: float | None = None) -> dict[str, float]:
+        """One training step; returns its metrics. Blocks.
+
+        ``mode="sync"``: roll out ``groups_per_step`` fresh groups with the current
+        policy, update on them and sync the new weights to the engine. ``"async"``:
+        take them from the buffer (background rollouts start on the first call),
+        waiting at most ``timeout`` s (``Config.step_timeout``), then update and sync.
+        Ctrl-C is safe at any point (see :class:`~rlnb.learn.Trainer`): before the
+        update nothing changes; once it has started, the update and the weight sync
+        finish first and the interrupt is raised after.
+        """
+        self._check()
+        return self._trainer.step(timeout=timeout)
+
+    def train(
+        self, n_steps: int | None = None, *, until: int | None = None, progress: bool = True
+    ) -> list[dict[str, float]]:
+        """Run ``n_steps`` more steps, or steps until the policy version is ``until``,
+        with a progress bar (terminal or notebook); returns each step's metrics.
+
+        Ctrl-C stops once the step in progress is consistent and says so in one line
+        (:class:`~rlnb.TrainingInterrupted`); ``train(until=N)`` again goes on to N.
+        Every completed step is in :attr:`history`, an interrupted call's too.
+        """
+        self._check()
+        return self._trainer.train(n_steps, until=until, progress=progress)
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        """Every completed step's metrics, oldest first (a copy)."""
+        return list(self._trainer.history)
+
+    @property
+    def training(self) -> bool:
+        """Whether training runs in the background (:meth:`start`)."""
+        return self._trainer.training
+
+    def start(self, steps: int | None = None) -> None:
+        """Train on the session's own thread and return at once: ``steps`` more steps,
+        or until :meth:`stop` (None). The kernel stays free: widgets, :meth:`pause`,
+        :meth:`resume` and other cells work meanwhile, and Ctrl-C in another cell does
+        not touch the run. A failure is raised, chained, at the next call on the
+        session. :meth:`step`, :meth:`train`, :meth:`warmup`, :meth:`evaluate` and
+        :meth:`save` raise until the run ends."""
+        self._check()
+        self._trainer.start(steps)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """End the background run at a step boundary and wait for it (a step that has
+        started its update completes; one still waiting trains nothing). Idempotent."""
+        self._check_open()
+        self._trainer.stop(timeout)
+        self._check()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the background run has taken its ``steps`` (or was stopped);
+        raises its failure. :class:`TimeoutError` after ``timeout`` s."""
+        self._check()
+        self._trainer.wait(timeout)
+
+    def warmup(self, n_steps: int | None = None, *, progress: bool = True) -> list[dict[str, float]]:
+        """Supervised warm-up: ``n_steps`` (``Config.warmup.steps`` by default) of
+        teacher-forced cross-entropy on the task's answers, then the weights go to the
+        engine. It is a stage of its own, before RL; the policy version stays put.
+
+        The task's answers must be the completion text (true of the built-in tasks).
+        Ctrl-C stops after the current step and the engine still gets the weights.
+        """
+        self._check()
+        return self._trainer.warmup(n_steps, progress=progress)
+
+    def evaluate(self, n_prompts: int = 200, *, seed: int = 12345) -> float:
+        """Greedy exact-match accuracy on ``n_prompts`` held-out prompts of the task. Blocks."""
+        self._check()
+        return self._trainer.evaluate(n_prompts, seed=seed)
