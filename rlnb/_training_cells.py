@@ -64,6 +64,11 @@ class TrainingCells:
         return list(self._trainer.history)
 
     @property
+    def evaluations(self) -> list[tuple[int, float]]:
+        """Every :meth:`evaluate` so far as ``(policy version, accuracy)``, oldest first (a copy)."""
+        return list(self._trainer.evaluations)
+
+    @property
     def training(self) -> bool:
         """Whether training runs in the background (:meth:`start`)."""
         return self._trainer.training

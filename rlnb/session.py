@@ -198,6 +198,11 @@ class Session(RolloutCells, TrainingCells):
         return self._trainer.callbacks
 
     @property
+    def exit_code(self) -> int | None:
+        """The exit code the tracker's run got when the session closed (None while open)."""
+        return self._exit_code if self._closed else None
+
+    @property
     def baseline(self) -> Snapshot:
         """The process's :func:`rlnb.probe.snapshot` from before this session built anything."""
         return self._baseline

@@ -107,6 +107,7 @@ class Trainer:
         self.name = name
         self.callbacks: list[Callback] = list(callbacks)
         self.history: list[dict[str, float]] = []
+        self.evaluations: list[tuple[int, float]] = []  # (policy version, held-out accuracy)
         self.warmup_stage = Warmup(learner, task, config)
         self._phase: str | None = None  # what the current step waits for
         self._run: BackgroundRun | None = None
@@ -284,6 +285,7 @@ class Trainer:
         max_new = self.config.rollout.max_new_tokens or self.task.max_new_tokens
         results = self.bridge.run(self.rollouter.evaluate(items, max_new_tokens=max_new))
         accuracy = sum(reward >= 1.0 for _, reward in results) / len(results)
+        self.evaluations.append((self.version, accuracy))
         self.tracker.log({"eval_accuracy": accuracy}, step=self.learner.version)
         return accuracy
 
