@@ -45,6 +45,7 @@ from rlnb.config import (
     TrackConfig,
     WarmupConfig,
 )
+from rlnb.notebook._magics import load_ipython_extension, unload_ipython_extension
 from rlnb.rollout import PauseMode
 from rlnb.runtime import AsyncBridge, close_all, sessions
 from rlnb.session import Session, SessionStatistics
@@ -88,6 +89,8 @@ __all__ = [
     "WarmupConfig",
     "WeightSyncError",
     "close_all",
+    "load_ipython_extension",
     "probe",
     "sessions",
+    "unload_ipython_extension",
 ]

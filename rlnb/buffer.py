@@ -133,19 +133,30 @@ class ReplayBuffer:
         for, :class:`~rlnb.ClosedError` if the buffer is or becomes closed and
         :class:`~rlnb.FeederError` if the feeder failed.
         """
+        with self._cond:
+            self._await(n_groups, timeout, partition)
+            return self._take(n_groups, partition)
+
+    def wait_for(self, n_groups: int, timeout: float | None = None, *, partition: str = "train") -> None:
+        """Block until the partition holds at least ``n_groups`` groups, taking none
+        (e.g. in a notebook: wait until background rollouts have made something to
+        look at). Raises as :meth:`get` does."""
+        with self._cond:
+            self._await(n_groups, timeout, partition)
+
+    def _await(self, n_groups: int, timeout: float | None, partition: str) -> None:
         self._check_request(n_groups, partition)
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            self._waiting += 1
-            try:
-                while True:
-                    self._raise_pending()
-                    if len(self._parts[partition]) >= n_groups:
-                        return self._take(n_groups, partition)
-                    if not self._wait(deadline):
-                        raise TimeoutError(self._timeout_message(n_groups, partition, timeout))
-            finally:
-                self._waiting -= 1
+        self._waiting += 1
+        try:
+            while True:
+                self._raise_pending()
+                if len(self._parts[partition]) >= n_groups:
+                    return
+                if not self._wait(deadline):
+                    raise TimeoutError(self._timeout_message(n_groups, partition, timeout))
+        finally:
+            self._waiting -= 1
 
     def put_back(self, groups: list[Group], *, partition: str = "train") -> None:
         """Return ``groups`` taken by a step that did not happen to the front, in

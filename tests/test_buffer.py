@@ -671,3 +671,14 @@ def test_four_producers_and_two_consumers_move_every_group_exactly_once(
                 assert mine == sorted(mine)
         s = buf.statistics()
         assert (s.put, s.taken, len(buf)) == (total, total, 0)
+
+
+def test_wait_for_blocks_until_groups_arrive_and_takes_none() -> None:
+    with ReplayBuffer(8) as buf:
+        producer = threading.Timer(0.05, lambda: [buf.put(make_group(i)) for i in range(3)])
+        producer.start()
+        buf.wait_for(3, timeout=10)
+        producer.join()
+        assert len(buf) == 3 and buf.statistics().taken == 0
+        with pytest.raises(TimeoutError, match="4"):
+            buf.wait_for(4, timeout=0.01)

@@ -9,6 +9,7 @@ from rlnb.runtime._interrupts import Deferred, defer_interrupts
 from rlnb.runtime._probe import ChildInfo, Snapshot, open_runs, register_run, snapshot, unregister_run
 from rlnb.runtime._registry import (
     close_all,
+    install_hooks,
     lookup_session,
     make_view,
     register_session,
@@ -25,6 +26,7 @@ __all__ = [
     "Snapshot",
     "close_all",
     "defer_interrupts",
+    "install_hooks",
     "lookup_session",
     "make_view",
     "open_runs",

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "close_all",
+    "install_hooks",
     "lookup_session",
     "make_view",
     "register_session",

@@ -27,26 +27,27 @@ HEADLINE = (
 )
 
 
-def _in_notebook() -> bool:
+def _notebook_cell() -> int | None:
+    """The execution count of the cell running now in a Jupyter kernel, else None."""
     shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+    if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
+        return None
+    return int(shell.execution_count)
 
 
 class ConsoleBackend:
     """One compact line every ``every`` steps (and for any step with an eval). In a
-    notebook the line updates in place in the cell that created the tracker; in a
-    terminal it is printed above any progress bar."""
+    notebook the line updates in place in the cell that is training (a new line
+    starts in each cell that logs); in a terminal it is printed above any progress
+    bar."""
 
     name = "console"
 
     def __init__(self, every: int = 10) -> None:
         self.every = every
         self._handle: Any = None
+        self._cell: int | None = None  # the notebook cell the handle's line is in
         self._last = ""
-        if _in_notebook():
-            from IPython.display import display
-
-            self._handle = display({"text/plain": "rlnb: waiting for the first step"}, raw=True, display_id=True)
 
     @staticmethod
     def format(metrics: Mapping[str, float], step: int) -> str:
@@ -58,18 +59,28 @@ class ConsoleBackend:
         if step % self.every and not any(k in metrics for k in ("eval_accuracy", "warmup/steps")):
             return
         self._last = self.format(metrics, step)
-        if self._handle is not None:
-            self._handle.update({"text/plain": self._last}, raw=True)
-        else:
+        self._show(self._last)
+
+    def _show(self, line: str) -> None:
+        cell = _notebook_cell()
+        if cell is None:
             from tqdm import tqdm
 
-            tqdm.write(self._last, file=sys.stdout)
+            tqdm.write(line, file=sys.stdout)
+            return
+        if self._handle is None or cell != self._cell:
+            from IPython.display import display
+
+            self._handle = display({"text/plain": line}, raw=True, display_id=True)
+            self._cell = cell
+        else:
+            self._handle.update({"text/plain": line}, raw=True)
 
     def finish(self, exit_code: int) -> None:
         line = f"rlnb: run finished with exit code {exit_code}" + (f" ({self._last})" if self._last else "")
         if self._handle is not None:
-            self._handle.update({"text/plain": line}, raw=True)
-        else:
+            self._handle.update({"text/plain": line}, raw=True)  # where the run's last line is
+        elif _notebook_cell() is None:
             print(line, file=sys.stdout, flush=True)
 
 
