@@ -10,7 +10,7 @@ from typing import Any
 
 __all__ = ["main"]
 
-BENCHES = ("bridge", "close", "rollout", "train")
+BENCHES = ("bridge", "close", "notebook", "rollout", "train")
 
 
 def _build_parser() -> argparse.ArgumentParser:

@@ -21,9 +21,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 CHROMIUM = Path("/usr/bin/chromium")
 # Headless, and nothing that phones home: the namespace has no route out anyway, but
@@ -38,15 +41,21 @@ CHROMIUM_ARGS = (
     "--disable-component-update",
     "--disable-sync",
 )
-# Lab's user settings for the tests: every cell stays in the DOM (no windowing), and
-# no "would you like news?" toast covers the notebook.
+# Lab's user settings for the tests: every cell stays in the DOM (no windowing), no
+# blank space after the last cell (so a screenshot can fit the notebook), and no
+# "would you like news?" toast covers it.
 LAB_SETTINGS: Mapping[str, Mapping[str, Any]] = {
-    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none", "scrollPastEnd": False},
     "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
 }
+# Lab renders a traceback with the stderr MIME type too, so this finds both.
 STDERR_OUTPUT = '.jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]'
-ERROR_OUTPUT = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
-KERNEL_STATUS = ".jp-Notebook-ExecutionIndicator"
+# The status bar's "Python 3 (ipykernel) | Idle". The toolbar's execution indicator
+# also says "idle" while the notebook has no kernel yet, so it is not enough alone.
+KERNEL_STATUS = '#jp-main-statusbar .jp-StatusBar-TextItem[title^="Change kernel"]'
+EXECUTION_INDICATOR = ".jp-Notebook-ExecutionIndicator"
+CODE_PROMPTS = ".jp-Notebook .jp-CodeCell .jp-InputPrompt"
+NOTEBOOK_SCROLLER = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer"
 
 
 # --- the server ---------------------------------------------------------------
@@ -90,7 +99,6 @@ def _lab_env(home: Path) -> dict[str, str]:
         JUPYTER_CONFIG_DIR=str(home / "config"),
         JUPYTER_DATA_DIR=str(home / "data"),
         JUPYTER_PLATFORM_DIRS="0",
-        JUPYTER_NO_CONFIG="1",  # ignore the user's and the system's jupyter_*_config files
         IPYTHONDIR=str(home / "ipython"),
         PYTHONUNBUFFERED="1",
     )
@@ -146,8 +154,8 @@ def _answers(url: str) -> bool:
 
 
 def _stop_group(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    """SIGTERM the server's group, SIGKILL after ``timeout``; kernels run in sessions of
-    their own, so any that outlived the server are killed by name."""
+    """SIGTERM the server's group, SIGKILL after ``timeout``. Kernels run in sessions of
+    their own, out of the group's reach: any that outlive the server are killed."""
     family: list[psutil.Process] = []
     with contextlib.suppress(psutil.Error):
         family = psutil.Process(proc.pid).children(recursive=True)
@@ -181,7 +189,7 @@ def kernel_processes() -> list[psutil.Process]:
 
 
 @contextlib.contextmanager
-def browser(*, width: int = 1280, height: int = 1000, timeout: float = 30.0) -> Iterator[Any]:
+def browser(*, width: int = 1280, height: int = 1000, timeout: float = 30.0) -> Iterator[Page]:
     """Yield a Playwright ``Page`` (sync API) in a fresh headless Debian Chromium profile.
 
     ``timeout`` (seconds) is the page's default for actions and waits. On exit closes
@@ -221,87 +229,152 @@ def browser(*, width: int = 1280, height: int = 1000, timeout: float = 30.0) -> 
 # --- acting on the page -----------------------------------------------------------
 
 
-def open_notebook(page: Any, base_url: str, path: str, *, timeout: float = 60.0) -> None:
+def open_notebook(page: Page, base_url: str, path: str, *, timeout: float = 60.0) -> None:
     """Open ``path`` (relative to the server's root) in Lab and wait until its kernel is idle."""
     page.goto(f"{base_url}lab/tree/{path}")
     page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=timeout * 1000)
     wait_for_idle(page, timeout=timeout)
 
 
-def menu(page: Any, top: str, item: str) -> None:
+def menu(page: Page, top: str, item: str) -> None:
     """Click ``top`` in the menu bar, then the entry that starts with ``item``."""
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(rf"^{re.escape(top)}$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(rf"^{re.escape(item)}")).first.click()
 
 
-def run_all_cells(page: Any, *, timeout: float = 120.0) -> None:
-    """Run > Run All Cells, then wait until every code cell has run and the kernel is idle."""
-    menu(page, "Run", "Run All Cells")
-    page.wait_for_function(
-        """() => {
-            const prompts = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')];
-            return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
+def run_all_cells(page: Page, *, timeout: float = 120.0) -> None:
+    """Run > Run All Cells, then wait until the run is over and the kernel is idle.
+
+    Lab shows "[*]:" on every cell it queues and a number once the cell has run; a
+    cell's number alone does not say which run it is from (a restart starts counting
+    at 1 again), so this watches for the stars. A run that stops at an error ends
+    too: read the outputs (:func:`error_outputs`) to tell."""
+    page.evaluate(
+        """prompts => {
+            window.__rlnbQueued?.observer.disconnect();
+            const queued = new Set();
+            const observer = new MutationObserver(records => {
+                for (const r of records) {
+                    const prompt = r.target.closest?.(prompts.split(' ').pop());
+                    // replaced text nodes keep what they said, so no "[*]:" is missed
+                    if (prompt && [...r.addedNodes].some(n => n.textContent.includes('*'))) queued.add(prompt);
+                }
+            });
+            observer.observe(document.querySelector('.jp-Notebook'), {childList: true, subtree: true});
+            window.__rlnbQueued = {observer, queued};
         }""",
-        timeout=timeout * 1000,
+        CODE_PROMPTS,
     )
+    menu(page, "Run", "Run All Cells")
+    try:
+        page.wait_for_function(
+            """prompts => {
+                const all = [...document.querySelectorAll(prompts)];
+                const queued = window.__rlnbQueued.queued;
+                return all.every(p => queued.has(p)) && !all.some(p => p.textContent.includes('*'));
+            }""",
+            arg=CODE_PROMPTS,
+            timeout=timeout * 1000,
+        )
+    finally:
+        page.evaluate("() => { window.__rlnbQueued?.observer.disconnect(); delete window.__rlnbQueued; }")
     wait_for_idle(page, timeout=timeout)
 
 
-def wait_for_idle(page: Any, *, timeout: float = 60.0) -> None:
-    """Wait until the notebook's kernel is connected and idle with no cell queued."""
+def wait_for_idle(page: Page, *, timeout: float = 60.0) -> None:
+    """Wait until the notebook has a kernel, connected and idle, and no cell is queued."""
     page.wait_for_function(
-        f"""() => {{
-            const status = document.querySelector('{KERNEL_STATUS}');
-            if (!status || status.getAttribute('data-status') !== 'idle') return false;
-            const prompts = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')];
-            return !prompts.some(p => p.textContent.includes('*'));
-        }}""",
+        """([status, indicator, prompts]) => {
+            const text = document.querySelector(status)?.textContent ?? '';
+            if (text.startsWith('No Kernel') || !text.endsWith('| Idle')) return false;
+            if (document.querySelector(indicator)?.getAttribute('data-status') !== 'idle') return false;
+            return ![...document.querySelectorAll(prompts)].some(p => p.textContent.includes('*'));
+        }""",
+        arg=[KERNEL_STATUS, EXECUTION_INDICATOR, CODE_PROMPTS],
         timeout=timeout * 1000,
     )
 
 
-def kernel_status(page: Any) -> str | None:
-    """What Lab's toolbar says of the kernel: "idle", "busy", "restarting", ... or None."""
-    status = page.locator(KERNEL_STATUS)
-    return None if status.count() == 0 else status.first.get_attribute("data-status")
+def kernel_status(page: Page) -> str:
+    """What Lab's status bar says of the kernel, e.g. "Python 3 (ipykernel) | Idle"."""
+    return str(page.locator(KERNEL_STATUS).first.text_content() or "")
 
 
-def cell_outputs(page: Any) -> list[str]:
-    """The text of each code cell's output area, in order (empty for a cell without output)."""
+def cell_outputs(page: Page) -> list[str]:
+    """The text of each code cell's outputs, in order, without the "[n]:" prompts
+    (empty for a cell without output)."""
     texts: list[str] = page.eval_on_selector_all(
         ".jp-Notebook .jp-CodeCell",
-        "cells => cells.map(c => { const o = c.querySelector('.jp-OutputArea'); return o ? o.innerText : ''; })",
+        """cells => cells.map(cell => {
+            const area = cell.querySelector('.jp-OutputArea');
+            if (!area) return '';
+            const outputs = area.querySelectorAll(':scope > .jp-OutputArea-child > .jp-OutputArea-output');
+            return [...outputs].map(o => o.innerText).join('');
+        })""",
     )
     return texts
 
 
-def error_outputs(page: Any) -> list[str]:
-    """The text of every error (traceback) and stderr box on the page."""
-    found: list[str] = page.eval_on_selector_all(
-        f"{STDERR_OUTPUT}, .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error'], "
-        ".jp-RenderedText[data-mime-type='application/vnd.jupyter.error']",
-        "nodes => nodes.map(n => n.innerText)",
-    )
+def execution_counts(page: Page) -> list[int | None]:
+    """Each code cell's execution count as its prompt shows it (None for "[ ]:" or "[*]:")."""
+    prompts: list[str] = page.eval_on_selector_all(CODE_PROMPTS, "nodes => nodes.map(n => n.textContent)")
+    return [int(m[1]) if (m := re.fullmatch(r"\[(\d+)\]:", p.strip())) else None for p in prompts]
+
+
+def error_outputs(page: Page) -> list[str]:
+    """The text of every stderr box on the page, tracebacks included."""
+    found: list[str] = page.eval_on_selector_all(STDERR_OUTPUT, "nodes => nodes.map(n => n.innerText)")
     return found
 
 
-def click_button(page: Any, text: str) -> None:
+def click_button(page: Page, text: str) -> None:
     """Click the (one) visible button whose label is exactly ``text``, e.g. a widget's."""
     page.get_by_role("button", name=text, exact=True).click()
 
 
-def restart_kernel(page: Any, *, timeout: float = 60.0) -> None:
+def restart_kernel(page: Page, *, timeout: float = 60.0) -> None:
     """Kernel > Restart Kernel…, confirm the dialog, and wait until the new kernel is idle."""
     menu(page, "Kernel", "Restart Kernel…")
     dialog = page.locator(".jp-Dialog")
-    dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
+    # The server answers the restart request once the new kernel is up; until then
+    # the page may still show the old kernel as idle.
+    with page.expect_response(
+        lambda r: r.request.method == "POST" and r.url.split("?")[0].endswith("/restart"), timeout=timeout * 1000
+    ) as response:
+        dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
+    if not response.value.ok:
+        raise RuntimeError(f"restart failed: {response.value.status} {response.value.status_text}")
     dialog.wait_for(state="detached")
     wait_for_idle(page, timeout=timeout)
 
 
-def screenshot(page: Any, directory: Path, name: str) -> Path:
-    """Save a full-page PNG of what the browser shows as ``directory/name`` and return its path."""
+def screenshot(page: Page, directory: Path, name: str, *, whole_notebook: bool = True) -> Path:
+    """Save a PNG of what the browser shows as ``directory/name`` and return its path.
+
+    Lab scrolls inside the notebook panel, not the page, so ``whole_notebook`` makes
+    the window tall enough for the whole notebook for the shot (then restores it)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
-    page.screenshot(path=str(path), full_page=True)
+    size = page.viewport_size
+    hidden, shown = 0, 0
+    if whole_notebook and size is not None:
+        hidden, shown = page.evaluate(
+            """scroller => {
+                const el = document.querySelector(scroller);
+                return el ? [Math.max(0, el.scrollHeight - el.clientHeight), el.clientHeight] : [0, 0];
+            }""",
+            NOTEBOOK_SCROLLER,
+        )
+    if hidden and size is not None:
+        page.set_viewport_size({"width": size["width"], "height": size["height"] + hidden})
+        # the panel lays out again on resize: wait until it has grown by as much
+        page.wait_for_function(
+            "([scroller, height]) => document.querySelector(scroller)?.clientHeight >= height",
+            arg=[NOTEBOOK_SCROLLER, shown + hidden],
+        )
+    try:
+        page.screenshot(path=str(path))
+    finally:
+        if hidden and size is not None:
+            page.set_viewport_size(size)
     return path

@@ -55,7 +55,7 @@ def test_same_name_replaces_the_live_session_and_says_so(capsys: pytest.CaptureF
     other = rlnb.Session(name="other-cell")
     second = rlnb.Session(name="cell")  # re-running the cell
     assert first.closed and not second.closed and not other.closed
-    assert "closed the earlier session 'cell'" in capsys.readouterr().err
+    assert "closed the earlier session 'cell'" in capsys.readouterr().out
     assert {s.name for s in rlnb.sessions()} == {"cell", "other-cell"}
     assert second.bridge.run(double(2)) == 4
     rlnb.close_all()

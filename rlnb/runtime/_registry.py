@@ -81,7 +81,8 @@ def replace_session(name: str) -> None:
     previous = lookup_session(name)
     if previous is not None:
         previous.close()
-        print(f"rlnb: closed the earlier session {name!r} before making its replacement", file=sys.stderr)
+        # stdout: a notice, not an error (a notebook shows stderr in red)
+        print(f"rlnb: closed the earlier session {name!r} before making its replacement")
 
 
 # Views of a session made by the layer above it (the notebook's dashboard): the
