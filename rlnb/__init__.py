@@ -45,7 +45,7 @@ from rlnb.config import (
     TrackConfig,
     WarmupConfig,
 )
-from rlnb.notebook._magics import load_ipython_extension, unload_ipython_extension
+from rlnb.notebook import load_ipython_extension, unload_ipython_extension
 from rlnb.rollout import PauseMode
 from rlnb.runtime import AsyncBridge, close_all, sessions
 from rlnb.session import Session, SessionStatistics

@@ -35,6 +35,7 @@ from rlnb.runtime import (
     replace_session,
     snapshot,
     unregister_session,
+    warm_up_loop_backend,
 )
 from rlnb.track import EXIT_SIGINT, Tracker, exit_code_for
 
@@ -91,6 +92,7 @@ class Session(RolloutCells, TrainingCells):
             self._task: Task = get_task(self._config.task)
             self._tokenizer, self._model = parts.model_shape(self._config, self._task)
             replace_session(name)
+            warm_up_loop_backend()  # its process-long FDs are not this session's
             self._baseline = snapshot()  # what the process held before this session built anything
             for stage in self._STAGES:
                 getattr(self, f"_build_{stage}")()
@@ -227,11 +229,15 @@ class Session(RolloutCells, TrainingCells):
             except Exception as exc:
                 warnings.warn(f"rlnb: a close callback of session {self._name!r} failed: {exc!r}", stacklevel=1)
 
-    def statistics(self) -> SessionStatistics:
-        """A frozen snapshot of the session's figures: buffer, rollouter and engine.
+    def statistics(self, *, raise_errors: bool = True) -> SessionStatistics:
+        """A frozen snapshot of the session's figures: training, rollouts, buffer, engine.
 
-        Like every public call, raises a background failure not yet reported (once)."""
-        rollouter = self._check()
+        Like every public call, raises a background failure not yet reported (once);
+        ``raise_errors=False`` leaves it for the next call (for gauges and dashboards)."""
+        if raise_errors:
+            self._check()
+        self._check_open()
+        rollouter = self._rollouter
         parts = (self._buffer.statistics(), rollouter.statistics(), self._engine.statistics())
         return SessionStatistics(self._name, self._closed, *parts, self._trainer.statistics())
 

@@ -48,10 +48,12 @@ def text_of(cell: nbformat.NotebookNode) -> str:
     return "".join(parts)
 
 
-def run_notebook(name: str, tmp_path: Path, *, rerun_first: bool = False) -> list[str]:
+def run_notebook(
+    name: str, tmp_path: Path, *, rerun_first: bool = False
+) -> tuple[list[str], list[nbformat.NotebookNode]]:
     """Run ``notebooks/<name>.ipynb`` (optionally re-running its first code cell, as a
     user would); check that no cell wrote to stderr or raised; return each code cell's
-    text."""
+    text, and the code cells."""
     nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     if rerun_first:
         first = next(c for c in nb.cells if c.cell_type == "code")
@@ -62,7 +64,7 @@ def run_notebook(name: str, tmp_path: Path, *, rerun_first: bool = False) -> lis
         for out in cell.get("outputs", []):
             assert out["output_type"] != "error", f"{name}: {cell.source!r} raised {out.get('ename')}"
             assert out.get("name") != "stderr", f"{name}: {cell.source!r} wrote to stderr: {out.get('text')}"
-    return [text_of(c) for c in cells]
+    return [text_of(c) for c in cells], cells
 
 
 def number_after(text: str, label: str) -> float:
@@ -70,13 +72,15 @@ def number_after(text: str, label: str) -> float:
 
 
 def test_01_quickstart_learns_in_the_background_and_leaves_nothing(tmp_path: Path) -> None:
-    out = run_notebook("01-quickstart", tmp_path, rerun_first=True)
+    out, cells = run_notebook("01-quickstart", tmp_path, rerun_first=True)
     assert "closed the earlier session 'quickstart'" in out[1]
     assert "RolloutBatch(2 groups)" in out[2]
     before, warm = number_after(out[3], "accuracy before:"), number_after(out[3], "after the warm-up:")
     assert warm > before
     assert "'version': 1" in out[4]
-    assert "Dashboard" in out[5] or "VBox" in out[5]
+    dashboard = next(c for c in cells if c.source == "sess.dashboard()")
+    static = dashboard.outputs[0]["data"]["text/html"]  # the widget became its static copy on close
+    assert "quickstart" in static and "exit code 0" in static and "data:image/png;base64" in static
     assert re.search(r"training\s+running", out[7]), out[7]  # the cell ran while training went on
     after = number_after(out[8], "RL steps:")
     assert "after 151 RL steps" in out[8] and after > warm  # the RL stage learned
@@ -84,7 +88,7 @@ def test_01_quickstart_learns_in_the_background_and_leaves_nothing(tmp_path: Pat
 
 
 def test_02_pause_and_resume_keeps_partial_rollouts_with_their_versions(tmp_path: Path) -> None:
-    out = run_notebook("02-pause-and-resume", tmp_path)
+    out, _ = run_notebook("02-pause-and-resume", tmp_path)
     assert number_after(out[2], "paused:") > 0  # samples kept as partial rollouts
     assert "policy version 1 | engine version 1" in out[3]
     assert "groups hold continued samples" in out[4]
@@ -95,7 +99,7 @@ def test_02_pause_and_resume_keeps_partial_rollouts_with_their_versions(tmp_path
 
 
 def test_03_grpo_by_hand_matches_the_step(tmp_path: Path) -> None:
-    out = run_notebook("03-step-through-grpo", tmp_path)
+    out, _ = run_notebook("03-step-through-grpo", tmp_path)
     lines = dict(line.split(":", 1) for line in out[1].splitlines())
     assert lines["by hand"].split() == lines["rlnb"].split()
     by_hand, reported = re.findall(r"[-+]\d\.\d+e[-+]\d+", out[2])
@@ -105,7 +109,7 @@ def test_03_grpo_by_hand_matches_the_step(tmp_path: Path) -> None:
 
 
 def test_04_your_own_task_learns(tmp_path: Path) -> None:
-    out = run_notebook("04-your-own-task", tmp_path)
+    out, _ = run_notebook("04-your-own-task", tmp_path)
     found = re.search(r"accuracy: (\d\.\d+) at first, (\d\.\d+) after the warm-up, (\d\.\d+) after RL", out[2])
     assert found, out[2]
     start, warm, end = (float(x) for x in found.groups())
@@ -113,7 +117,7 @@ def test_04_your_own_task_learns(tmp_path: Path) -> None:
 
 
 def test_05_a_checkpoint_continues_exactly(tmp_path: Path) -> None:
-    out = run_notebook("05-checkpoints-and-restarts", tmp_path)
+    out, _ = run_notebook("05-checkpoints-and-restarts", tmp_path)
     assert "'checkpoint.json'" in out[0] and "'model.safetensors'" in out[0]
     assert "loaded at step 5" in out[2]
     assert "the same three steps: True" in out[3]

@@ -57,13 +57,11 @@ class SessionList:
 
 
 def _describe(session: Any) -> str:
-    try:
-        stats = session.statistics()
-    except Exception as exc:  # a background failure is the session's to report, at its next call
-        return f"step {session.version}; a {type(exc).__name__} is pending: call the session to see it"
+    stats = session.statistics(raise_errors=False)  # a failure is left for the user's next call
     training = "training in the background" if stats.training.running else "idle"
+    failed = "; a background failure is pending" if stats.training.error else ""
     return (
-        f"step {stats.training.step}, {session.config.mode} mode, {training}; "
+        f"step {stats.training.step}, {session.config.mode} mode, {training}{failed}; "
         f"rollouts {stats.rollout.state}, {stats.buffer.sizes.get('train', 0)} groups in the buffer"
     )
 

@@ -1,0 +1,403 @@
+"""``Dashboard``: a session's live notebook dashboard (ipywidgets).
+
+One per session (``sess.dashboard()``). It holds only a weak reference to the
+session; its one ticker thread sets widget values (ipykernel sends them from any
+thread) and its buttons call the session's public methods on the thread that
+clicks. When the session closes, every display of the dashboard is replaced by a
+static copy (HTML and a PNG), so a saved notebook never shows a dead widget.
+
+ipywidgets, IPython and matplotlib are imported only when a dashboard is made.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import functools
+import html
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from rlnb._errors import ClosedError
+from rlnb.runtime import snapshot
+
+if TYPE_CHECKING:
+    from rlnb._statistics import SessionStatistics
+    from rlnb.session import Session
+
+__all__ = ["Dashboard", "dashboard"]
+
+DEFAULT_INTERVAL = 0.25  # s between ticks: at most 4 updates a second
+CURVES_INTERVAL = 1.0  # s between redraws of the curves, at least
+_TIME_SHARE = 40  # and at least this many times a draw's duration: drawing takes <= 2.5 %
+_TOKENS_WINDOW = 2.0  # s of engine token counts the tokens/s figure is taken over
+_JOIN_TIMEOUT = 2.0
+PAUSE_MODES = ("abort", "keep", "wait")
+# (session method, icon); the buttons are keyed, and labelled, by the method they call
+_CONTROLS = (
+    ("start", "play"),
+    ("stop", "stop"),
+    ("pause", "pause"),
+    ("resume", "play-circle"),
+    ("step", "step-forward"),
+    ("evaluate", "check"),
+    ("save", "save"),
+)
+
+_CACHE: weakref.WeakKeyDictionary[Any, Dashboard] = weakref.WeakKeyDictionary()
+_CACHE_LOCK = threading.RLock()  # a session closing while its dashboard is made closes it inside
+
+
+def dashboard(session: Session, *, interval: float = DEFAULT_INTERVAL) -> Dashboard:
+    """The live :class:`Dashboard` of ``session``: made (and its ticker started) on
+    the first call, the same one afterwards until it or the session closes.
+    ``interval`` applies to a new one. Raises :class:`~rlnb.ClosedError` for a
+    closed session. Does not block."""
+    with _CACHE_LOCK:
+        dash = _CACHE.get(session)
+        if dash is None or dash.closed:
+            dash = _CACHE[session] = Dashboard(session, interval=interval)
+        return dash
+
+
+def _session_closed(ref: weakref.ReferenceType[Dashboard]) -> None:
+    """The session's close callback: it reaches the dashboard, never the other way round."""
+    dash = ref()
+    if dash is not None:
+        dash._shutdown(session_closed=True)
+
+
+class Dashboard:
+    """Buttons, live state, resource gauges, curves and the last rollouts of a session.
+
+    Get it with ``sess.dashboard()`` (or :func:`dashboard`); show it by leaving it
+    last in a cell. It holds only a weak reference to the session. Attributes:
+
+    - ``widget``: the ``ipywidgets.VBox`` holding everything below;
+    - ``buttons``: ``ipywidgets.Button`` by the session method each calls (``start``,
+      ``stop``, ``pause``, ``resume``, ``step``, ``evaluate``, ``save``);
+      ``pause_mode`` (a ``Dropdown``) and ``save_path`` (a ``Text``) are their arguments;
+    - ``message``: the last action's result or error (``HTML``);
+    - ``state``, ``gauges``, ``curves``, ``rollouts``: the panels (``HTML``, ``HTML``,
+      ``Image``, ``HTML``);
+    - ``ticks`` and ``last_tick_s``: how many updates ran and what the last one took.
+
+    A ticker thread ``rlnb-<name>-dashboard`` calls :meth:`tick` every ``interval``
+    seconds until :meth:`close` or the session's close, which replaces every display
+    of the dashboard by :meth:`static_html`.
+    """
+
+    def __init__(self, session: Session, *, interval: float = DEFAULT_INTERVAL) -> None:
+        if not (isinstance(interval, int | float) and interval > 0):
+            raise ValueError(f"Dashboard(interval={interval!r}): use a positive number of seconds")
+        if session.closed:
+            raise ClosedError(f"session {session.name!r} is closed; a dashboard needs a live session")
+        from rlnb.notebook import _panels
+
+        self.name = session.name
+        self.interval = float(interval)
+        self._session = weakref.ref(session)
+        self._baseline = session.baseline
+        self._exit_code: int | None = None
+        self._closed = False
+        self._lock = threading.RLock()  # button states, busy set, closed flag, handles
+        self._tick_lock = threading.Lock()  # one tick at a time (ticker, or a caller)
+        self._stop = threading.Event()
+        self._busy: set[str] = set()
+        self._handles: collections.deque[Any] = collections.deque(maxlen=32)
+        self._stats: SessionStatistics | None = None
+        self._tokens: collections.deque[tuple[float, int]] = collections.deque()
+        self._next_curves = 0.0
+        self._drawn: tuple[int, int] = (0, 0)
+        self._shown_batch = 0
+        self.ticks = 0
+        self.last_tick_s: float | None = None
+        self._curves = _panels.Curves()
+        self._batch = _panels.LastBatch()
+        self._build_widgets()
+        self._thread = threading.Thread(target=self._run, name=f"rlnb-{self.name}-dashboard", daemon=True)
+        session.callbacks.append(self._batch)
+        try:
+            self._thread.start()
+        except BaseException:
+            session.callbacks.remove(self._batch)
+            self._close_widgets()
+            raise
+        # last: if the session closed meanwhile, this closes the dashboard at once
+        session.on_close(_session_closed, weakref.ref(self))
+
+    # -- widgets ----------------------------------------------------------------------
+
+    def _build_widgets(self) -> None:
+        import ipywidgets as w
+
+        auto = w.Layout(width="auto")
+        self.buttons: dict[str, Any] = {}
+        for method, icon in _CONTROLS:
+            button = w.Button(description=method, icon=icon, tooltip=f"sess.{method}()", layout=auto)
+            button.on_click(functools.partial(self._act, method))
+            self.buttons[method] = button
+        self.pause_mode = w.Dropdown(options=PAUSE_MODES, value="abort", layout=w.Layout(width="6.5em"))
+        self.save_path = w.Text(value=f"checkpoints/{self.name}", layout=w.Layout(width="16em"))
+        b = self.buttons
+        row = [b["start"], b["stop"], b["pause"], self.pause_mode, b["resume"], b["step"], b["evaluate"], b["save"]]
+        controls = w.HBox([*row, self.save_path], layout=w.Layout(flex_flow="row wrap"))
+        self.message = w.HTML()
+        self.state = w.HTML(value=self._state_html(), layout=w.Layout(margin="0 2em 0 0"))
+        self.gauges = w.HTML()
+        self.curves = w.Image(format="png", layout=w.Layout(display="none"))
+        self.rollouts = w.HTML()
+        panels = w.HBox([self.state, self.gauges], layout=w.Layout(flex_flow="row wrap"))
+        self.widget = w.VBox([controls, self.message, panels, self.curves, self.rollouts])
+        classes = [(controls, "controls"), (self.message, "message"), (self.state, "state")]
+        classes += [(self.gauges, "gauges"), (self.curves, "curves"), (self.rollouts, "rollouts")]
+        for widget, name in [*classes, (self.widget, "dashboard")]:
+            widget.add_class(f"rlnb-{name}")
+        self._widgets = [*b.values(), self.pause_mode, self.save_path, controls, panels, self.widget]
+        self._widgets += [self.message, self.state, self.gauges, self.curves, self.rollouts]
+
+    def _close_widgets(self) -> None:
+        for widget in self._widgets:  # their layouts and styles are widgets with comms too
+            for part in (widget, getattr(widget, "layout", None), getattr(widget, "style", None)):
+                if part is not None:
+                    part.close()
+
+    def _say(self, text: str, *, error: bool = False) -> None:
+        text = text if len(text) <= 600 else text[:599] + "…"
+        style = ' style="color:#b00020"' if error else ""
+        kind = "error" if error else "ok"
+        self.message.value = f'<span class="rlnb-{kind}"{style}>{html.escape(text)}</span>'
+
+    # -- the ticker -------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def session(self) -> Session | None:
+        """The session, while it is alive (the dashboard holds only a weak reference)."""
+        return self._session()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.tick()
+            if self._stop.wait(self.interval):
+                return
+
+    def tick(self) -> None:
+        """Update every panel from the session now (the ticker does this each
+        ``interval``): one ``statistics()``, one probe snapshot, and the curves at
+        most once a second. Never raises: a failure shows in ``message``."""
+        with self._tick_lock:
+            if self._closed:
+                return
+            started = time.perf_counter()
+            try:
+                self._update()
+            except Exception as exc:
+                self._say(f"dashboard update failed: {exc!r}", error=True)
+            self.last_tick_s = time.perf_counter() - started
+            self.ticks += 1
+
+    def _update(self) -> None:
+        sess = self._session()
+        if sess is None:  # collected without a close callback: nothing left to show
+            self._stop.set()
+            return
+        if sess.closed:
+            return  # its close callback is about to run
+        try:
+            stats = sess.statistics(raise_errors=False)  # a failure stays for the user's next call
+        except ClosedError:
+            return
+        if stats.training.error is not None:
+            self._say(f"background training failed: {stats.training.error}", error=True)
+        self._stats = stats
+        now = time.monotonic()
+        self._tokens.append((now, stats.engine.generated_tokens))
+        while len(self._tokens) > 2 and now - self._tokens[1][0] >= _TOKENS_WINDOW:
+            self._tokens.popleft()
+        self.state.value = self._state_html()
+        from rlnb.notebook import _panels
+
+        self.gauges.value = _panels.gauges_html(snapshot(), self._baseline)
+        self._sync_buttons(stats)
+        if now >= self._next_curves:
+            self._draw_curves(sess.history, sess.evaluations)
+        count, groups = self._batch.last
+        if count != self._shown_batch:
+            self._shown_batch = count
+            self.rollouts.value = _panels.rollouts_html(groups, count)
+
+    def _state_html(self) -> str:
+        from rlnb.notebook import _panels
+
+        rate = None
+        if len(self._tokens) >= 2:
+            (t0, n0), (t1, n1) = self._tokens[0], self._tokens[-1]
+            rate = (n1 - n0) / (t1 - t0) if t1 > t0 else None
+        return _panels.state_html(self.name, self._stats, rate, exit_code=self._exit_code)
+
+    def _draw_curves(self, history: list[dict[str, float]], evaluations: list[tuple[int, float]]) -> None:
+        """Redraw when the data changed, at most every ``CURVES_INTERVAL`` s and
+        never more than 1/_TIME_SHARE of the time."""
+        key = (len(history), len(evaluations))
+        if key == self._drawn:
+            return
+        first, started = self._drawn == (0, 0), time.monotonic()
+        self.curves.value = self._curves.render(history, evaluations)
+        self.curves.layout.display = None
+        self._drawn = key
+        took = 0.0 if first else time.monotonic() - started  # the first draw also imports matplotlib
+        self._next_curves = started + max(CURVES_INTERVAL, _TIME_SHARE * took)
+
+    # -- the buttons ------------------------------------------------------------------
+
+    def _sync_buttons(self, stats: SessionStatistics | None) -> None:
+        """Enable what can be used now; a busy button is left to its handler."""
+        if stats is None or self._closed:
+            usable = dict.fromkeys(self.buttons, False)
+        else:
+            training, state = stats.training.running, stats.rollout.state
+            running = state in ("running", "syncing")  # a sync is a moment of a running state
+            usable = {
+                "start": not training,
+                "stop": training,
+                "pause": running,
+                "resume": state in ("pausing", "paused"),
+                "step": not training and running,
+                "evaluate": not training and running,
+                "save": not training,
+            }
+        with self._lock:
+            for method, button in self.buttons.items():
+                if method not in self._busy:
+                    button.disabled = not usable[method]
+            self.pause_mode.disabled = self.save_path.disabled = self._closed
+
+    def _act(self, method: str, _button: Any = None) -> None:
+        """A click: call the session's ``method`` (busy meanwhile) and say what happened."""
+        button = self.buttons[method]
+        with self._lock:
+            if self._closed or method in self._busy:
+                return
+            self._busy.add(method)
+            button.disabled, button.description = True, f"{method}…"
+        try:
+            text = self._call(method)
+        except Exception as exc:
+            self._say(f"{method}() failed: {type(exc).__name__}: {exc}", error=True)
+        else:
+            self._say(text)
+        finally:
+            with self._lock:
+                button.description = method
+                self._busy.discard(method)
+        self.tick()  # show the effect (and the buttons' new states) at once
+
+    def _call(self, method: str) -> str:
+        from rlnb.notebook import _panels
+
+        sess = self._session()
+        if sess is None or sess.closed:
+            raise ClosedError(f"session {self.name!r} is closed")
+        path = self.save_path.value.strip() or f"checkpoints/{self.name}"
+        return _panels.call(sess, method, pause_mode=self.pause_mode.value, save_path=path)
+
+    # -- display and close ------------------------------------------------------------
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import HTML, display
+
+        with self._lock:  # a close in between would miss this display's handle
+            if self._closed:
+                display(HTML(self.static_html()))
+                return
+            handle = display(self.widget, display_id=True)
+            if handle is not None:
+                self._handles.append(handle)
+
+    def static_html(self) -> str:
+        """The dashboard as plain HTML (the state, the gauges, the last message and
+        rollouts, the curves as an inline PNG): what replaces it once closed."""
+        if self._exit_code is not None:
+            status = f"closed, exit code {self._exit_code}"
+        else:
+            status = "open; this is a copy of its dashboard" + (" (closed)" if self._closed else "")
+        png = self.curves.value
+        image = f'<img alt="curves" src="data:image/png;base64,{base64.b64encode(png).decode()}">' if png else ""
+        parts = (
+            f"<div><b>rlnb session {html.escape(repr(self.name))}</b>: {status}</div>",
+            f'<div class="rlnb-message">{self.message.value}</div>',
+            f'<div style="display:flex;flex-wrap:wrap;gap:2em"><div class="rlnb-state">{self.state.value}</div>',
+            f'<div class="rlnb-gauges">{self.gauges.value}</div></div>',
+            f'<div class="rlnb-curves">{image}</div><div class="rlnb-rollouts">{self.rollouts.value}</div>',
+        )
+        return f'<div class="rlnb-dashboard rlnb-static">{"".join(parts)}</div>'
+
+    def _repr_html_(self) -> str:
+        return self.static_html()
+
+    def __repr__(self) -> str:
+        if self._exit_code is not None:
+            status = f"session closed, exit code {self._exit_code}"
+        else:
+            status = "closed" if self._closed else f"live, ticking every {self.interval:g} s"
+        stats = None if self._closed else self._stats
+        state = "" if stats is None else f", rollouts {stats.rollout.state}, step {stats.training.step}"
+        return f"<rlnb Dashboard of session {self.name!r}: {status}{state}>"
+
+    def close(self) -> None:
+        """Stop the ticker (joined within milliseconds), take the dashboard's callback
+        off the session and replace every display by :meth:`static_html`. The session
+        goes on; ``sess.dashboard()`` makes a new dashboard. Idempotent. Blocks briefly."""
+        self._shutdown(session_closed=False)
+
+    def _shutdown(self, *, session_closed: bool) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        if self._thread is not threading.current_thread() and self._thread.ident is not None:
+            self._thread.join(_JOIN_TIMEOUT)
+        with self._tick_lock:  # a tick from a click handler has finished too
+            pass
+        try:
+            self._final_frame(session_closed)
+        finally:
+            self._close_widgets()
+
+    def _final_frame(self, session_closed: bool) -> None:
+        """Draw the last frame, then swap every display for its static copy."""
+        from IPython.display import HTML
+
+        from rlnb.notebook import _panels
+
+        sess = self._session()
+        history, evaluations = ([], []) if sess is None else (sess.history, sess.evaluations)
+        if sess is not None:
+            if self._batch in sess.callbacks:
+                sess.callbacks.remove(self._batch)
+            if session_closed:
+                self._exit_code = sess.exit_code
+            with _CACHE_LOCK:
+                if _CACHE.get(sess) is self:
+                    del _CACHE[sess]
+        del sess
+        try:
+            if history or evaluations:
+                self._draw_curves(history, evaluations)
+        finally:
+            self._curves.close()  # before the last snapshot: matplotlib's font files are ours
+        self.state.value = self._state_html()
+        self.gauges.value = _panels.gauges_html(snapshot(), self._baseline, final=session_closed)
+        self._sync_buttons(None)
+        static = HTML(self.static_html())
+        with self._lock:
+            handles = list(self._handles)
+        for handle in handles:
+            handle.update(static)

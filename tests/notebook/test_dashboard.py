@@ -1,0 +1,357 @@
+"""The session's dashboard, in-process: ipywidgets without a frontend, buttons
+pressed with ``Button.click()`` as ipywidgets' own tests do, real sessions."""
+
+from __future__ import annotations
+
+import gc
+import re
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rlnb
+import rlnb.notebook
+from rlnb.learn import Callback
+from rlnb.notebook import Dashboard
+
+CONFIG = rlnb.Config(
+    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
+    data=rlnb.DataConfig(num_workers=0),
+)
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Wait for ``predicate`` on an Event with a timeout: the deadline only turns a hang into a failure."""
+    deadline = time.monotonic() + timeout
+    tick = threading.Event()
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        tick.wait(0.005)
+
+
+def tickers(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"rlnb-{name}-dashboard"]
+
+
+def gauge(dash: Dashboard, name: str) -> tuple[int, int]:
+    """(value, change since the baseline) of one gauge, as the HTML says it."""
+    found = re.search(rf'data-gauge="{name}" data-value="(\d+)" data-delta="(-?\d+)"', dash.gauges.value)
+    assert found, dash.gauges.value
+    return int(found[1]), int(found[2])
+
+
+def state_word(dash: Dashboard) -> str:
+    found = re.search(r'class="rlnb-state-word"[^>]*>([A-Z]+)<', dash.state.value)
+    assert found, dash.state.value
+    return found[1]
+
+
+class FakeHandle:
+    """What ``IPython.display.display(..., display_id=True)`` returns: records updates."""
+
+    def __init__(self) -> None:
+        self.updates: list[Any] = []
+
+    def update(self, obj: Any) -> None:
+        self.updates.append(obj)
+
+
+@pytest.fixture
+def shown(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, FakeHandle | None]]]:
+    """Swap IPython's ``display`` for one that records what is displayed and its handle."""
+    import IPython.display
+
+    displayed: list[tuple[Any, FakeHandle | None]] = []
+
+    def display(obj: Any, *, display_id: bool | None = None) -> FakeHandle | None:
+        handle = FakeHandle() if display_id else None
+        displayed.append((obj, handle))
+        return handle
+
+    monkeypatch.setattr(IPython.display, "display", display)
+    yield displayed
+
+
+def test_importing_the_notebook_layer_loads_no_widgets() -> None:
+    code = (
+        "import sys, rlnb.notebook; from rlnb.runtime import make_view; "
+        "print(sorted(m for m in ('torch', 'ipywidgets', 'matplotlib', 'IPython') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_all_is_sorted_and_complete() -> None:
+    public = {name for name in dir(rlnb.notebook) if not name.startswith(("_", "@"))}
+    assert rlnb.notebook.__all__ == sorted(rlnb.notebook.__all__)
+    assert set(rlnb.notebook.__all__) == public
+    assert {"Dashboard", "RolloutBatch", "dashboard"} <= set(rlnb.notebook.__all__)
+
+
+def test_one_dashboard_and_one_ticker_per_session(shown: list[tuple[Any, FakeHandle | None]]) -> None:
+    import ipywidgets
+
+    with rlnb.Session(CONFIG, name="dash-one") as sess:
+        dash = sess.dashboard()
+        assert isinstance(dash, Dashboard) and isinstance(dash.widget, ipywidgets.VBox)
+        assert sess.dashboard() is dash and rlnb.notebook.dashboard(sess) is dash
+        dash._ipython_display_()
+        dash._ipython_display_()  # shown twice, as re-running the cell does
+        assert [obj for obj, _ in shown] == [dash.widget, dash.widget]
+        assert all(handle is not None for _, handle in shown)
+        assert len(tickers("dash-one")) == 1
+        ticker = tickers("dash-one")[0]
+        assert ticker.daemon
+        assert set(dash.buttons) == {"start", "stop", "pause", "resume", "step", "evaluate", "save"}
+        assert dash.pause_mode.options == ("abort", "keep", "wait")
+        assert dash.save_path.value == "checkpoints/dash-one"
+        for widget, name in [(dash.state, "state"), (dash.gauges, "gauges"), (dash.message, "message")]:
+            assert f"rlnb-{name}" in widget._dom_classes
+        assert "live, ticking every 0.25 s" in repr(dash)
+    assert not ticker.is_alive()
+
+
+def test_start_stop_step_evaluate_and_save_call_the_session(tmp_path: Path) -> None:
+    with rlnb.Session(CONFIG, name="dash-buttons") as sess:
+        dash = sess.dashboard()
+        buttons = dash.buttons
+
+        buttons["step"].click()
+        assert sess.version == 1
+        assert "step 1: reward_mean" in dash.message.value and "rlnb-ok" in dash.message.value
+
+        buttons["evaluate"].click()
+        assert len(sess.evaluations) == 1
+        assert f"held-out accuracy {sess.evaluations[0][1]:.3f}" in dash.message.value
+
+        dash.save_path.value = str(tmp_path / "ckpt")
+        buttons["save"].click()
+        assert (tmp_path / "ckpt").is_dir() and any((tmp_path / "ckpt").iterdir())
+        assert f"saved to {tmp_path / 'ckpt'}" in dash.message.value
+
+        assert buttons["stop"].disabled and not buttons["start"].disabled
+        buttons["start"].click()
+        assert sess.training and "training in the background" in dash.message.value
+        assert buttons["start"].disabled and not buttons["stop"].disabled
+        assert buttons["step"].disabled and buttons["evaluate"].disabled and buttons["save"].disabled
+        assert buttons["start"].description == "start"  # busy only while its handler runs
+
+        buttons["stop"].click()
+        assert not sess.training
+        assert f"stopped at step {sess.version}" in dash.message.value
+        assert not buttons["start"].disabled and buttons["stop"].disabled and not buttons["step"].disabled
+
+
+@pytest.mark.parametrize("mode", ["abort", "keep", "wait"])
+def test_pause_in_each_mode_then_resume(mode: str) -> None:
+    with rlnb.Session(CONFIG.replace(mode="async"), name=f"dash-pause-{mode}") as sess:
+        dash = sess.dashboard()
+        sess.start_rollouts()
+        wait_until(lambda: sess.statistics().rollout.finished > 0, "rollouts to go on")
+        dash.pause_mode.value = mode
+        dash.buttons["pause"].click()
+        if mode == "wait":
+            assert re.search(r"paus(ed|ing) \(wait\)", dash.message.value), dash.message.value
+            sess.wait_paused(timeout=20)
+        else:
+            assert f"paused ({mode}):" in dash.message.value
+        stats = sess.statistics().rollout
+        assert stats.state == "paused"
+        if mode == "abort":
+            assert f"{stats.kept_partial} samples kept as partial rollouts" in dash.message.value
+        wait_until(lambda: state_word(dash) == "PAUSED", "the state word")
+        assert dash.buttons["pause"].disabled and not dash.buttons["resume"].disabled
+        assert dash.buttons["step"].disabled  # a step needs running rollouts
+
+        dash.buttons["resume"].click()
+        assert sess.statistics().rollout.state == "running"
+        assert "resumed:" in dash.message.value and state_word(dash) == "RUNNING"
+        assert not dash.buttons["pause"].disabled and dash.buttons["resume"].disabled
+
+
+def test_an_error_shows_inline_and_nothing_reaches_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    with rlnb.Session(CONFIG, name="dash-error") as sess:
+        dash = sess.dashboard()
+        capsys.readouterr()
+        sess.start()
+        busy: list[tuple[bool, str]] = []
+        button = dash.buttons["step"]
+        button.observe(lambda change: busy.append((button.disabled, change["new"])), names="description")
+        button.click()  # disabled while training, but a click from code still reaches the handler
+        assert busy[0] == (True, "step…") and busy[-1][1] == "step"
+        assert "rlnb-error" in dash.message.value
+        assert "step() failed: RuntimeError: step() cannot run while training goes on" in dash.message.value
+        assert sess.training  # nothing else happened
+        sess.stop()
+    out = capsys.readouterr()
+    assert out.err == "" and out.out == ""
+
+
+def test_the_error_text_is_escaped(tmp_path: Path) -> None:
+    (tmp_path / "<b>a-file").write_text("")
+    with rlnb.Session(CONFIG, name="dash-escape") as sess:
+        dash = sess.dashboard()
+        dash.save_path.value = str(tmp_path / "<b>a-file" / "ckpt")  # a directory inside a file: fails
+        dash.buttons["save"].click()
+        assert "save() failed" in dash.message.value and "rlnb-error" in dash.message.value
+        assert "<b>a-file" not in dash.message.value and "&lt;b&gt;a-file" in dash.message.value
+
+
+def test_state_and_gauges_follow_the_session() -> None:
+    with rlnb.Session(CONFIG.replace(mode="async"), name="dash-live") as sess:
+        dash = sess.dashboard()
+        wait_until(lambda: dash.ticks > 0, "the first tick")
+        assert state_word(dash) == "RUNNING" and "policy version</th>" in dash.state.value
+        threads_before, _ = gauge(dash, "threads")
+
+        sess.start()  # a training thread, rollouts dispatching, tokens generated
+        wait_until(lambda: sess.version >= 2, "two steps")
+        wait_until(lambda: gauge(dash, "threads")[0] > threads_before, "the training thread in the gauges")
+        wait_until(lambda: gauge(dash, "event loops")[1] == 1, "the session's bridge loop in the gauges")
+        wait_until(lambda: "running in the background" in dash.state.value, "training in the state")
+        wait_until(lambda: "dispatching" in dash.state.value, "dispatch in the state")
+        wait_until(lambda: re.search(r"[1-9][\d,]* tokens/s", dash.state.value) is not None, "tokens/s")
+        wait_until(lambda: "<table>" in dash.rollouts.value, "the last rollouts")
+        assert "2 of 4 groups" in dash.rollouts.value
+        training_threads = gauge(dash, "threads")[0]
+        sess.stop()
+        shows_version = re.compile(rf"policy version</th><td[^>]*>{sess.version} \(engine {sess.version}\)")
+        wait_until(lambda: shows_version.search(dash.state.value) is not None, "the last version")
+        wait_until(lambda: gauge(dash, "threads")[0] < training_threads, "the training thread to go")
+        wait_until(lambda: dash.curves.value != b"", "the curves")
+        assert bytes(dash.curves.value).startswith(b"\x89PNG")
+
+
+def test_no_rollouts_table_before_the_first_step() -> None:
+    with rlnb.Session(CONFIG, name="dash-empty") as sess:
+        dash = sess.dashboard()
+        wait_until(lambda: dash.ticks > 1, "two ticks")
+        assert dash.rollouts.value == "" and dash.curves.value == b""
+
+
+def test_closing_the_session_stops_the_ticker_and_leaves_a_static_copy(
+    shown: list[tuple[Any, FakeHandle | None]],
+) -> None:
+    sess = rlnb.Session(CONFIG, name="dash-close")
+    dash = sess.dashboard()
+    callbacks = len(sess.callbacks)
+    dash._ipython_display_()
+    sess.step()
+    wait_until(lambda: dash.curves.value != b"", "the curves")
+    ticker = tickers("dash-close")[0]
+    started = time.monotonic()
+    sess.close(exit_code=1)
+    print(f"\nsession close with a dashboard: {(time.monotonic() - started) * 1e3:.1f} ms")
+    assert not ticker.is_alive() and dash.closed
+    assert len(sess.callbacks) == callbacks - 1  # its last-batch callback is gone
+    assert state_word(dash) == "CLOSED" and "closed, exit code 1" in dash.state.value
+    for name in ("open FDs", "threads", "child processes", "event loops", "tracker runs"):
+        assert gauge(dash, name)[1] == 0, dash.gauges.value  # everything released
+    assert "after close" in dash.gauges.value and "threads <b>" in dash.gauges.value
+    assert all(button.disabled for button in dash.buttons.values())
+
+    static = dash.static_html()
+    assert "exit code 1" in static and "data:image/png;base64," in static and "rlnb-state-word" in static
+    ((_, handle),) = shown
+    assert handle is not None and len(handle.updates) == 1
+    assert handle.updates[0].data == static  # the widget's output became the static copy
+    assert dash._repr_html_() == static and "exit code 1" in repr(dash)
+
+    dash._ipython_display_()  # shown again once closed: static, no widget
+    assert shown[-1][1] is None and "exit code 1" in shown[-1][0].data
+    dash.close()  # idempotent after the session closed it
+
+
+def test_the_session_can_be_collected_while_its_dashboard_lives() -> None:
+    sess = rlnb.Session(CONFIG, name="dash-gc")
+    dash = sess.dashboard()
+    dash.buttons["step"].click()
+    wait_until(lambda: dash.ticks > 1, "ticks")
+    ref = weakref.ref(sess)
+    sess.close()
+    del sess
+    gc.collect()
+    assert ref() is None
+    assert dash.session is None and dash.closed
+    assert "exit code 0" in dash.static_html()
+
+
+def test_dashboard_close_is_idempotent_and_a_new_one_can_follow() -> None:
+    with rlnb.Session(CONFIG, name="dash-twice") as sess:
+        callbacks = len(sess.callbacks)
+        dash = sess.dashboard()
+        assert len(sess.callbacks) == callbacks + 1
+        ticker = tickers("dash-twice")[0]
+        started = time.monotonic()
+        dash.close()
+        took = time.monotonic() - started
+        dash.close()
+        assert not ticker.is_alive() and took < 1.0
+        assert len(sess.callbacks) == callbacks
+        assert "open; this is a copy" in dash.static_html()
+        dash.buttons["step"].click()  # a closed dashboard's buttons do nothing
+        assert sess.version == 0
+
+        again = sess.dashboard()
+        assert again is not dash and not again.closed and len(tickers("dash-twice")) == 1
+    assert again.closed and not tickers("dash-twice")
+
+
+def test_a_dashboard_needs_a_live_session() -> None:
+    sess = rlnb.Session(CONFIG, name="dash-closed")
+    sess.close()
+    with pytest.raises(rlnb.ClosedError):
+        sess.dashboard()
+    with pytest.raises(rlnb.ClosedError):
+        rlnb.notebook.dashboard(sess)
+
+
+def test_a_background_failure_shows_in_the_dashboard() -> None:
+    class Boom(Callback):
+        def on_step_end(self, metrics: Any) -> None:
+            raise ValueError("boom")
+
+    with rlnb.Session(CONFIG, name="dash-boom", callbacks=[Boom()]) as sess:
+        dash = sess.dashboard()
+        sess.start()
+        wait_until(lambda: "background training failed" in dash.message.value, "the failure in the message")
+        assert "boom" in dash.message.value and "rlnb-error" in dash.message.value
+        with pytest.raises(rlnb.TrainingError) as info:  # the dashboard did not swallow it
+            sess.statistics()
+        assert str(info.value.__cause__) == "boom"
+
+
+def test_the_cost_of_a_tick() -> None:
+    with rlnb.Session(CONFIG, name="dash-cost") as sess:
+        dash = rlnb.notebook.dashboard(sess, interval=60.0)  # its ticker ticks once, then waits
+        wait_until(lambda: dash.ticks == 1, "the ticker's one tick")
+        draws = []
+        for _ in range(2):  # the first draw also imports matplotlib; the second is a redraw
+            sess.step()
+            wait_until(lambda: time.monotonic() >= dash._next_curves, "the curves to be due", timeout=60)
+            started = time.perf_counter()
+            dash.tick()
+            draws.append(time.perf_counter() - started)
+        ticks = []
+        for _ in range(50):
+            started = time.perf_counter()
+            dash.tick()
+            ticks.append(time.perf_counter() - started)
+        assert bytes(dash.curves.value).startswith(b"\x89PNG")
+        ticks.sort()
+        print(
+            f"\ndashboard tick: median {ticks[25] * 1e3:.2f} ms, max {ticks[-1] * 1e3:.2f} ms; one that draws "
+            f"the curves {draws[0] * 1e3:.1f} ms the first time, {draws[1] * 1e3:.1f} ms after (at most once a second)"
+        )
+        started = time.perf_counter()
+        dash.close()
+        print(f"dash.close() with a 60 s interval: {(time.perf_counter() - started) * 1e3:.1f} ms")

@@ -1,0 +1,136 @@
+"""Training in a real Jupyter kernel, driven through jupyter_client as JupyterLab
+would: background training leaves the kernel free, the interrupt button stops a
+foreground train() in one line and never touches a background run, %rlnb works,
+and a restart with training, the dashboard and an offline wandb run is graceful."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from jupyter_client import BlockingKernelClient, KernelManager
+
+from rlnb.track import EXIT_SIGINT, read_run
+from tests.runtime.test_kernel import TIMEOUT, kernel, ok, run_cell
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+
+SETUP = """
+import rlnb
+config = rlnb.Config(
+    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
+    track=rlnb.TrackConfig(backends=("wandb",), run_dir={run_dir!r}),
+)
+sess = rlnb.Session(config, name="k")
+"""
+
+
+def value(kc: BlockingKernelClient, expression: str) -> str:
+    """``expression`` evaluated in the kernel, as its repr (read from the reply, not stdout)."""
+    reply = kc.execute_interactive("", user_expressions={"v": expression}, timeout=TIMEOUT)
+    result = reply["content"]["user_expressions"]["v"]
+    assert result["status"] == "ok", result
+    return str(result["data"]["text/plain"])
+
+
+def interrupt_when(km: KernelManager, kc: BlockingKernelClient, code: str, ready: str) -> dict[str, Any]:
+    """Run ``code`` and press the interrupt button once it has created the file
+    ``ready``; return the execute reply's content."""
+    msg_id = kc.execute(code)
+    deadline = time.monotonic() + TIMEOUT
+    while not Path(ready).exists():  # the shell is busy with ``code``: the file says it has started
+        assert time.monotonic() < deadline, f"{ready} never appeared"
+        time.sleep(0.02)
+    km.interrupt_kernel()
+    while True:
+        reply = kc.get_shell_msg(timeout=TIMEOUT)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return dict(reply["content"])
+
+
+def test_background_training_leaves_the_kernel_free_and_ctrl_c_is_one_line(tmp_path: Path) -> None:
+    with kernel(tmp_path) as (km, kc):
+        ok(kc, SETUP.format(run_dir=str(tmp_path / "run")))
+        ok(kc, "sess.start()")
+        started = time.monotonic()
+        ok(kc, "1 + 1")  # a quick cell returns while training goes on
+        quick = time.monotonic() - started
+        first = int(value(kc, "sess.version"))
+        assert value(kc, "sess.training") == "True"
+        marker = tmp_path / "waiting"
+        # The interrupt button while a cell waits on the background run: the wait stops,
+        # the run goes on (SIGINT reaches the kernel's main thread only).
+        reply = interrupt_when(km, kc, f"open({str(marker)!r}, 'w').close(); sess.wait()", str(marker))
+        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+        assert value(kc, "sess.training") == "True"
+        deadline = time.monotonic() + TIMEOUT
+        while int(value(kc, "sess.version")) <= first + 2:
+            assert time.monotonic() < deadline, "background training stopped after the interrupt"
+        ok(kc, "sess.stop()")
+        assert value(kc, "sess.training") == "False"
+
+        # Ctrl-C in a foreground train(): one line that says what was kept; train() goes on.
+        marker = tmp_path / "training"
+        code = (
+            "class Mark(rlnb.learn.Callback):\n"
+            f"    def on_step_end(self, m): open({str(marker)!r}, 'w').close()\n"
+            "sess.callbacks.append(Mark())\n"
+            "target = sess.version + 10000\n"
+            "sess.train(until=target, progress=False)"
+        )
+        reply = interrupt_when(km, kc, code, str(marker))
+        assert reply["status"] == "error" and reply["ename"] == "TrainingInterrupted", reply
+        assert len(reply["traceback"]) == 1, reply["traceback"]  # one line, not a traceback
+        assert "call train(until=" in reply["traceback"][0]
+        stopped = int(value(kc, "sess.version"))
+        assert int(value(kc, "len(sess.history)")) == stopped  # every step kept, none half-done
+        ok(kc, "sess.callbacks.clear(); sess.train(2, progress=False)")
+        assert int(value(kc, "sess.version")) == stopped + 2
+        print(f"\na quick cell took {quick * 1e3:.1f} ms while training ran in the background")
+
+
+def test_rlnb_magic_lists_shows_and_closes_sessions(tmp_path: Path) -> None:
+    with kernel(tmp_path) as (_, kc):
+        ok(kc, "%load_ext rlnb\n%load_ext rlnb")  # idempotent
+        ok(kc, SETUP.format(run_dir=str(tmp_path / "run")).replace('backends=("wandb",)', "backends=()"))
+        listing = value(kc, "get_ipython().run_line_magic('rlnb', '')")
+        assert "'k'" in listing and "step 0" in listing and "threads" in listing
+        shown, _ = run_cell(kc, "board = get_ipython().run_line_magic('rlnb', 'dashboard k'); print(type(board))")
+        assert "Dashboard" in shown
+        out, _ = run_cell(kc, "%rlnb close")
+        assert "closed 1 session(s) ['k']" in out
+        assert value(kc, "rlnb.sessions()") == "[]"
+        out, content = run_cell(kc, "%rlnb frobnicate")
+        assert content["status"] == "error" and "usage: %rlnb" in content["evalue"]
+        ok(kc, "%unload_ext rlnb\n%unload_ext rlnb")
+
+
+def test_a_restart_while_training_with_the_dashboard_and_wandb_is_graceful(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with kernel(tmp_path) as (km, kc):
+        ok(kc, SETUP.format(run_dir=str(run_dir)))
+        ok(kc, "board = sess.dashboard(); sess.start()")
+        deadline = time.monotonic() + TIMEOUT
+        while int(value(kc, "sess.version")) < 2:
+            assert time.monotonic() < deadline, "background training made no step"
+        assert km.provisioner is not None
+        old = psutil.Process(km.provisioner.process.pid)
+        family = [old, *old.children(recursive=True)]
+        requested = time.monotonic()
+        km.restart_kernel(now=False)
+        _, alive = psutil.wait_procs(family, timeout=10)
+        assert not alive, f"processes of the old kernel survived: {alive}"
+        took = time.monotonic() - requested
+        assert old.pid not in {p.pid for p in psutil.Process().children(recursive=True)}
+    files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 1, files
+    run = read_run(files[0])
+    assert run.exit_code == EXIT_SIGINT  # the restart cut the run short, and said so
+    assert [h["_step"] for h in run.history if "reward_mean" in h][:2] == [1, 2]
+    print(
+        f"\nrestart with background training: the old kernel and its children were gone {took:.2f} s after the request"
+    )
