@@ -176,13 +176,16 @@ def _stop_group(proc: subprocess.Popen[bytes], timeout: float) -> None:
 
 
 def kernel_processes() -> list[psutil.Process]:
-    """The ipykernel processes this test process started (through a JupyterLab)."""
+    """The ipykernel processes this test process started (through a JupyterLab); a
+    kernel's forked children (prompt-loader workers) share its command line and are
+    left out."""
     found = []
     for p in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             if any("ipykernel" in part for part in p.cmdline()):
                 found.append(p)
-    return found
+    pids = {p.pid for p in found}
+    return [p for p in found if p.ppid() not in pids]
 
 
 # --- the browser ---------------------------------------------------------------

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from pathlib import Path
 
+import nbformat
 import psutil
 import pytest
+from playwright.sync_api import Page
 
 from tests.browser import (
     CHROMIUM,
@@ -60,3 +63,72 @@ def test_quickstart_runs_in_jupyterlab_and_restarts_clean(tmp_path: Path) -> Non
         assert not alive, f"5 s after the restart the old kernel's processes are still there: {alive}"
         (new,) = kernel_processes()
         assert new.pid != kernel.pid
+
+
+PAUSE_RESUME = ROOT / "notebooks" / "02-pause-and-resume.ipynb"
+
+
+def state_word(page: Page) -> str:
+    return str(page.locator(".rlnb-dashboard .rlnb-state-word").first.get_attribute("data-state"))
+
+
+def gauge(page: Page, name: str) -> int:
+    value = page.locator(f'.rlnb-dashboard .rlnb-gauge[data-gauge="{name}"]').first.get_attribute("data-value")
+    return int(value or -1)
+
+
+def press(page: Page, method: str) -> None:
+    """Click the dashboard's button for ``method`` (its label; an icon may precede it)."""
+    page.locator(".rlnb-dashboard button", has_text=re.compile(rf"^\W*{method}\s*$")).first.click()
+
+
+def wait_for(page: Page, condition: str, arg: object, timeout: float = 60.0) -> None:
+    page.wait_for_function(condition, arg=arg, timeout=timeout * 1000)
+
+
+def test_the_dashboard_pauses_resumes_and_stops_background_training_in_jupyterlab(tmp_path: Path) -> None:
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    nb = nbformat.read(PAUSE_RESUME, as_version=4)
+    assert "sess.close()" in nb.cells[-1].source
+    nb.cells[-1] = nbformat.v4.new_code_cell("sess.start()")  # leave it training in the background
+    nbformat.write(nb, notebooks / PAUSE_RESUME.name)
+    with jupyterlab(notebooks) as url, browser(height=1800) as page:
+        open_notebook(page, url, PAUSE_RESUME.name)
+        run_all_cells(page, timeout=240)
+        assert error_outputs(page) == []
+        board = page.locator(".rlnb-dashboard").first
+        board.scroll_into_view_if_needed()
+        word = ".rlnb-dashboard .rlnb-state-word"
+        wait_for(page, "s => document.querySelector(s)?.dataset.state === 'running'", word)
+
+        press(page, "pause")  # mode "abort", the dropdown's default
+        wait_for(page, "s => document.querySelector(s)?.dataset.state === 'paused'", word)
+        press(page, "resume")
+        wait_for(page, "s => document.querySelector(s)?.dataset.state === 'running'", word)
+        version = ".rlnb-dashboard .rlnb-state"
+        seen = page.locator(version).first.inner_text()
+        wait_for(page, "([s, before]) => document.querySelector(s)?.innerText !== before", [version, seen])
+
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        board.screenshot(path=str(SCREENSHOTS / "dashboard.png"))  # training in the background
+        threads = '.rlnb-dashboard .rlnb-gauge[data-gauge="threads"]'
+        training_threads = gauge(page, "threads")
+        press(page, "stop")  # the trainer's thread ends: the threads gauge shows it
+        wait_for(page, "([s, n]) => Number(document.querySelector(s)?.dataset.value) < n", [threads, training_threads])
+        assert error_outputs(page) == []
+        screenshot(page, tmp_path, "pause-and-resume.png")
+        shutil.copy(tmp_path / "pause-and-resume.png", SCREENSHOTS / "pause-and-resume.png")
+
+        (kernel,) = kernel_processes()
+        old = [kernel, *kernel.children(recursive=True)]
+        start = time.monotonic()
+        restart_kernel(page)
+        _, alive = psutil.wait_procs(old, timeout=max(0.0, start + 5.0 - time.monotonic()))
+        assert not alive, f"5 s after the restart the old kernel's processes are still there: {alive}"
+        # the kernel's shutdown hook closed the session (the tracker got 130); the page can
+        # no longer hear from that kernel, so the dashboard's own CSS says so
+        page.locator(".rlnb-dashboard .rlnb-gone").first.wait_for(state="visible", timeout=30_000)
+        assert "exit code 130" in page.locator(".rlnb-dashboard .rlnb-gone").first.inner_text()
+        assert not page.locator(".rlnb-dashboard .rlnb-live").first.is_visible()
+        screenshot(page, SCREENSHOTS, "after-restart.png")

@@ -37,6 +37,18 @@ _STATE_COLOURS = {
     "closed": "#666666",
 }
 _MUTED = "color:#666"
+
+# The kernel cannot update the page once a restart or shutdown has begun (JupyterLab
+# stops routing the old kernel's messages first), so the state panel carries its own
+# epitaph: ipywidgets marks a widget whose kernel is gone with this class, and the
+# CSS swaps the live state word for the line that says how the session ended.
+_GONE = (
+    "<style>.rlnb-gone{display:none}"
+    ".jupyter-widgets-disconnected .rlnb-gone{display:inline;color:#b00020;font-weight:bold}"
+    ".jupyter-widgets-disconnected .rlnb-live{display:none}</style>"
+    '<span class="rlnb-gone">kernel gone: a restart or shutdown closed the session '
+    "(tracker exit code 130); run the notebook again to go on</span>"
+)
 _LEFT = "text-align:left;padding:0 0.8em 0 0;vertical-align:top"
 
 
@@ -111,7 +123,9 @@ def state_html(
     the figures are then the last ones seen while the session was open."""
     closed = exit_code is not None
     state = "closed" if closed or stats is None or stats.closed else stats.rollout.state
-    head = f"<b>session {html.escape(repr(name))}</b> {state_word(state)}"
+    head = f'<b>session {html.escape(repr(name))}</b> <span class="rlnb-live">{state_word(state)}</span>'
+    if not closed:
+        head += _GONE
     if closed:
         head += f' <span class="rlnb-exit-code">closed, exit code {exit_code}</span>'
     if stats is None:
