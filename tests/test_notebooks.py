@@ -80,7 +80,7 @@ def test_01_quickstart_learns_in_the_background_and_leaves_nothing(tmp_path: Pat
     assert "'version': 1" in out[4]
     dashboard = next(c for c in cells if c.source == "sess.dashboard()")
     static = dashboard.outputs[0]["data"]["text/html"]  # the widget became its static copy on close
-    assert "quickstart" in static and "exit code 0" in static and "data:image/png;base64" in static
+    assert "quickstart" in static and "exit code 0" in static and "data:image/svg+xml;base64" in static
     assert re.search(r"training\s+running", out[7]), out[7]  # the cell ran while training went on
     after = number_after(out[8], "RL steps:")
     assert "after 151 RL steps" in out[8] and after > warm  # the RL stage learned

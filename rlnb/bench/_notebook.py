@@ -6,6 +6,8 @@
   "abort") to the engine holding no request, timed inside the kernel.
 - **Dashboard overhead:** background training steps/s with a live dashboard (its
   ticker updating the widgets) over steps/s without one, interleaved in one run.
+  Each round's dashboard is made, and has drawn once, before its clock starts:
+  the target is the cost of keeping it up to date, not of building it.
 
 The kernel listens on 127.0.0.1 only; run it inside a loopback-only network
 namespace where that is the rule (``../shared/bin/netns-run`` in this project).
@@ -57,6 +59,8 @@ rates = {{"plain": [], "dashboard": []}}
 for _ in range({rounds}):
     for kind in ("plain", "dashboard"):
         board = sess.dashboard() if kind == "dashboard" else None
+        while board is not None and board.ticks < 2:  # built, and drawn once
+            tick.wait(0.01)
         start = time.perf_counter()
         sess.start(steps={steps})
         sess.wait()
@@ -67,7 +71,7 @@ print(json.dumps(rates))
 """
 
 
-def run(*, cells: int = 100, clicks: int = 30, rounds: int = 3, steps: int = 30) -> BenchResult:
+def run(*, cells: int = 100, clicks: int = 50, rounds: int = 5, steps: int = 60) -> BenchResult:
     from rlnb.bench._kernel import Kernel
 
     with tempfile.TemporaryDirectory(prefix="rlnb-bench-") as tmp, Kernel(Path(tmp)) as kernel:

@@ -2,7 +2,7 @@
 strong reference to a session, and nothing below imports it.
 
 ``sess.dashboard()`` asks for the view this package registers at import;
-ipywidgets, IPython and matplotlib load only when a dashboard is made.
+ipywidgets and IPython load only when a dashboard is made.
 ``%load_ext rlnb`` finds its hooks here (``rlnb`` re-exports them).
 """
 

@@ -4,14 +4,13 @@ One per session (``sess.dashboard()``). It holds only a weak reference to the
 session; its one ticker thread sets widget values (ipykernel sends them from any
 thread) and its buttons call the session's public methods on the thread that
 clicks. When the session closes, every display of the dashboard is replaced by a
-static copy (HTML and a PNG), so a saved notebook never shows a dead widget.
+static copy (HTML, the curves as SVG images), so a saved notebook never shows a dead widget.
 
-ipywidgets, IPython and matplotlib are imported only when a dashboard is made.
+ipywidgets and IPython are imported only when a dashboard is made.
 """
 
 from __future__ import annotations
 
-import base64
 import collections
 import functools
 import html
@@ -147,7 +146,7 @@ class Dashboard:
         self.message = w.HTML()
         self.state = w.HTML(value=self._state_html(), layout=w.Layout(margin="0 2em 0 0"))
         self.gauges = w.HTML()
-        self.curves = w.Image(format="png", layout=w.Layout(display="none"))
+        self.curves = w.HTML(layout=w.Layout(display="none"))
         self.rollouts = w.HTML()
         panels = w.HBox([self.state, self.gauges], layout=w.Layout(flex_flow="row wrap"))
         self.widget = w.VBox([controls, self.message, panels, self.curves, self.rollouts])
@@ -187,22 +186,28 @@ class Dashboard:
             if self._stop.wait(self.interval):
                 return
 
-    def tick(self) -> None:
+    def tick(self, *, wait: bool = True, curves: bool = True) -> None:
         """Update every panel from the session now (the ticker does this each
         ``interval``): one ``statistics()``, one probe snapshot, and the curves at
-        most once a second. Never raises: a failure shows in ``message``."""
-        with self._tick_lock:
+        most once a second. Never raises: a failure shows in ``message``.
+        ``wait=False`` skips the update if one is under way (it shows the same);
+        ``curves=False`` leaves the curves for the ticker (a draw takes ~50 ms)."""
+        if not self._tick_lock.acquire(blocking=wait):
+            return
+        try:
             if self._closed:
                 return
             started = time.perf_counter()
             try:
-                self._update()
+                self._update(curves=curves)
             except Exception as exc:
                 self._say(f"dashboard update failed: {exc!r}", error=True)
             self.last_tick_s = time.perf_counter() - started
             self.ticks += 1
+        finally:
+            self._tick_lock.release()
 
-    def _update(self) -> None:
+    def _update(self, *, curves: bool = True) -> None:
         sess = self._session()
         if sess is None:  # collected without a close callback: nothing left to show
             self._stop.set()
@@ -225,7 +230,7 @@ class Dashboard:
 
         self.gauges.value = _panels.gauges_html(snapshot(), self._baseline)
         self._sync_buttons(stats)
-        if now >= self._next_curves:
+        if curves and now >= self._next_curves:
             self._draw_curves(sess.history, sess.evaluations)
         count, groups = self._batch.last
         if count != self._shown_batch:
@@ -247,12 +252,11 @@ class Dashboard:
         key = (len(history), len(evaluations))
         if key == self._drawn:
             return
-        first, started = self._drawn == (0, 0), time.monotonic()
+        started = time.monotonic()
         self.curves.value = self._curves.render(history, evaluations)
         self.curves.layout.display = None
         self._drawn = key
-        took = 0.0 if first else time.monotonic() - started  # the first draw also imports matplotlib
-        self._next_curves = started + max(CURVES_INTERVAL, _TIME_SHARE * took)
+        self._next_curves = started + max(CURVES_INTERVAL, _TIME_SHARE * (time.monotonic() - started))
 
     # -- the buttons ------------------------------------------------------------------
 
@@ -296,7 +300,9 @@ class Dashboard:
             with self._lock:
                 button.description = method
                 self._busy.discard(method)
-        self.tick()  # show the effect (and the buttons' new states) at once
+        # Show the effect (and the buttons' new states) at once, unless the ticker is
+        # drawing: a click must never wait for the curves.
+        self.tick(wait=False, curves=False)
 
     def _call(self, method: str) -> str:
         from rlnb.notebook import _panels
@@ -322,19 +328,17 @@ class Dashboard:
 
     def static_html(self) -> str:
         """The dashboard as plain HTML (the state, the gauges, the last message and
-        rollouts, the curves as an inline PNG): what replaces it once closed."""
+        rollouts, the curves as inline SVG images): what replaces it once closed."""
         if self._exit_code is not None:
             status = f"closed, exit code {self._exit_code}"
         else:
             status = "open; this is a copy of its dashboard" + (" (closed)" if self._closed else "")
-        png = self.curves.value
-        image = f'<img alt="curves" src="data:image/png;base64,{base64.b64encode(png).decode()}">' if png else ""
         parts = (
             f"<div><b>rlnb session {html.escape(repr(self.name))}</b>: {status}</div>",
             f'<div class="rlnb-message">{self.message.value}</div>',
             f'<div style="display:flex;flex-wrap:wrap;gap:2em"><div class="rlnb-state">{self.state.value}</div>',
             f'<div class="rlnb-gauges">{self.gauges.value}</div></div>',
-            f'<div class="rlnb-curves">{image}</div><div class="rlnb-rollouts">{self.rollouts.value}</div>',
+            f'<div class="rlnb-curves">{self.curves.value}</div><div class="rlnb-rollouts">{self.rollouts.value}</div>',
         )
         return f'<div class="rlnb-dashboard rlnb-static">{"".join(parts)}</div>'
 
@@ -392,7 +396,7 @@ class Dashboard:
             if history or evaluations:
                 self._draw_curves(history, evaluations)
         finally:
-            self._curves.close()  # before the last snapshot: matplotlib's font files are ours
+            self._curves.close()
         self.state.value = self._state_html()
         self.gauges.value = _panels.gauges_html(snapshot(), self._baseline, final=session_closed)
         self._sync_buttons(None)

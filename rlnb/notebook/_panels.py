@@ -1,17 +1,15 @@
-"""The dashboard's panels: the live-state and resource-gauge HTML, the curves drawn
-with matplotlib's Agg backend, and the callback that keeps the last batch.
+"""The dashboard's panels: the live-state and resource-gauge HTML, the curves as
+small SVG charts, and the callback that keeps the last batch.
 
 Imported only when a dashboard is made: it loads :mod:`rlnb.learn` (torch, which
-a session has loaded already) and, on the first draw, matplotlib. Nothing here
-holds a session.
+a session has loaded already). Nothing here holds a session.
 """
 
 from __future__ import annotations
 
+import base64
 import html
-import io
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -209,61 +207,73 @@ def rollouts_html(groups: Sequence[Group], count: int) -> str:
 
 
 class Curves:
-    """reward_mean and entropy per step and held-out accuracy per evaluation, drawn
-    with Agg into PNG bytes. The figure is made once and its lines are updated, so a
-    redraw costs one render; no pyplot state is touched. Use from one thread at a time."""
+    """reward_mean and entropy per step and held-out accuracy per evaluation, as
+    three small SVG charts built from strings: a redraw costs well under a
+    millisecond and never holds the GIL long enough to stall training or a click
+    (a matplotlib draw took ~50 ms). Use from one thread at a time."""
 
     _SERIES = (("reward_mean", "reward_mean"), ("entropy", "entropy"), ("eval", "held-out accuracy"))
+    WIDTH, HEIGHT = 270, 140
 
-    def __init__(self) -> None:
-        self._figure: Any = None
-        self._lines: dict[str, Any] = {}
-
-    def render(self, history: Sequence[Mapping[str, float]], evaluations: Sequence[tuple[int, float]]) -> bytes:
-        """The curves as PNG bytes (one Agg draw, then a fast PNG encoding)."""
-        from PIL import Image  # matplotlib's own dependency
-
-        if self._figure is None:
-            self._make()
-        stride = max(1, len(history) // _MAX_POINTS)  # a line of 400 points looks the same and draws faster
+    def render(self, history: Sequence[Mapping[str, float]], evaluations: Sequence[tuple[int, float]]) -> str:
+        """The charts as one HTML block (each chart an ``<img>`` of SVG, so that it
+        survives in a saved notebook's sanitised output too)."""
+        stride = max(1, len(history) // _MAX_POINTS)  # 400 points look the same as 4,000
         shown = list(history[::stride]) + ([history[-1]] if history and (len(history) - 1) % stride else [])
-        steps = [int(m.get("version", i * stride + 1)) for i, m in enumerate(shown)]
-        for key in ("reward_mean", "entropy"):
-            self._lines[key].set_data(steps, [float(m.get(key, math.nan)) for m in shown])
-        self._lines["eval"].set_data([v for v, _ in evaluations], [a for _, a in evaluations])
-        for line in self._lines.values():
-            line.axes.relim()
-            line.axes.autoscale_view()
-        canvas = self._figure.canvas
-        canvas.draw()
-        out = io.BytesIO()
-        image = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
-        image.save(out, format="png", compress_level=1)
-        return out.getvalue()
-
-    def _make(self) -> None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        figure = Figure(figsize=(9.0, 2.3), dpi=72)
-        FigureCanvasAgg(figure)
-        figure.subplots_adjust(left=0.06, right=0.99, bottom=0.2, top=0.87, wspace=0.25)
-        for i, (key, title) in enumerate(self._SERIES):
-            ax = figure.add_subplot(1, 3, i + 1)
-            ax.set_title(title, fontsize=9)
-            ax.set_xlabel("step", fontsize=8)
-            ax.tick_params(labelsize=7)
-            ax.grid(alpha=0.3)
-            ax.locator_params(nbins=4)  # fewer ticks: the axes are most of a draw's cost
-            (self._lines[key],) = ax.plot([], [], "o-" if key == "eval" else "-", lw=1.2, ms=3)
+        steps = [float(m.get("version", i * stride + 1)) for i, m in enumerate(shown)]
+        charts = []
+        for key, title in self._SERIES:
             if key == "eval":
-                ax.set_ylim(0.0, 1.05)  # an accuracy: a fixed scale reads better than a rescaled one
-        self._figure = figure
+                svg = self.chart(title, [(float(v), a) for v, a in evaluations], y_range=(0.0, 1.0), dots=True)
+            else:
+                values = [float(m.get(key, math.nan)) for m in shown]
+                svg = self.chart(title, [(x, y) for x, y in zip(steps, values, strict=True) if math.isfinite(y)])
+            data = base64.b64encode(svg.encode()).decode()
+            charts.append(f'<img alt="{html.escape(title)}" src="data:image/svg+xml;base64,{data}">')
+        return '<div style="display:flex;gap:8px;flex-wrap:wrap">' + "".join(charts) + "</div>"
+
+    def chart(
+        self,
+        title: str,
+        points: Sequence[tuple[float, float]],
+        *,
+        y_range: tuple[float, float] | None = None,
+        dots: bool = False,
+    ) -> str:
+        """One chart as an SVG document: a line through ``points``, its ranges labelled."""
+        w, h = self.WIDTH, self.HEIGHT
+        left, right, top, bottom = 40, w - 8, 20, h - 22
+        parts = [
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
+            'font-size="10">',
+            f'<text x="{w / 2}" y="13" text-anchor="middle" font-size="11">{html.escape(title)}</text>',
+            f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" fill="none" stroke="#999"/>',
+        ]
+        if not points:
+            middle = f'x="{(left + right) / 2}" y="{(top + bottom) / 2}"'
+            parts.append(f'<text {middle} text-anchor="middle" fill="#999">no data yet</text></svg>')
+            return "".join(parts)
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        x0, x1 = min(xs), max(xs)
+        y0, y1 = y_range if y_range is not None else (min(ys), max(ys))
+        x0, x1 = (x0 - 1, x1 + 1) if x1 == x0 else (x0, x1)
+        y0, y1 = (y0 - 0.5, y1 + 0.5) if y1 == y0 else (y0, y1)
+        at = [
+            (left + (x - x0) / (x1 - x0) * (right - left), bottom - (y - y0) / (y1 - y0) * (bottom - top))
+            for x, y in points
+        ]
+        line = " ".join(f"{px:.1f},{py:.1f}" for px, py in at)
+        parts.append(f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="1.4"/>')
+        if dots:
+            parts += [f'<circle cx="{px:.1f}" cy="{py:.1f}" r="2.5" fill="#1f77b4"/>' for px, py in at]
+        parts += [
+            f'<text x="{left - 3}" y="{top + 8}" text-anchor="end">{_reprs.number(y1)}</text>',
+            f'<text x="{left - 3}" y="{bottom}" text-anchor="end">{_reprs.number(y0)}</text>',
+            f'<text x="{left}" y="{h - 8}">step {_reprs.number(x0)}</text>',
+            f'<text x="{right}" y="{h - 8}" text-anchor="end">{_reprs.number(x1)}</text>',
+            "</svg>",
+        ]
+        return "".join(parts)
 
     def close(self) -> None:
-        """Drop the figure and matplotlib's cache of open font files, so a closed
-        dashboard holds no file descriptor (fonts reopen on the next draw)."""
-        self._figure, self._lines = None, {}
-        font_manager = sys.modules.get("matplotlib.font_manager")  # never import it just to clear it
-        if font_manager is not None:
-            font_manager._get_font.cache_clear()
+        """Nothing to release: the charts are strings."""

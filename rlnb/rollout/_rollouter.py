@@ -102,13 +102,13 @@ class Rollouter:
     async def pause(self, mode: PauseMode | str = PauseMode.ABORT) -> None:
         """Pause generation; see :class:`PauseMode`. Returns once paused, except in
         WAIT mode, where it returns at once and the drain finishes in the background
-        (``wait_paused()`` waits for it; ``resume()`` interrupts it). Raises
-        RolloutError during a weight sync."""
+        (``wait_paused()`` waits for it; ``resume()`` interrupts it). A weight sync in
+        progress is waited out first."""
         await self._machine.pause(mode)
 
     async def resume(self) -> None:
         """Leave a pause: kept partial rollouts continue and dispatch goes on. Idempotent.
-        Raises RolloutError during a weight sync (which resumes by itself)."""
+        A weight sync in progress is waited out first."""
         await self._machine.resume()
 
     async def wait_paused(self) -> None:

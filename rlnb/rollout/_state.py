@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlnb._errors import ClosedError, RolloutError, WeightSyncError
+from rlnb._errors import ClosedError, WeightSyncError
 from rlnb.rollout._engine import Engine, PauseMode
 from rlnb.rollout._supervisor import TaskSupervisor
 
@@ -91,8 +91,7 @@ class StateMachine:
     async def pause(self, mode: PauseMode | str) -> None:
         mode = PauseMode(mode)
         self.check_open()
-        if self._state is RolloutState.SYNCING:
-            raise RolloutError("cannot pause during a weight sync; try again when it returns")
+        await self._after_sync()  # a sync takes milliseconds: pause right after it
         if self._state is not RolloutState.RUNNING:
             # Already paused: the same mode (or a milder one) changes nothing, while
             # "abort" still turns a frozen or draining pause into partial rollouts.
@@ -117,10 +116,9 @@ class StateMachine:
 
     async def resume(self) -> None:
         self.check_open()
+        await self._after_sync()
         if self._state is RolloutState.RUNNING:
             return
-        if self._state is RolloutState.SYNCING:
-            raise RolloutError("cannot resume during a weight sync; it resumes by itself")
         self._resumed_at = time.perf_counter()
         # State first, then one turn of the loop so the dispatcher goes before whatever
         # the engine's resume wakes (a request dispatched a moment early just queues).
@@ -128,13 +126,19 @@ class StateMachine:
         await asyncio.sleep(0)
         await self._engine.resume()
 
+    async def _after_sync(self) -> None:
+        """Wait out a weight sync in progress (it restores the state it found)."""
+        if self._state is RolloutState.SYNCING:
+            await self.wait_for(lambda: self._state is not RolloutState.SYNCING)
+
     async def wait_paused(self) -> None:
         await self.wait_for(lambda: self._state is RolloutState.PAUSED)
 
     async def sync_weights(self, weights: Mapping[str, Any], version: int) -> None:
         self.check_open()
-        if self._state in (RolloutState.SYNCING, RolloutState.PAUSING):
-            raise WeightSyncError(f"cannot sync weights while {self._state.value}")
+        # Another sync, or a pause under way (a WAIT drain finishes its samples with the
+        # weights they started with): wait for it, then sync.
+        await self.wait_for(lambda: self._state not in (RolloutState.SYNCING, RolloutState.PAUSING))
         previous = self._state
         await self.set(RolloutState.SYNCING)
         synced = False

@@ -87,7 +87,7 @@ def test_show_click_and_close_in_a_real_kernel(tmp_path: Path) -> None:
         (update,) = [m for m in closing if m["msg_type"] == "update_display_data"]
         assert update["content"]["transient"]["display_id"] == display_id
         static = update["content"]["data"]["text/html"]
-        assert "closed, exit code 0" in static and "data:image/png;base64," in static
+        assert "closed, exit code 0" in static and "data:image/svg+xml;base64," in static
         closed = {m["content"]["comm_id"] for m in closing if m["msg_type"] == "comm_close"}
         assert set(opened) <= closed  # every widget, layout and style: no model left for a saved notebook
         threads = ok(kc, "import threading; print([t.name for t in threading.enumerate()])")

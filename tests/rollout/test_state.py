@@ -191,22 +191,41 @@ def test_pause_twice_is_idempotent_and_resume_while_running_is_a_no_op() -> None
     asyncio.run(main())
 
 
-def test_pause_and_resume_during_a_weight_sync_raise_and_the_sync_completes() -> None:
+def test_pause_resume_and_sync_during_a_weight_sync_wait_for_it_then_take_effect() -> None:
     async def main() -> None:
         engine = RecordingEngine(lengths=4)
         engine.update_gate = asyncio.Event()
         async with make_rollouter(engine, group_size=2, max_inflight=2) as (r, _):
             sync = asyncio.create_task(r.sync_weights({"w": 1.0}, version=1))
             await until(lambda: r.state is RolloutState.SYNCING, "the sync to start")
-            with pytest.raises(rlnb.RolloutError, match="weight sync"):
-                await r.pause("abort")
-            with pytest.raises(rlnb.RolloutError, match="weight sync"):
-                await r.resume()
-            with pytest.raises(rlnb.WeightSyncError, match="syncing"):
-                await r.sync_weights({"w": 2.0}, version=2)
+            pause = asyncio.create_task(r.pause("abort"))
+            second = asyncio.create_task(r.sync_weights({"w": 2.0}, version=2))
+            await asyncio.sleep(0.01)
+            assert not pause.done() and not second.done()  # they wait for the sync in progress
+            assert r.state is RolloutState.SYNCING
             engine.update_gate.set()
-            await sync
-            assert r.state is RolloutState.RUNNING and engine.statistics().version == 1
+            await asyncio.gather(sync, pause, second)
+            assert r.state is RolloutState.PAUSED  # the pause took effect after the first sync
+            assert engine.statistics().version == 2  # and the second sync went through, paused
+            await r.resume()
+            assert r.state is RolloutState.RUNNING
+
+    asyncio.run(main())
+
+
+def test_a_weight_sync_during_a_wait_drain_waits_for_the_drain() -> None:
+    async def main() -> None:
+        engine = RecordingEngine(lengths=6, token_delay=0.01)
+        async with make_rollouter(engine, group_size=2, max_inflight=2) as (r, _):
+            collect = asyncio.create_task(r.collect(1))
+            await until(lambda: engine.statistics().running > 0, "generation to start")
+            await r.pause("wait")
+            assert r.state is RolloutState.PAUSING
+            await r.sync_weights({"w": 1.0}, version=1)  # waited for the drain, then synced
+            assert r.state is RolloutState.PAUSED and engine.statistics().version == 1
+            await r.resume()
+            groups = await collect
+            assert all(set(s.versions) == {0} for s in groups[0].samples)  # finished with their weights
 
     asyncio.run(main())
 
