@@ -141,14 +141,16 @@ def test_start_stop_step_evaluate_and_save_call_the_session(tmp_path: Path) -> N
         assert buttons["stop"].disabled and not buttons["start"].disabled
         buttons["start"].click()
         assert sess.training and "training in the background" in dash.message.value
-        assert buttons["start"].disabled and not buttons["stop"].disabled
+        # the click refreshes the buttons unless the ticker is mid-tick: then its tick does
+        wait_until(lambda: buttons["start"].disabled and not buttons["stop"].disabled, "the training buttons")
         assert buttons["step"].disabled and buttons["evaluate"].disabled and buttons["save"].disabled
         assert buttons["start"].description == "start"  # busy only while its handler runs
 
         buttons["stop"].click()
         assert not sess.training
         assert f"stopped at step {sess.version}" in dash.message.value
-        assert not buttons["start"].disabled and buttons["stop"].disabled and not buttons["step"].disabled
+        wait_until(lambda: not buttons["start"].disabled and buttons["stop"].disabled, "the idle buttons")
+        assert not buttons["step"].disabled
 
 
 @pytest.mark.parametrize("mode", ["abort", "keep", "wait"])
@@ -168,14 +170,16 @@ def test_pause_in_each_mode_then_resume(mode: str) -> None:
         assert stats.state == "paused"
         if mode == "abort":
             assert f"{stats.kept_partial} samples kept as partial rollouts" in dash.message.value
-        wait_until(lambda: state_word(dash) == "PAUSED", "the state word")
-        assert dash.buttons["pause"].disabled and not dash.buttons["resume"].disabled
+        # one tick sets the state word, then the buttons: wait for both
+        wait_until(lambda: state_word(dash) == "PAUSED" and dash.buttons["pause"].disabled, "the paused panel")
+        assert not dash.buttons["resume"].disabled
         assert dash.buttons["step"].disabled  # a step needs running rollouts
 
         dash.buttons["resume"].click()
-        assert sess.statistics().rollout.state == "running"
-        assert "resumed:" in dash.message.value and state_word(dash) == "RUNNING"
-        assert not dash.buttons["pause"].disabled and dash.buttons["resume"].disabled
+        assert sess.statistics().rollout.state == "running" and "resumed:" in dash.message.value
+        # the click's own refresh is skipped while the ticker is mid-tick: the next tick shows it
+        wait_until(lambda: state_word(dash) == "RUNNING" and dash.buttons["resume"].disabled, "the running panel")
+        assert not dash.buttons["pause"].disabled
 
 
 def test_an_error_shows_inline_and_nothing_reaches_stderr(capsys: pytest.CaptureFixture[str]) -> None:
