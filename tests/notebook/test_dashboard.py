@@ -116,7 +116,7 @@ def test_one_dashboard_and_one_ticker_per_session(shown: list[tuple[Any, FakeHan
         assert dash.save_path.value == "checkpoints/dash-one"
         for widget, name in [(dash.state, "state"), (dash.gauges, "gauges"), (dash.message, "message")]:
             assert f"rlnb-{name}" in widget._dom_classes
-        assert "live, ticking every 0.25 s" in repr(dash)
+        assert "live, ticking every 0.5 s" in repr(dash)
     assert not ticker.is_alive()
 
 

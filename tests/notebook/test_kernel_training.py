@@ -32,6 +32,7 @@ sess = rlnb.Session(config, name="k")
 def value(kc: BlockingKernelClient, expression: str) -> str:
     """``expression`` evaluated in the kernel, as its repr (read from the reply, not stdout)."""
     reply = kc.execute_interactive("", user_expressions={"v": expression}, timeout=TIMEOUT)
+    assert reply["content"]["status"] == "ok", reply["content"]
     result = reply["content"]["user_expressions"]["v"]
     assert result["status"] == "ok", result
     return str(result["data"]["text/plain"])
