@@ -11,4 +11,15 @@ fi
 # narrowing what users of the package may install.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check \
     -c .ci/constraints.txt -e ".[dev,ray,notebook]" 2>&1 | grep -v "^WARNING: Location" || true
+# JupyterLab saves widget state into the notebook on save ("Save Jupyter widget state"),
+# so a notebook saved while a dashboard is live reopens showing its last frame instead
+# of "Error displaying widget: model not found".
+.venv/bin/python - <<'PY'
+import json, pathlib, sys
+path = pathlib.Path(sys.prefix, "share", "jupyter", "lab", "settings", "overrides.json")
+path.parent.mkdir(parents=True, exist_ok=True)
+settings = json.loads(path.read_text()) if path.exists() else {}
+settings.setdefault("@jupyter-widgets/jupyterlab-manager:plugin", {})["saveState"] = True
+path.write_text(json.dumps(settings, indent=2) + "\n")
+PY
 .venv/bin/python -c "import rlnb, torch; print(f'rlnb {rlnb.__version__} ready (torch {torch.__version__})')"

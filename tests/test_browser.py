@@ -20,6 +20,7 @@ from tests.browser import (
     execution_counts,
     jupyterlab,
     kernel_processes,
+    menu,
     open_notebook,
     restart_kernel,
     run_all_cells,
@@ -119,6 +120,20 @@ def test_the_dashboard_pauses_resumes_and_stops_background_training_in_jupyterla
         assert error_outputs(page) == []
         screenshot(page, tmp_path, "pause-and-resume.png")
         shutil.copy(tmp_path / "pause-and-resume.png", SCREENSHOTS / "pause-and-resume.png")
+
+        # Saved while the session is open, the notebook keeps the widgets' state (the
+        # set-up turns on Lab's "Save Jupyter widget state"): it reopens showing the
+        # dashboard's last frame, not "model not found".
+        saved = notebooks / PAUSE_RESUME.name
+        before = saved.stat().st_mtime_ns
+        menu(page, "File", "Save Notebook")
+        deadline = time.monotonic() + 30
+        while saved.stat().st_mtime_ns == before:
+            assert time.monotonic() < deadline, "the notebook was not saved"
+            time.sleep(0.05)
+        state = nbformat.read(saved, as_version=4).metadata["widgets"]["application/vnd.jupyter.widget-state+json"]
+        values = [m["state"].get("value", "") for m in state["state"].values()]
+        assert any("rlnb-state-word" in str(v) for v in values), "no dashboard state saved"
 
         (kernel,) = kernel_processes()
         old = [kernel, *kernel.children(recursive=True)]
