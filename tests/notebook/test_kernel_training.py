@@ -135,3 +135,20 @@ def test_a_restart_while_training_with_the_dashboard_and_wandb_is_graceful(tmp_p
     print(
         f"\nrestart with background training: the old kernel and its children were gone {took:.2f} s after the request"
     )
+
+
+def test_the_console_line_lives_in_the_cell_that_trains(tmp_path: Path) -> None:
+    made = SETUP.format(run_dir=str(tmp_path / "run")).replace('backends=("wandb",)', 'backends=("console",)')
+    made = made.replace("rlnb.TrackConfig(", "rlnb.TrackConfig(console_every=2, ")
+    with kernel(tmp_path) as (_, kc):
+        first: list[dict[str, Any]] = []
+        kc.execute_interactive(made, timeout=TIMEOUT, output_hook=first.append)
+        assert not [m for m in first if m["msg_type"] == "display_data"]  # nothing shown where it was made
+        for step in (2, 4):
+            msgs: list[dict[str, Any]] = []
+            reply = kc.execute_interactive("sess.train(2, progress=False)", timeout=TIMEOUT, output_hook=msgs.append)
+            assert reply["content"]["status"] == "ok"
+            # a new output in the cell that trains (an update of another cell's would be
+            # update_display_data), which shows this cell's steps
+            new = [m["content"]["data"].get("text/plain", "") for m in msgs if m["msg_type"] == "display_data"]
+            assert len(new) == 1 and f"step {step} |" in new[0], [m["msg_type"] for m in msgs]
