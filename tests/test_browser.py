@@ -6,6 +6,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import psutil
@@ -83,6 +84,16 @@ def press(page: Page, method: str) -> None:
     page.locator(".rlnb-dashboard button", has_text=re.compile(rf"^\W*{method}\s*$")).first.click()
 
 
+def saved_widget_state(path: Path) -> dict[str, Any] | None:
+    """The widget state saved in the notebook at ``path``, or None (not yet there)."""
+    try:
+        widgets = nbformat.read(path, as_version=4).metadata.get("widgets", {})
+    except Exception:  # a file being written
+        return None
+    state: dict[str, Any] | None = widgets.get("application/vnd.jupyter.widget-state+json")
+    return state
+
+
 def wait_for(page: Page, condition: str, arg: object, timeout: float = 60.0) -> None:
     page.wait_for_function(condition, arg=arg, timeout=timeout * 1000)
 
@@ -125,13 +136,11 @@ def test_the_dashboard_pauses_resumes_and_stops_background_training_in_jupyterla
         # set-up turns on Lab's "Save Jupyter widget state"): it reopens showing the
         # dashboard's last frame, not "model not found".
         saved = notebooks / PAUSE_RESUME.name
-        before = saved.stat().st_mtime_ns
         menu(page, "File", "Save Notebook")
         deadline = time.monotonic() + 30
-        while saved.stat().st_mtime_ns == before:
-            assert time.monotonic() < deadline, "the notebook was not saved"
+        while not (state := saved_widget_state(saved)):  # the server may be mid-write
+            assert time.monotonic() < deadline, "the notebook was not saved with its widget state"
             time.sleep(0.05)
-        state = nbformat.read(saved, as_version=4).metadata["widgets"]["application/vnd.jupyter.widget-state+json"]
         values = [m["state"].get("value", "") for m in state["state"].values()]
         assert any("rlnb-state-word" in str(v) for v in values), "no dashboard state saved"
 

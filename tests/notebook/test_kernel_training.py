@@ -152,3 +152,34 @@ def test_the_console_line_lives_in_the_cell_that_trains(tmp_path: Path) -> None:
             # update_display_data), which shows this cell's steps
             new = [m["content"]["data"].get("text/plain", "") for m in msgs if m["msg_type"] == "display_data"]
             assert len(new) == 1 and f"step {step} |" in new[0], [m["msg_type"] for m in msgs]
+
+
+CLICK_EVERY_BUTTON = """
+import json
+board = sess.dashboard()
+b, seen = board.buttons, {{}}
+b["step"].click(); seen["step"] = sess.version
+b["evaluate"].click(); seen["evaluate"] = len(sess.evaluations)
+board.save_path.value = {path!r}; b["save"].click(); seen["save"] = board.message.value
+b["start"].click(); seen["start"] = sess.training
+for mode in ("abort", "keep", "wait"):
+    board.pause_mode.value = mode; b["pause"].click(); sess.wait_paused(timeout=60)
+    seen[mode] = sess.statistics().rollout.state
+    b["resume"].click(); seen[mode + " resumed"] = sess.statistics().rollout.state
+b["stop"].click(); seen["stop"] = sess.training
+print(json.dumps(seen))
+"""
+
+
+def test_every_dashboard_button_in_a_kernel_does_what_its_method_does(tmp_path: Path) -> None:
+    import json
+
+    made = SETUP.format(run_dir=str(tmp_path / "run")).replace('backends=("wandb",)', "backends=()")
+    with kernel(tmp_path) as (_, kc):
+        ok(kc, made)
+        seen = json.loads(ok(kc, CLICK_EVERY_BUTTON.format(path=str(tmp_path / "ckpt"))))
+    assert seen["step"] == 1 and seen["evaluate"] == 1
+    assert "saved to" in seen["save"] and (tmp_path / "ckpt" / "checkpoint.json").is_file()
+    assert seen["start"] is True and seen["stop"] is False
+    for mode in ("abort", "keep", "wait"):
+        assert seen[mode] == "paused" and seen[mode + " resumed"] == "running", seen
