@@ -39,6 +39,11 @@ class RolloutError(RlnbError, RuntimeError):
     """A rollout (generation or reward) failed after its retries; the cause is chained."""
 
 
+class EngineError(RlnbError, RuntimeError):
+    """A generation engine failed as a whole (its thread or process died); every
+    request it held fails with it, chained to the cause. Make a new session."""
+
+
 class WeightSyncError(RolloutError):
     """A weight sync failed; the rollouter stays paused and nothing is half-synced."""
 

@@ -192,3 +192,18 @@ def test_pause_wait_drains_even_with_more_samples_in_flight_than_engine_slots() 
         stats = sess.statistics()
         assert stats.rollout.state == "paused"
         assert stats.engine.running == 0 and stats.engine.waiting == 0
+
+
+def test_a_dead_engine_is_reported_at_the_next_call_instead_of_hanging(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = HookedEngine(CONFIG, name="rlnb-dead-engine")
+    with rlnb.Session(CONFIG, name="dead-engine", engine=engine) as sess:
+        sess.rollout(1)
+
+        def admit() -> list[object]:
+            raise RuntimeError("admission broke")
+
+        monkeypatch.setattr(engine.inner, "_admit", admit)  # a fault outside decode and prefill
+        with pytest.raises(rlnb.RolloutError) as info:
+            sess.rollout(1, timeout=30)
+        assert any(isinstance(e, rlnb.EngineError) for e in cause_chain(info.value))
+        assert "admission broke" in str(sess.statistics().engine.extra["died"])

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from rlnb._errors import ClosedError
+from rlnb._errors import ClosedError, EngineError
 from rlnb.models import TinyPolicy
 from rlnb.rollout._engine import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
 from rlnb.rollout._sampling import sample_next
@@ -103,6 +103,7 @@ class TinyEngine:
         self._arrivals = 0
         self._wait_cutoff = 0  # in WAIT mode, requests that arrived up to here still run
         self._closed = False
+        self._death: EngineError | None = None  # why the engine thread died, if it did
         self._counts = {"finished": 0, "aborted": 0, "tokens": 0, "steps": 0, "batch_sum": 0}
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
@@ -119,8 +120,7 @@ class TinyEngine:
         loop = asyncio.get_running_loop()
         seq = _Seq(request, loop, loop.create_future(), random.Random(request.seed))
         with self._cond:
-            if self._closed:
-                raise ClosedError("the engine is closed")
+            self._check_open()
             self._arrivals += 1
             seq.order = self._arrivals
             self._queue.append(seq)
@@ -189,7 +189,10 @@ class TinyEngine:
                 aborted=self._counts["aborted"],
                 generated_tokens=self._counts["tokens"],
                 decode_steps=steps,
-                extra={"mean_batch": self._counts["batch_sum"] / steps if steps else 0.0},
+                extra={
+                    "mean_batch": self._counts["batch_sum"] / steps if steps else 0.0,
+                    "died": None if self._death is None else str(self._death),
+                },
             )
 
     def close(self, timeout: float | None = 5.0) -> None:
@@ -218,6 +221,8 @@ class TinyEngine:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the engine is closed")
+        if self._death is not None:  # a fresh error each time, chained to what killed the thread
+            raise EngineError(str(self._death)) from self._death.__cause__
 
     # -- the engine thread ---------------------------------------------------------
 
@@ -244,6 +249,29 @@ class TinyEngine:
         return not self._active or len(self._free) >= min(self._admit_chunk, len(self._queue))
 
     def _serve(self) -> None:
+        try:
+            self._serve_loop()
+        except BaseException as exc:  # never die silently: every waiter, now and later, hears of it
+            self._die(exc)
+
+    def _die(self, exc: BaseException) -> None:
+        error = EngineError(f"the engine thread died: {exc!r}; close the session and make a new one")
+        error.__cause__ = exc
+        with self._cond:
+            self._death = error
+            pending = [*self._queue, *self._active]
+            self._queue.clear()
+            self._active.clear()
+            barriers, self._barriers = self._barriers, []
+            updates, self._updates = self._updates, []
+        for seq in pending:
+            _deliver(seq.loop, seq.future, error)
+        for loop, fut in barriers:
+            _deliver(loop, fut, error)
+        for _, _, loop, fut in updates:
+            _deliver(loop, fut, error)
+
+    def _serve_loop(self) -> None:
         if self._threads is not None:  # OpenMP's thread count is per calling thread
             torch.set_num_threads(self._threads)
         while True:

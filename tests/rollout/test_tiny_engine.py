@@ -271,3 +271,25 @@ def test_engine_threads_apply_to_the_engine_thread_only(policy: TinyPolicy, brid
         assert torch.get_num_threads() == before  # the caller's thread keeps its setting
     finally:
         engine.close()
+
+
+def test_an_engine_thread_that_dies_fails_every_waiter_and_every_later_call(
+    engine: TinyEngine, bridge: AsyncBridge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fault outside decode and prefill (here: admitting a request) used to kill the
+    # thread silently, and every later generate() waited forever.
+    broken = RuntimeError("admission broke")
+
+    def admit() -> list[object]:
+        raise broken
+
+    monkeypatch.setattr(engine, "_admit", admit)
+    with pytest.raises(rlnb.EngineError, match="engine thread died") as info:
+        bridge.run(engine.generate(request("a")), timeout=10)
+    assert info.value.__cause__ is broken
+    with pytest.raises(rlnb.EngineError) as again:  # at once, not after a wait
+        bridge.run(engine.generate(request("b")), timeout=1)
+    assert again.value.__cause__ is broken
+    with pytest.raises(rlnb.EngineError):
+        bridge.run(engine.pause(PauseMode.ABORT), timeout=1)
+    assert "admission broke" in str(engine.statistics().extra["died"])
