@@ -20,6 +20,7 @@ class RolloutCells:
     errors raise)."""
 
     _bridge: AsyncBridge
+    reward_name: str | None = None  # the custom reward in force (a checkpoint records it), if any
 
     def _check(self) -> Rollouter:
         raise NotImplementedError  # the session's
@@ -59,8 +60,10 @@ class RolloutCells:
         """Use ``reward_fn(completion, answer) -> float`` from the next rollout on.
 
         Completions already scored keep their rewards. Raises ``TypeError`` if it is
-        not callable.
+        not callable. A checkpoint records that a custom reward was in force (code
+        cannot be saved): ``Session.load`` then asks for it again.
         """
         if not callable(reward_fn):
             raise TypeError(f"set_reward() takes a callable (completion, answer) -> float, not {reward_fn!r}")
         self._bridge.run(self._check().set_reward_fn(lambda item, completion: reward_fn(completion, item.answer)))
+        self.reward_name = getattr(reward_fn, "__qualname__", None) or repr(reward_fn)

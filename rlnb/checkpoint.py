@@ -44,6 +44,7 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "capture",
+    "check_reward",
     "config_from_dict",
     "config_to_dict",
     "read",
@@ -226,7 +227,7 @@ def mismatch(what: str, root: Path) -> Any:
 
 
 def capture(
-    trainer: Trainer, *, prompts: PromptLoader, name: str, run_id: str | None
+    trainer: Trainer, *, prompts: PromptLoader, name: str, run_id: str | None, reward: str | None = None
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The manifest and tensors of a checkpoint of the session ``trainer`` trains.
 
@@ -255,6 +256,7 @@ def capture(
         "buffer": trainer.buffer.state_dict(),
         "python_rng": python_rng_state(),
         "tracker": {"run_id": run_id},
+        "reward": reward,  # the name of a custom reward in force (its code is not saved)
     }
     tensors: dict[str, dict[str, Any]] = {
         "model": learner.policy.state_dict(),
@@ -278,14 +280,35 @@ def capture(
 
 
 def save(
-    trainer: Trainer, path: str | os.PathLike[str], *, prompts: PromptLoader, name: str, run_id: str | None
+    trainer: Trainer,
+    path: str | os.PathLike[str],
+    *,
+    prompts: PromptLoader,
+    name: str,
+    run_id: str | None,
+    reward: str | None = None,
 ) -> Path:
     """Write a checkpoint of the session ``trainer`` trains to ``path``: rollouts are
     quiesced (in-flight generations finish into the buffer), captured, written, and
     left as they were. Returns the path."""
     with trainer.quiesced():
-        manifest, tensors = capture(trainer, prompts=prompts, name=name, run_id=run_id)
+        manifest, tensors = capture(trainer, prompts=prompts, name=name, run_id=run_id, reward=reward)
         return write(path, manifest, tensors)
+
+
+def check_reward(manifest: dict[str, Any], path: str | os.PathLike[str], *, given: Any) -> None:
+    """A checkpoint saved with a custom reward loads only with a reward given again:
+    otherwise the loaded session would silently score with the task's."""
+    saved = manifest.get("reward")
+    if saved is not None and given is None:
+        raise CheckpointError(
+            f"{path} was saved with a custom reward function ({saved}, from set_reward()); a checkpoint "
+            f"holds no code: pass it again, rlnb.Session.load({str(path)!r}, reward={saved.split('.')[-1]})"
+        )
+    if given is not None and not callable(given):
+        raise CheckpointError(
+            f"Session.load(reward={given!r}): pass the reward function, (completion, answer) -> float"
+        )
 
 
 def saved_config(manifest: dict[str, Any], path: str | os.PathLike[str]) -> Config:

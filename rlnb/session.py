@@ -252,18 +252,29 @@ class Session(RolloutCells, TrainingCells):
         (running, dispatching or paused). Blocks.
         """
         self._check()
-        return checkpoint.save(self._trainer, path, prompts=self._prompts, name=self._name, run_id=self._tracker.run_id)
+        return checkpoint.save(
+            self._trainer, path, prompts=self._prompts, name=self._name, run_id=self._tracker.run_id,
+            reward=self.reward_name,
+        )  # fmt: skip
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], *, name: str = "default") -> Session:
+    def load(
+        cls, path: str | os.PathLike[str], *, name: str = "default", reward: Callable[[str, Any], float] | None = None
+    ) -> Session:
         """A new session that goes on exactly where the one saved at ``path`` stopped.
 
-        Raises :class:`~rlnb.CheckpointError` for a missing, damaged or mismatched
+        ``reward``: the function given to :meth:`set_reward` before saving (code is
+        not saved; a checkpoint that had one refuses to load without it). Raises
+        :class:`~rlnb.CheckpointError` for a missing, damaged or mismatched
         checkpoint before anything is built. Replaces a live session called ``name``.
         Restores the process's Python and torch random states too.
         """
         manifest, tensors = checkpoint.read(path)
-        return cls(checkpoint.saved_config(manifest, path), name=name, _restore=(manifest, tensors, Path(path)))
+        checkpoint.check_reward(manifest, path, given=reward)
+        sess = cls(checkpoint.saved_config(manifest, path), name=name, _restore=(manifest, tensors, Path(path)))
+        if reward is not None:
+            sess.set_reward(reward)
+        return sess
 
     # -- lifecycle --------------------------------------------------------------------
 
