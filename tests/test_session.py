@@ -4,6 +4,7 @@ import asyncio
 import dataclasses
 import pickle
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -158,7 +159,10 @@ def test_close_wakes_a_thread_blocked_on_the_buffer() -> None:
     thread = threading.Thread(target=learner)
     thread.start()
     waiting.wait(5)
-    threading.Event().wait(0.02)
+    deadline = time.monotonic() + 10
+    while sess.buffer.statistics().waiting_getters == 0:  # it is blocked in get(): close must wake it
+        assert time.monotonic() < deadline, "the learner never blocked"
+        threading.Event().wait(0.001)
     sess.close()
     thread.join(5)
     assert not thread.is_alive()

@@ -102,7 +102,8 @@ def test_short_requests_finish_while_a_long_one_keeps_decoding(engine: TinyEngin
             order.append(rid)
 
         long = asyncio.create_task(run("long", 30))
-        await asyncio.sleep(0.01)
+        while engine.statistics().running == 0:  # the long one is decoding before the short ones come
+            await asyncio.sleep(0.001)
         await asyncio.gather(run("short1", 2), run("short2", 3))  # join at a step boundary, leave at once
         await long
         return order
