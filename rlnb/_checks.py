@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, TypeGuard
 
 from rlnb._errors import ConfigError
 
@@ -41,7 +41,7 @@ def require(ok: bool, field: str, value: Any, fix: str) -> None:
         raise ConfigError(f"{field}={value!r} is invalid: {fix}")
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     """An int, and not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -77,6 +77,16 @@ def assert_same_metrics(got: list[dict[str, float]], expected: list[dict[str, fl
         assert a == pytest.approx(b, rel=1e-4, abs=1e-6), f"step {step} differs"
 
 
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Wait for ``predicate`` on an Event with a timeout: the deadline only turns a hang into a failure."""
+    deadline = time.monotonic() + timeout
+    tick = threading.Event()
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        tick.wait(0.005)
+
+
 def press_ctrl_c() -> None:
     """SIGINT to the main thread, as the notebook's stop button sends it."""
     signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)

@@ -4,7 +4,6 @@ import asyncio
 import dataclasses
 import pickle
 import threading
-import time
 from collections.abc import Callable
 
 import pytest
@@ -13,6 +12,7 @@ import rlnb
 from rlnb.probe import snapshot
 from rlnb.runtime._bridge import live_loops
 from rlnb.session import Session
+from tests.helpers import wait_until
 
 
 async def double(x: int) -> int:
@@ -159,10 +159,7 @@ def test_close_wakes_a_thread_blocked_on_the_buffer() -> None:
     thread = threading.Thread(target=learner)
     thread.start()
     waiting.wait(5)
-    deadline = time.monotonic() + 10
-    while sess.buffer.statistics().waiting_getters == 0:  # it is blocked in get(): close must wake it
-        assert time.monotonic() < deadline, "the learner never blocked"
-        threading.Event().wait(0.001)
+    wait_until(lambda: sess.buffer.statistics().waiting_getters == 1, "the learner to block in get()")
     sess.close()
     thread.join(5)
     assert not thread.is_alive()

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import re
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 
 import rlnb
 from rlnb import RolloutBatch
 from rlnb.rollout import GenerateRequest
-from tests.helpers import HookedEngine, assert_counts_add_up, cause_chain, ctrl_c_once
+from tests.helpers import HookedEngine, assert_counts_add_up, cause_chain, ctrl_c_once, wait_until
 
 CONFIG = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
@@ -25,15 +23,6 @@ CONFIG = rlnb.Config(
 # Background dispatch stops at (max_policy_lag + 1) * groups_per_step groups until the learner advances.
 BUDGET = (1 + 1) * 4
 PROMPT = re.compile(r"\d\d\+\d\d=")
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    """Poll ``predicate``; the timeout only turns a hang into a failure."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.001)
 
 
 def engine_threads(session_name: str) -> list[threading.Thread]:

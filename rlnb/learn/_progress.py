@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
+from rlnb.runtime import notebook_cell
+
 __all__ = ["progress_bar"]
-
-
-def _in_notebook() -> bool:
-    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def progress_bar(total: int, desc: str, enabled: bool = True) -> Any:
@@ -20,7 +16,7 @@ def progress_bar(total: int, desc: str, enabled: bool = True) -> Any:
     replaced by the bar's final text when it closes, so a saved notebook shows
     that line instead of "Error displaying widget: model not found". Elsewhere it
     is tqdm's text bar."""
-    if enabled and _in_notebook():
+    if enabled and notebook_cell() is not None:
         return _notebook_bar(total=total, desc=desc, leave=True)
     from tqdm import tqdm
 

@@ -14,6 +14,7 @@ are all-or-nothing: a Ctrl-C is held back and raised once both are done.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import threading
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+from rlnb._checks import is_int
 from rlnb._errors import TrainingInterrupted
 from rlnb._samples import Group
 from rlnb.buffer import ReplayBuffer
@@ -140,13 +142,12 @@ class Trainer:
     def _sync_step(self, timeout: float | None, cancel: threading.Event | None) -> dict[str, float]:
         rollouter, before = self.rollouter, self.learner.version
         groups: list[Group] = []
+        self._phase = "rolling out"  # statistics() says "paused" while rollouts are
         if cancel is not None:  # in the background a pause is waited out, not an error
-            self._phase = "rollouts are paused: resume() them"
             while rollouter.state is not RolloutState.RUNNING:
                 if cancel.wait(0.02):
                     raise _cancelled()
         try:
-            self._phase = "rolling out"
             collect = rollouter.collect(self.config.rollout.groups_per_step, into=groups)
             self.bridge.run(collect, timeout=timeout, cancel=cancel)
             self._call("on_batch", groups)
@@ -318,7 +319,7 @@ class Trainer:
     def start(self, steps: int | None = None) -> None:
         """Train on the trainer's own thread until ``steps`` more steps are done (None:
         until :meth:`stop`); returns at once. Raises ``RuntimeError`` if a run is going."""
-        if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+        if steps is not None and not (is_int(steps) and steps >= 1):
             raise ValueError(f"start(steps={steps!r}): use a positive int, or None to train until stop()")
         self._check_idle("start()")
         self.raise_pending()
@@ -376,15 +377,13 @@ def _target(n_steps: int | None, until: int | None, version: int) -> int:
     if (n_steps is None) == (until is None):
         raise ValueError("train() takes n_steps (that many more steps) or until= (a policy version), one of them")
     if n_steps is not None:
-        if not isinstance(n_steps, int) or isinstance(n_steps, bool) or n_steps < 1:
+        if not (is_int(n_steps) and n_steps >= 1):
             raise ValueError(f"train(n_steps={n_steps!r}): use a positive int")
         return version + n_steps
-    if not isinstance(until, int) or isinstance(until, bool) or until < 0:
+    if not (is_int(until) and until >= 0):
         raise ValueError(f"train(until={until!r}): use a policy version, an int >= 0")
     return max(until, version)
 
 
 def _cancelled() -> BaseException:
-    import asyncio
-
     return asyncio.CancelledError("stopped before the update; nothing was trained")

@@ -204,17 +204,21 @@ class TinyEngine:
             self._cond.notify()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        self._fail_waiters(ClosedError("the engine closed"), pause_result=None)
+
+    def _fail_waiters(self, error: Exception, *, pause_result: Exception | None) -> None:
+        """Settle everything waiting on the engine: requests and weight updates fail
+        with ``error``; pauses get ``pause_result`` (None: they are done)."""
         with self._cond:
             pending = [*self._queue, *self._active]
             self._queue.clear()
             self._active.clear()
             barriers, self._barriers = self._barriers, []
             updates, self._updates = self._updates, []
-        error = ClosedError("the engine closed")
         for seq in pending:
             _deliver(seq.loop, seq.future, error)
         for loop, fut in barriers:
-            _deliver(loop, fut, None)
+            _deliver(loop, fut, pause_result)
         for _, _, loop, fut in updates:
             _deliver(loop, fut, error)
 
@@ -259,17 +263,7 @@ class TinyEngine:
         error.__cause__ = exc
         with self._cond:
             self._death = error
-            pending = [*self._queue, *self._active]
-            self._queue.clear()
-            self._active.clear()
-            barriers, self._barriers = self._barriers, []
-            updates, self._updates = self._updates, []
-        for seq in pending:
-            _deliver(seq.loop, seq.future, error)
-        for loop, fut in barriers:
-            _deliver(loop, fut, error)
-        for _, _, loop, fut in updates:
-            _deliver(loop, fut, error)
+        self._fail_waiters(error, pause_result=error)
 
     def _serve_loop(self) -> None:
         if self._threads is not None:  # OpenMP's thread count is per calling thread

@@ -16,12 +16,13 @@ import gc
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol
+
+from rlnb.runtime._ipython import ipython_shell
 
 __all__ = [
     "close_all",
@@ -192,11 +193,7 @@ def _install_sigterm_handler() -> bool:
 
 def _install_kernel_hook() -> None:
     """Inside a Jupyter kernel, close sessions first thing on a shutdown request."""
-    ipython_mod = sys.modules.get("IPython")
-    if ipython_mod is None:
-        return
-    shell = ipython_mod.get_ipython()
-    kernel = getattr(shell, "kernel", None)
+    kernel = getattr(ipython_shell(), "kernel", None)
     if kernel is None or getattr(kernel, "_rlnb_hooked", False):
         return
     original: Callable[..., Any] = kernel.do_shutdown

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rlnb.runtime import notebook_cell
+
 __all__ = ["ConsoleBackend", "JsonlBackend", "PlotBackend"]
 
 # What the console line and the plot show, in this order, when a step has them.
@@ -25,14 +27,6 @@ HEADLINE = (
     "warmup/steps",
     "warmup/sft_loss",
 )
-
-
-def _notebook_cell() -> int | None:
-    """The execution count of the cell running now in a Jupyter kernel, else None."""
-    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
-    if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
-        return None
-    return int(shell.execution_count)
 
 
 class ConsoleBackend:
@@ -62,7 +56,7 @@ class ConsoleBackend:
         self._show(self._last)
 
     def _show(self, line: str) -> None:
-        cell = _notebook_cell()
+        cell = notebook_cell()
         if cell is None:
             from tqdm import tqdm
 
@@ -80,7 +74,7 @@ class ConsoleBackend:
         line = f"rlnb: run finished with exit code {exit_code}" + (f" ({self._last})" if self._last else "")
         if self._handle is not None:
             self._handle.update({"text/plain": line}, raw=True)  # where the run's last line is
-        elif _notebook_cell() is None:
+        elif notebook_cell() is None:
             print(line, file=sys.stdout, flush=True)
 
 

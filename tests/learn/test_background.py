@@ -7,30 +7,20 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 import rlnb
 from rlnb.learn import Callback
-from tests.helpers import press_ctrl_c
+from tests.helpers import press_ctrl_c, wait_until
 
 CONFIG = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
     rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
     data=rlnb.DataConfig(num_workers=0),
 )
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    """Wait for ``predicate`` on an Event with a timeout: the timeout only turns a hang into a failure."""
-    deadline = time.monotonic() + timeout
-    tick = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        tick.wait(0.005)
 
 
 class StepEvents(Callback):

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,22 +20,13 @@ import rlnb
 import rlnb.notebook
 from rlnb.learn import Callback
 from rlnb.notebook import Dashboard
+from tests.helpers import wait_until
 
 CONFIG = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
     rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
     data=rlnb.DataConfig(num_workers=0),
 )
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    """Wait for ``predicate`` on an Event with a timeout: the deadline only turns a hang into a failure."""
-    deadline = time.monotonic() + timeout
-    tick = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        tick.wait(0.005)
 
 
 def tickers(name: str) -> list[threading.Thread]:
