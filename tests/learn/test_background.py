@@ -87,6 +87,15 @@ def test_a_pause_holds_background_training_and_says_so(mode: str) -> None:
         sess.stop()
 
 
+def test_bad_steps_are_refused_before_any_thread_starts() -> None:
+    with rlnb.Session(CONFIG, name="bg-bad") as sess:
+        for steps in (0, -1, 1.5, True, "3"):
+            with pytest.raises(ValueError, match=r"start\(steps="):
+                sess.start(steps)  # type: ignore[arg-type]
+        assert not sess.training
+        assert not [t for t in threading.enumerate() if t.name == "rlnb-bg-bad-train"]
+
+
 def test_calls_that_train_refuse_while_a_background_run_goes(tmp_path: Path) -> None:
     with rlnb.Session(CONFIG, name="bg-busy") as sess:
         sess.start()
