@@ -158,6 +158,7 @@ def make_rollouter(
         ),
         max_continuations=r.max_continuations,
         max_retries=r.max_retries,
+        reward_timeout=r.reward_timeout,
         seed=config.seed,
     )
 

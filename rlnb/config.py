@@ -190,6 +190,9 @@ class RolloutConfig:
     max_new_tokens: completion length limit; None takes the task's.
     max_continuations: times a partial rollout is continued after pauses.
     max_retries: retries of a failing generation or reward before it is reported.
+    reward_timeout: seconds one call of the reward function may take (it runs on a
+        worker thread, off the session's event loop); a call that takes longer fails
+        its sample. None: no limit.
     """
 
     group_size: int = 8
@@ -202,6 +205,7 @@ class RolloutConfig:
     max_new_tokens: int | None = None
     max_continuations: int = 4
     max_retries: int = 2
+    reward_timeout: float | None = 10.0
 
     def __post_init__(self) -> None:
         for field in ("group_size", "max_inflight", "groups_per_step"):
@@ -219,6 +223,10 @@ class RolloutConfig:
         )
         for field in ("max_continuations", "max_retries"):
             check_int(f"RolloutConfig.{field}", getattr(self, field), minimum=0)
+        if self.reward_timeout is not None:
+            check_number(
+                "RolloutConfig.reward_timeout", self.reward_timeout, gt=0, fix="use seconds > 0, or None for no limit"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

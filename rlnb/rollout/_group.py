@@ -46,6 +46,7 @@ class GroupRunner:
         sampling: SamplingParams,
         max_continuations: int,
         max_retries: int,
+        reward_timeout: float | None,
         seed: int,
     ) -> None:
         self._engine = engine
@@ -59,6 +60,7 @@ class GroupRunner:
         self._sampling = sampling
         self._max_continuations = max_continuations
         self._max_retries = max_retries
+        self._reward_timeout = reward_timeout
         self._seed = seed
 
     async def run(self, item: PromptItem, ticket: Ticket, *, to_buffer: bool) -> Group | None:

@@ -58,6 +58,7 @@ class Rollouter:
         sampling: SamplingParams = _DEFAULT_SAMPLING,
         max_continuations: int = 4,
         max_retries: int = 2,
+        reward_timeout: float | None = None,
         seed: int = 0,
     ) -> None:
         if max_inflight < group_size:
@@ -83,6 +84,7 @@ class Rollouter:
             sampling=sampling,
             max_continuations=max_continuations,
             max_retries=max_retries,
+            reward_timeout=reward_timeout,
             seed=seed,
         )
         self._capacity = asyncio.Semaphore(max_inflight)
