@@ -229,6 +229,12 @@ class ReplayBuffer:
             self._put, self._taken, self._evicted = counters["put"], counters["taken"], counters["evicted"]
             self._cond.notify_all()
 
+    def size(self, partition: str = "train") -> int:
+        """The number of groups in ``partition`` now."""
+        self._check_partition(partition)
+        with self._cond:
+            return len(self._parts[partition])
+
     def __len__(self) -> int:
         with self._cond:
             return sum(len(q) for q in self._parts.values())

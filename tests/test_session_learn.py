@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -10,7 +11,15 @@ from typing import Any
 import pytest
 
 import rlnb
-from tests.helpers import HookedEngine, Hooks, Recorder, assert_same_metrics, ctrl_c_once, press_ctrl_c
+from tests.helpers import (
+    HookedEngine,
+    Hooks,
+    Recorder,
+    assert_same_metrics,
+    ctrl_c_once,
+    press_ctrl_c,
+    wait_until,
+)
 
 CONFIG = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
@@ -161,3 +170,26 @@ def test_an_update_that_fails_puts_its_batch_back() -> None:
         hooks.batch = None
         sess.step()
         assert recorder.batches == seen  # the same batch, not lost
+
+
+def test_an_async_step_that_gets_no_batch_says_why() -> None:
+    config = CONFIG.replace(mode="async", rollout=dataclasses.replace(CONFIG.rollout, max_policy_lag=0))
+    engine = HookedEngine(config)
+    with rlnb.Session(config, name="why-no-batch", engine=engine) as sess:
+        sess.pause()
+        with pytest.raises(TimeoutError, match=r"rollouts are paused: call resume\(\)"):
+            sess.step(timeout=0.2)
+
+        stuck = asyncio.Event()  # never set: every generation hangs
+
+        async def hang(request: rlnb.rollout.GenerateRequest) -> None:
+            await stuck.wait()
+
+        engine.before_generate = hang
+        sess.resume()
+        wait_until(lambda: sess.statistics().rollout.groups_live == 4, "4 groups dispatched")
+        with pytest.raises(TimeoutError) as raised:
+            sess.step(timeout=0.2)
+        assert "the policy-lag budget is spent (4 of 4 groups live: 4 generating, 0 in the buffer)" in str(raised.value)
+        assert "is the engine stuck?" in str(raised.value)
+        assert sess.version == 0

@@ -6,8 +6,10 @@ pause/resume, errors that surface on the next call, Ctrl-C and close mid-generat
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -196,3 +198,23 @@ def test_a_dead_engine_is_reported_at_the_next_call_instead_of_hanging(monkeypat
             sess.rollout(1, timeout=30)
         assert any(isinstance(e, rlnb.EngineError) for e in cause_chain(info.value))
         assert "admission broke" in str(sess.statistics().engine.extra["died"])
+
+
+def test_a_loaded_async_session_dispatches_no_further_ahead_than_its_policy_lag_budget(tmp_path: Path) -> None:
+    """The budget is what is live now (generating or buffered), not a counter that a
+    checkpoint forgets: after load() at step 3 the rollouter must not run 5 steps ahead."""
+    config = dataclasses.replace(CONFIG, mode="async")
+    with rlnb.Session(config, name="lagsave") as sess:
+        sess.train(3, progress=False)
+        sess.save(tmp_path / "ckpt")
+        buffered = sess.statistics().buffer.sizes["train"]
+    assert buffered <= BUDGET
+    with rlnb.Session.load(tmp_path / "ckpt", name="lagload") as sess:
+        assert sess.version == 3 and sess.statistics().buffer.sizes["train"] == buffered
+        sess.start_rollouts()
+        wait_until(lambda: sess.statistics().rollout.groups_live == BUDGET, "the budget to fill")
+        sess.stop_rollouts()  # the groups in flight finish into the buffer
+        stats = sess.statistics()
+        assert stats.rollout.groups_dispatched == BUDGET - buffered
+        assert stats.buffer.sizes["train"] == BUDGET
+        assert (stats.rollout.groups_live, stats.rollout.groups_allowed) == (BUDGET, BUDGET)

@@ -194,12 +194,9 @@ class Trainer:
                     raise self._batch_timeout(n, timeout) from exc
 
     def _batch_timeout(self, n: int, timeout: float | None) -> TimeoutError:
-        stats = self.rollouter.statistics()
         return TimeoutError(
-            f"step() waited {timeout} s for {n} groups from the buffer; it holds {len(self.buffer)}, "
-            f"{stats.in_flight} samples are in flight and rollouts are {stats.state.lower()}"
-            f"{'' if stats.dispatching else ' (not dispatching)'}: resume() paused rollouts, or raise "
-            "Config.step_timeout"
+            f"step() waited {timeout} s for {n} groups and the buffer holds {self.buffer.size()}: "
+            f"{self.rollouter.why_no_groups()} (Config.step_timeout sets the wait)"
         )
 
     def _update(self, groups: list[Group]) -> dict[str, float]:

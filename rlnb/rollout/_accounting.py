@@ -33,7 +33,9 @@ class RolloutStatistics:
     ``finished``, ``failed`` (its generation or reward failed after its retries) or
     ``cancelled`` (cancelled by Ctrl-C or close before it finished; nothing failed).
     A group failed if one of its samples failed, and was cancelled if it ended
-    unfinished otherwise.
+    unfinished otherwise. ``groups_live`` counts groups bound for the learner that
+    are generating or in the buffer; background dispatch waits while it is
+    ``groups_allowed`` (the policy-lag budget; None: no bound) or more.
     """
 
     state: str
@@ -52,6 +54,8 @@ class RolloutStatistics:
     groups_finished: int
     groups_failed: int
     groups_cancelled: int
+    groups_live: int
+    groups_allowed: int | None
     last_resume_to_dispatch_ms: float | None
 
 
@@ -82,7 +86,13 @@ class Counters:
         return self.generating == 0 and self.ungrouped == 0
 
     def snapshot(
-        self, *, state: str, dispatching: bool, version: int, last_resume_to_dispatch_ms: float | None
+        self,
+        *,
+        state: str,
+        dispatching: bool,
+        version: int,
+        lag_budget: tuple[int, int | None],
+        last_resume_to_dispatch_ms: float | None,
     ) -> RolloutStatistics:
         return RolloutStatistics(
             state=state,
@@ -101,6 +111,8 @@ class Counters:
             groups_finished=self.groups_finished,
             groups_failed=self.groups_failed,
             groups_cancelled=self.groups_cancelled,
+            groups_live=lag_budget[0],
+            groups_allowed=lag_budget[1],
             last_resume_to_dispatch_ms=last_resume_to_dispatch_ms,
         )
 

@@ -35,11 +35,15 @@ class Rollouter:
 
     ``prompts`` yields :class:`PromptItem`; ``encode``/``decode`` map text to token
     ids; ``reward_fn(item, completion)`` scores a completion. Background dispatch
-    runs at most ``max_policy_lag`` policy versions ahead of the learner: it starts
-    ``(version + max_policy_lag + 1) * groups_per_step`` groups in all, then waits
-    for :meth:`set_version` (None: no bound; only a full buffer holds it back).
-    Create and use it on the bridge loop; the session wraps it for cells. Raises
-    ValueError if ``max_inflight`` is smaller than ``group_size``.
+    runs at most ``max_policy_lag`` policy versions ahead of the learner: at most
+    ``(max_policy_lag + 1) * groups_per_step`` groups bound for the learner are live
+    at once, counted from what is there now (groups generating, plus groups in the
+    buffer's ``train`` partition); a group leaves the count when the learner takes
+    it, when it fails or is cancelled, and when the buffer evicts it. None: no bound
+    (only a full buffer holds dispatch back). The learner's :meth:`set_version`
+    wakes dispatch after it has taken a batch. Create and use it on the bridge
+    loop; the session wraps it for cells. Raises ValueError if ``max_inflight`` is
+    smaller than ``group_size``.
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class Rollouter:
         if max_inflight < group_size:
             raise ValueError(f"max_inflight ({max_inflight}) must be >= group_size ({group_size})")
         self._prompts = prompts
+        self._buffer = buffer
         self._returned: collections.deque[PromptItem] = collections.deque()  # taken, not rolled out
         self._group_size = group_size
         self._max_policy_lag = max_policy_lag
@@ -92,7 +97,8 @@ class Rollouter:
         self._dispatcher: asyncio.Task[None] | None = None
         self._items: dict[asyncio.Task[Any], PromptItem] = {}  # collect()'s groups, while they run
         self._collected: list[PromptItem] = []  # the last collect()'s prompts
-        self._lag_budget_used = 0  # groups dispatched into the buffer (collect()'s do not count)
+        self._generating_groups = 0  # groups dispatched into the buffer, not yet ended (collect()'s do not count)
+        self._halted = False  # a group bound for the buffer failed: no dispatch until start/resume/set_version
         self._resume_to_dispatch_ms: float | None = None
 
     # -- state (the state machine's) ------------------------------------------------------
@@ -109,9 +115,10 @@ class Rollouter:
         await self._machine.pause(mode)
 
     async def resume(self) -> None:
-        """Leave a pause: kept partial rollouts continue and dispatch goes on. Idempotent.
-        A weight sync in progress is waited out first."""
+        """Leave a pause: kept partial rollouts continue and dispatch goes on (also after
+        a failed group halted it). Idempotent. A weight sync in progress is waited out first."""
         await self._machine.resume()
+        await self._unhalt()
 
     async def wait_paused(self) -> None:
         """Wait until the state is PAUSED (a WAIT-mode drain has finished)."""
@@ -132,6 +139,13 @@ class Rollouter:
         self._machine.check_open()
         if self._dispatcher is None or self._dispatcher.done():
             self._dispatcher = self._tasks.spawn(self._dispatch_loop(), name="rlnb-dispatcher")
+        await self._unhalt()
+
+    async def _unhalt(self) -> None:
+        """Let dispatch go on after a failed group halted it (the caller has been told)."""
+        if self._halted:
+            self._halted = False
+            await self._machine.notify()
 
     async def stop(self) -> None:
         """Stop dispatching new groups; groups already dispatched still finish."""
@@ -155,6 +169,7 @@ class Rollouter:
         """Tell the rollouter the learner's policy version (opens the policy-lag budget)."""
         self._machine.check_open()
         self._version = version
+        self._halted = False
         await self._machine.notify()
 
     # -- prompts and errors -------------------------------------------------------------
@@ -175,15 +190,50 @@ class Rollouter:
 
     # -- dispatch ---------------------------------------------------------------------
 
-    def _policy_lag_ok(self) -> bool:
+    @property
+    def lag_budget(self) -> tuple[int, int | None]:
+        """``(live, allowed)``: groups bound for the learner that are generating or in
+        the buffer, and how many the policy-lag budget allows (None: no bound)."""
+        live = self._generating_groups + self._buffer.size()
         if self._max_policy_lag is None:
-            return True
-        allowed = (self._version + self._max_policy_lag + 1) * self._groups_per_step
-        return self._lag_budget_used < allowed
+            return live, None
+        return live, (self._max_policy_lag + 1) * self._groups_per_step
+
+    def why_no_groups(self) -> str:
+        """Why background rollouts are not filling the buffer now, in a sentence that
+        says what to do (for an error after waiting for a batch in vain)."""
+        state, counts = self._machine.state, self._counts
+        live, allowed = self.lag_budget
+        if state is RolloutState.CLOSED:
+            return "the rollouter is closed"
+        if state is not RolloutState.RUNNING:
+            return f"rollouts are {state.value}: call resume()"
+        if not self.dispatching:
+            return "background rollouts are stopped: call start_rollouts() or step() in async mode"
+        if self._halted:
+            return "dispatch halted after a group failed: its error was raised; the next step() goes on"
+        if counts.putting:
+            return f"the buffer is full ({self._buffer.size()} groups) and nothing takes from it"
+        generating = f"{counts.in_flight} samples are generating ({self._generating_groups} groups)"
+        if allowed is not None and live >= allowed:
+            return (
+                f"the policy-lag budget is spent ({live} of {allowed} groups live: {self._generating_groups} "
+                f"generating, {self._buffer.size()} in the buffer) and {generating} too slowly: is the engine stuck?"
+            )
+        return f"{generating}, more slowly than this wait allowed"
+
+    def _policy_lag_ok(self) -> bool:
+        live, allowed = self.lag_budget
+        return allowed is None or live < allowed
 
     def _may_dispatch(self) -> bool:
         # A full buffer is backpressure: finished groups waiting to go in stop new dispatch.
-        return self._machine.state is RolloutState.RUNNING and self._policy_lag_ok() and self._counts.putting == 0
+        return (
+            self._machine.state is RolloutState.RUNNING
+            and not self._halted
+            and self._policy_lag_ok()
+            and self._counts.putting == 0
+        )
 
     async def _acquire_group(self) -> None:
         taken = 0
@@ -204,8 +254,20 @@ class Rollouter:
                 for _ in range(self._group_size):
                     self._capacity.release()
                 continue
-            self._lag_budget_used += 1  # only groups bound for the learner count against the budget
-            self._spawn_group(to_buffer=True)
+            self._generating_groups += 1  # only groups bound for the learner count against the budget
+            self._spawn_group(to_buffer=True).add_done_callback(self._group_ended)
+
+    def _group_ended(self, task: asyncio.Task[Any]) -> None:
+        """A group bound for the buffer has ended: its place in the budget is in the
+        buffer now, or free, so dispatch looks again. A group that ended without
+        reaching the buffer (it failed, or the engine closed under it) halts dispatch
+        until the next ``start``, ``resume`` or ``set_version``: a broken reward or a
+        dead engine must not eat the prompt stream while nobody is looking."""
+        self._generating_groups -= 1
+        if not task.cancelled() and (task.exception() is not None or task.result() is None):
+            self._halted = True
+        if self._machine.state is not RolloutState.CLOSED:
+            self._tasks.spawn(self._machine.notify(), name="rlnb-budget", report=False)
 
     def _spawn_group(self, *, to_buffer: bool) -> asyncio.Task[Any]:
         """Start a group on the next prompt, its capacity already acquired; its ticket
@@ -294,6 +356,7 @@ class Rollouter:
             state=self._machine.state.value,
             dispatching=self.dispatching,
             version=self._version,
+            lag_budget=self.lag_budget,
             last_resume_to_dispatch_ms=self._resume_to_dispatch_ms,
         )
 

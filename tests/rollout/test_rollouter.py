@@ -12,16 +12,21 @@ import asyncio
 import pytest
 
 import rlnb
-from rlnb.rollout import FakeEngine, GenerateRequest, PromptItem, RolloutStatistics
+from rlnb.buffer import ReplayBuffer
+from rlnb.rollout import FakeEngine, GenerateRequest, PromptItem, Rollouter, RolloutStatistics
 from tests.helpers import assert_counts_add_up, cause_chain
 from tests.rollout.helpers import (
     EOS,
+    NO_LENGTH_CUT,
     SLOW,
     RecordingEngine,
     buffered_ids,
+    decode,
+    encode,
     make_rollouter,
     next_pending_error,
     parse_id,
+    prompt_stream,
     settle,
     until,
 )
@@ -231,7 +236,7 @@ def test_every_dispatched_sample_is_finished_kept_failed_cancelled_or_in_flight_
 # -- 7. policy-lag budget -------------------------------------------------------------------
 
 
-def test_policy_lag_budget_stops_background_dispatch_until_the_learner_advances() -> None:
+def test_policy_lag_budget_stops_background_dispatch_until_the_learner_takes_a_batch() -> None:
     async def main() -> None:
         engine = RecordingEngine(lengths=2)
         async with make_rollouter(engine, group_size=2, max_inflight=16, max_policy_lag=0, groups_per_step=2) as (
@@ -241,13 +246,76 @@ def test_policy_lag_budget_stops_background_dispatch_until_the_learner_advances(
             await r.start()
             await until(lambda: r.statistics().groups_finished == 2, "2 groups in the buffer")
             await settle()
-            assert r.statistics().groups_dispatched == 2 and r.dispatching
+            s = r.statistics()
+            assert s.groups_dispatched == 2 and r.dispatching
+            assert (s.groups_live, s.groups_allowed) == (2, 2)
 
-            await r.set_version(1)
-            await until(lambda: r.statistics().groups_finished == 4, "4 groups in the buffer")
+            await r.set_version(5)  # a version alone (a loaded checkpoint's) opens nothing
+            await settle()
+            assert r.statistics().groups_dispatched == 2
+
+            assert [g.prompt_id for g in buffer.get_nowait(2)] == [0, 1]  # the learner takes its batch
+            await r.set_version(6)
+            await until(lambda: r.statistics().groups_finished == 4, "2 more groups in the buffer")
             await settle()
             assert r.statistics().groups_dispatched == 4
-            assert buffered_ids(buffer) == [0, 1, 2, 3]
+            assert buffered_ids(buffer) == [2, 3]
+
+    asyncio.run(main())
+
+
+def test_failed_and_evicted_groups_give_their_budget_back() -> None:
+    """Groups that never reach the learner must not use up the budget for good: with
+    the old counter, failures beyond the budget stalled async training for ever."""
+
+    def reward(item: PromptItem, completion: str) -> float:
+        if item.prompt_id < 4:
+            raise ValueError(f"no reward for prompt {item.prompt_id}")
+        return 1.0
+
+    async def main() -> None:
+        engine = RecordingEngine(lengths=2)
+        buffer = ReplayBuffer(16, max_staleness=0)
+        rollouter = Rollouter(
+            engine,
+            prompts=prompt_stream(),
+            encode=encode,
+            decode=decode,
+            reward_fn=reward,
+            buffer=buffer,
+            group_size=2,
+            max_inflight=16,
+            max_policy_lag=0,
+            groups_per_step=2,
+            max_retries=0,
+            sampling=NO_LENGTH_CUT,
+        )
+        try:
+            for failed in (2, 4):  # groups 0-1, then 2-3 fail: twice the budget
+                await rollouter.start()
+                await until(lambda n=failed: rollouter.statistics().groups_failed == n, "2 groups to fail")
+                await settle()
+                error = await next_pending_error(rollouter)
+                assert any("no reward for prompt" in str(e) for e in cause_chain(error)), cause_chain(error)
+                # a failed group halts dispatch until the next start(): no storm of failures
+                assert rollouter.statistics().groups_dispatched == failed
+            await rollouter.start()
+            await until(lambda: buffer.statistics().put == 2, "groups 4 and 5 in the buffer")
+            assert buffered_ids(buffer) == [4, 5]
+            assert rollouter.statistics().groups_live == 0
+            await rollouter.set_version(0)  # the learner took a batch
+
+            await until(lambda: buffer.statistics().put == 4, "groups 6 and 7 in the buffer")
+            await rollouter.sync_weights({}, 1)
+            buffer.set_version(1)  # the learner moved on without them: too stale, evicted
+            assert buffer.statistics().evicted_stale == 2
+            await rollouter.set_version(1)
+            await until(lambda: buffer.statistics().put == 6, "two more groups in the buffer")
+            assert buffered_ids(buffer) == [8, 9]
+            assert_counts_add_up(rollouter.statistics())
+        finally:
+            await rollouter.aclose()
+            buffer.close()
 
     asyncio.run(main())
 

@@ -42,25 +42,27 @@ def test_resume_dispatches_new_groups_while_64_long_generations_are_unfinished(m
 
     async def main() -> None:
         engine = RecordingEngine(lengths=lengths, token_delay=0.005)
-        async with make_rollouter(engine, group_size=8, max_inflight=256, max_policy_lag=0, groups_per_step=8) as (
+        async with make_rollouter(engine, group_size=8, max_inflight=256, max_policy_lag=1, groups_per_step=8) as (
             r,
             buffer,
         ):
-            await r.start()
-            await until(lambda: engine.statistics().running == 64, "64 long generations running")
+            await r.start()  # a budget of 16 groups: the 8-group tail, and 8 that finish into the buffer
+            await until(lambda: r.statistics().groups_finished == 8, "8 groups in the buffer")
+            assert engine.statistics().running == 64
             await r.pause(mode)
-            await r.set_version(1)  # opens the budget to 16 groups, but nothing goes out while paused
+            assert [g.prompt_id for g in buffer.get_nowait(8)] == list(range(8, 16))  # the learner takes them
+            await r.set_version(1)  # the budget has room for 8 groups, but nothing goes out while paused
             await settle()
-            assert r.statistics().groups_dispatched == 8
+            assert r.statistics().groups_dispatched == 16
 
             async with asyncio.timeout(5):  # a resume that waited for the tail would hang here
                 await r.resume()
-            await until(lambda: r.statistics().groups_finished == 8, "the 8 new groups to finish")
+            await until(lambda: r.statistics().groups_finished == 16, "the 8 new groups to finish")
             s = r.statistics()
-            assert s.groups_dispatched == 16
-            assert s.in_flight == 64 and s.finished == 64  # the tail is still running
+            assert s.groups_dispatched == 24
+            assert s.in_flight == 64 and s.finished == 128  # the tail is still running
             assert not any(parse_id(rid)[0] < 8 for rid in engine.results)
-            assert buffered_ids(buffer) == list(range(8, 16))
+            assert buffered_ids(buffer) == list(range(16, 24))
             assert s.last_resume_to_dispatch_ms is not None and s.last_resume_to_dispatch_ms >= 0
             assert_counts_add_up(s)
 
