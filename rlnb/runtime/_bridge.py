@@ -12,11 +12,14 @@ import concurrent.futures
 import contextvars
 import enum
 import os
+import sys
 import threading
 import time
+import traceback
 import warnings
 import weakref
 from collections.abc import Callable, Coroutine
+from types import FrameType
 from typing import Any, TypeVar
 
 from rlnb._errors import BridgeReentryError, ClosedError
@@ -34,6 +37,8 @@ _CANCEL_GRACE = 1.0
 # Ctrl-C until the call ended (seen in about 1 of 400 presses with uvloop on a busy
 # machine). Slicing bounds that case to one slice.
 _WAIT_SLICE = 0.1
+# How many of the loop thread's innermost frames a report of where it is stuck shows.
+_STUCK_FRAMES = 4
 
 
 class _State(enum.Enum):
@@ -180,9 +185,13 @@ class AsyncBridge:
             self._cancel_call(fut, coro)
             raise asyncio.CancelledError(f"the call on bridge {self._name!r} was cancelled by request") from None
         except concurrent.futures.TimeoutError:
-            if fut.done():  # the coroutine itself raised TimeoutError
-                raise
-            self._cancel_call(fut, coro)
+            if fut.done():  # the coroutine itself raised TimeoutError, or it just finished
+                return fut.result()
+            if self._cancel_call(fut, coro):
+                raise TimeoutError(
+                    f"AsyncBridge.run() timed out after {timeout} s before the call could start, so it was "
+                    f"cancelled: {self._where_stuck()}"
+                ) from None
             raise TimeoutError(f"AsyncBridge.run() timed out after {timeout} s; the coroutine was cancelled") from None
         except KeyboardInterrupt:
             self._cancel_call(fut, coro)
@@ -192,8 +201,12 @@ class AsyncBridge:
         """Cancel pending calls, finish async generators and the executor, stop the loop.
 
         Idempotent and thread-safe; callers racing it get :class:`~rlnb.ClosedError`,
-        never a hang. Blocks for at most about ``timeout`` seconds; if the loop thread
-        does not stop in time it is abandoned (it is a daemon thread) with a warning.
+        never a hang. Blocks for at most about ``timeout`` seconds. If the loop thread
+        does not stop in time (a coroutine blocks it, or ignores cancellation), every
+        call not yet finished fails with :class:`~rlnb.ClosedError` and the thread is
+        abandoned with a :class:`RuntimeWarning` that says where it is stuck. It is a
+        daemon thread; it closes its loop if it ever gets free, and a call that was
+        waiting behind it never starts.
         """
         if self._in_loop_thread():
             raise BridgeReentryError(
@@ -215,8 +228,10 @@ class AsyncBridge:
         if thread.is_alive():
             self._fail_pending()
             warnings.warn(
-                f"rlnb: bridge {self._name!r} loop thread did not stop within {timeout} s; "
-                "a task is ignoring cancellation. Its daemon thread closes the loop if it ever stops.",
+                f"rlnb: bridge {self._name!r} did not stop within {timeout} s: {self._where_stuck()}\n"
+                "Its calls failed with ClosedError; the thread is left to stop by itself and closes its "
+                "loop if it does. A coroutine that blocks (time.sleep, a lock, a slow reward function) "
+                "holds up every call on the bridge: run such work with `await asyncio.to_thread(fn, ...)`.",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -279,17 +294,20 @@ class AsyncBridge:
         fut: concurrent.futures.Future[Any],
         ctx: contextvars.Context,
     ) -> None:
-        if not fut.set_running_or_notify_cancel():  # cancelled before it started
+        with self._lock:  # close() may be failing this call from another thread (see _fail_pending)
+            claimed = not fut.done() and not fut.running() and fut.set_running_or_notify_cancel()
+        if not claimed:  # cancelled, or failed by a close() that gave up on a blocked loop
             coro.close()
             self._calls.pop(fut, None)
             return
         if self._state is _State.CLOSED:
             coro.close()
             self._calls.pop(fut, None)
-            fut.set_exception(ClosedError(f"bridge {self._name!r} closed before the call started"))
+            _settle(fut, ClosedError(f"bridge {self._name!r} closed before the call started"))
             return
         assert self._loop is not None
-        self._calls[fut] = self._loop.create_task(self._drive(coro, fut), context=ctx)
+        name = getattr(coro, "__qualname__", None)  # names the call in reports of a stuck loop
+        self._calls[fut] = self._loop.create_task(self._drive(coro, fut), name=name, context=ctx)
 
     async def _drive(self, coro: Coroutine[Any, Any, Any], fut: concurrent.futures.Future[Any]) -> None:
         # Setting the result from inside the task saves a loop iteration per call
@@ -298,24 +316,25 @@ class AsyncBridge:
             result = await coro
         except asyncio.CancelledError as exc:
             if self._state is _State.CLOSED:
-                fut.set_exception(ClosedError(f"bridge {self._name!r} closed while the call was running"))
+                _settle(fut, ClosedError(f"bridge {self._name!r} closed while the call was running"))
             else:
-                fut.set_exception(exc)
+                _settle(fut, exc)
         except BaseException as exc:  # KeyboardInterrupt/SystemExit too: the caller owns them
-            fut.set_exception(exc)
+            _settle(fut, exc)
         else:
-            fut.set_result(result)
+            _settle(fut, None, result)
         finally:
             self._calls.pop(fut, None)
 
-    def _cancel_call(self, fut: concurrent.futures.Future[Any], coro: Coroutine[Any, Any, Any]) -> None:
-        """Cancel a call from the caller's thread and wait briefly for its cleanup."""
+    def _cancel_call(self, fut: concurrent.futures.Future[Any], coro: Coroutine[Any, Any, Any]) -> bool:
+        """Cancel a call from the caller's thread and wait briefly for its cleanup.
+        Returns whether the call had not started yet."""
         if fut.cancel():  # not started (perhaps not even scheduled): it never will be
             coro.close()
-            return
+            return True
         loop = self._loop
         if loop is None or loop.is_closed():
-            return
+            return False
 
         def cancel_task() -> None:
             task = self._calls.get(fut)
@@ -325,12 +344,13 @@ class AsyncBridge:
         try:
             loop.call_soon_threadsafe(cancel_task)
         except RuntimeError:  # closed meanwhile
-            return
+            return False
         concurrent.futures.wait([fut], timeout=_CANCEL_GRACE)
+        return False
 
     def _begin_shutdown(self) -> None:
         assert self._loop is not None
-        self._loop.create_task(self._shutdown())
+        self._loop.create_task(self._shutdown(), name=_SHUTDOWN_TASK)
 
     async def _shutdown(self) -> None:
         loop = asyncio.get_running_loop()
@@ -351,14 +371,45 @@ class AsyncBridge:
         finally:
             loop.stop()
 
+    def _where_stuck(self) -> str:
+        """Where the loop thread is now: its current task, the tasks it has not
+        finished, and its innermost frames. Read from another thread, for reports."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or thread.ident is None:
+            return "its loop thread has not started"
+        frame = sys._current_frames().get(thread.ident)
+        if frame is None:
+            return f"its loop thread {thread.name!r} has ended"
+        current = asyncio.current_task(loop)
+        frames: list[tuple[FrameType, int]] = []  # innermost first, down to the bridge's own frames
+        while frame is not None and frame.f_code not in _OWN_CODE and len(frames) < _STUCK_FRAMES:
+            frames.append((frame, frame.f_lineno))
+            frame = frame.f_back
+        stack = "".join(traceback.format_list(traceback.StackSummary.extract(reversed(frames)))).rstrip()
+        if not frames:
+            doing = "waiting for work"
+        else:
+            doing = "outside any task" if current is None else f"running task {current.get_name()!r}"
+            doing += f", at:\n{stack}"
+        where = f"its loop thread {thread.name!r} is {doing}"
+        others = sorted(t.get_name() for t in asyncio.all_tasks(loop) if t is not current)
+        others = [name for name in others if name != _SHUTDOWN_TASK]
+        if others:
+            more = f" and {len(others) - 5} more" if len(others) > 5 else ""
+            where += f"\nTasks not finished: {', '.join(map(repr, others[:5]))}{more}."
+        return where
+
     def _fail_pending(self) -> None:
-        calls, self._calls = self._calls, {}
+        """Fail every call not finished yet with ClosedError; safe from any thread."""
+        with self._lock:
+            calls, self._calls = self._calls, {}
+            # Claim the calls not started yet so that _start_call never starts them.
+            # Only the claim is made under the lock: settling runs the future's callbacks.
+            for fut in calls:
+                if not fut.done() and not fut.running():
+                    fut.set_running_or_notify_cancel()
         for fut in calls:
-            if not fut.done():
-                try:
-                    fut.set_exception(ClosedError(f"bridge {self._name!r} closed while the call was pending"))
-                except concurrent.futures.InvalidStateError:
-                    pass
+            _settle(fut, ClosedError(f"bridge {self._name!r} closed while the call was pending"))
 
     def _reset_after_fork(self) -> None:
         """In a forked child: forget the parent's loop thread, start afresh on next use."""
@@ -391,6 +442,23 @@ def live_loops() -> tuple[str, ...]:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _settle(fut: concurrent.futures.Future[Any], exc: BaseException | None, result: Any = None) -> None:
+    """Give ``fut`` its outcome, unless it has one already: a close() that gave up on
+    a blocked loop failed it, and its caller was told so."""
+    try:
+        if exc is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(exc)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+_SHUTDOWN_TASK = "rlnb-bridge-shutdown"
+# Where a report of a stuck loop thread stops walking its stack: the bridge's own frames.
+_OWN_CODE = frozenset({AsyncBridge._serve.__code__, AsyncBridge._drive.__code__})
 
 
 class _CancelRequested(Exception):

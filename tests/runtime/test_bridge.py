@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import contextvars
 import gc
+import logging
 import os
 import threading
 import time
@@ -13,7 +16,7 @@ import pytest
 import rlnb
 from rlnb.probe import snapshot
 from rlnb.runtime._bridge import AsyncBridge, live_loops
-from tests.helpers import ctrl_c_once
+from tests.helpers import ctrl_c_once, wait_until
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="unset")
 
@@ -294,11 +297,87 @@ def test_a_task_that_ignores_cancellation_is_abandoned_with_a_warning(bridge: As
 
     fut = bridge.submit(stubborn())
     bridge.run(asyncio.sleep(0.01))
-    with pytest.warns(RuntimeWarning, match="did not stop within"):
+    with pytest.warns(RuntimeWarning, match="did not stop within") as record:
         bridge.close(timeout=0.1)
+    assert "Tasks not finished: 'test_a_task_that_ignores_cancellation" in str(record[0].message)
     with pytest.raises(rlnb.ClosedError):
         fut.result(timeout=1)  # the caller is told, not left hanging
     release.set()  # the abandoned thread then stops and closes its loop by itself
     assert bridge._thread is not None
     bridge._thread.join(timeout=5)
     assert live_loops() == ()
+
+
+@contextlib.contextmanager
+def loop_blocked(bridge: AsyncBridge) -> Iterator[concurrent.futures.Future[None]]:
+    """Block the bridge loop as a reward function that sleeps or waits would, until
+    the block ends; yields the blocking call's future."""
+    blocking, release = threading.Event(), threading.Event()
+
+    async def blocking_reward() -> None:
+        blocking.set()
+        release.wait()  # synchronous: nothing else on the loop runs meanwhile
+
+    fut = bridge.submit(blocking_reward())
+    try:
+        assert blocking.wait(10)
+        yield fut
+    finally:
+        release.set()
+
+
+def test_a_call_queued_behind_a_blocked_loop_fails_on_close_and_never_starts_later(
+    bridge: AsyncBridge, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A reward function that blocks stops the whole loop; a call made meanwhile
+    # (sess.pause()) queues behind it, and then the session is closed.
+    outcome: list[object] = []
+
+    async def pause() -> str:
+        outcome.append("pause() ran after close")
+        return "paused"
+
+    def call_pause() -> None:
+        try:
+            outcome.append(bridge.run(pause()))
+        except rlnb.ClosedError as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call_pause)
+    with loop_blocked(bridge) as blocked:
+        caller.start()
+        wait_until(lambda: len(bridge._calls) == 2, "pause() to queue behind the blocked loop")
+        with pytest.warns(RuntimeWarning, match="did not stop within"):
+            bridge.close(timeout=0.2)  # returns while the loop is still blocked
+        caller.join(timeout=10)
+        assert len(outcome) == 1 and isinstance(outcome[0], rlnb.ClosedError)  # told, not left waiting
+        with pytest.raises(rlnb.ClosedError):
+            blocked.result(timeout=0)
+    assert bridge._thread is not None
+    bridge._thread.join(timeout=10)  # once free, the abandoned thread stops by itself
+    assert not bridge._thread.is_alive()
+    assert live_loops() == ()
+    assert len(outcome) == 1  # pause() was never started afterwards
+    gc.collect()  # a queued coroutine left unclosed would warn "never awaited" here
+    # Nothing went wrong in a loop callback (such as "Future in unexpected state").
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_close_that_cannot_stop_a_blocked_loop_says_where_it_is_stuck(bridge: AsyncBridge) -> None:
+    with loop_blocked(bridge), pytest.warns(RuntimeWarning, match="did not stop within") as record:
+        bridge.close(timeout=0.1)
+    message = str(record[0].message)
+    assert "loop thread 'test-bridge'" in message
+    assert "running task 'loop_blocked.<locals>.blocking_reward'" in message
+    assert "in blocking_reward" in message and "release.wait()" in message  # the line that blocks
+    assert "asyncio.to_thread" in message  # and how to avoid it
+    assert bridge._thread is not None
+    bridge._thread.join(timeout=10)
+
+
+def test_a_timeout_behind_a_blocked_loop_says_where_it_is_stuck(bridge: AsyncBridge) -> None:
+    with loop_blocked(bridge), pytest.raises(TimeoutError, match="before the call could start") as info:
+        bridge.run(add(1, 1), timeout=0.1)
+    assert "running task 'loop_blocked.<locals>.blocking_reward'" in str(info.value)
+    assert "release.wait()" in str(info.value)
+    assert bridge.run(add(1, 1)) == 2  # usable again once the loop is free
