@@ -4,6 +4,11 @@ An optimiser step followed by a weight sync must not be cut in half by the
 notebook's stop button. Inside the block a SIGINT is only recorded; it is raised
 as KeyboardInterrupt when the block ends. Off the main thread (where Python never
 delivers SIGINT) the block runs unchanged.
+
+A block that fails while a SIGINT is held back raises its own error, with a note
+that says the Ctrl-C arrived. The error already stops the cell, and it is the news:
+callers such as the trainer read a KeyboardInterrupt out of the block as "the step
+completed first", which a failed step did not.
 """
 
 from __future__ import annotations
@@ -29,9 +34,18 @@ class Deferred:
         return bool(self.received)
 
 
+_HELD_BACK_NOTE = (
+    "KeyboardInterrupt: a Ctrl-C arrived during this step and was held back so that the step "
+    "would complete; the step failed with the error above instead"
+)
+
+
 @contextlib.contextmanager
 def defer_interrupts() -> Iterator[Deferred]:
-    """Hold back SIGINT until the block ends, then raise KeyboardInterrupt once."""
+    """Hold back SIGINT until the block ends, then raise KeyboardInterrupt once.
+
+    If the block raises another error meanwhile, that error propagates with a note
+    that the Ctrl-C arrived, so it is not dropped silently."""
     deferred = Deferred()
     if threading.current_thread() is not threading.main_thread():
         yield deferred
@@ -41,9 +55,17 @@ def defer_interrupts() -> Iterator[Deferred]:
         deferred.received.append(signum)
 
     previous = signal.signal(signal.SIGINT, record)
+    failed: BaseException | None = None
     try:
         yield deferred
+    except BaseException as exc:
+        failed = exc
+        raise
     finally:
         signal.signal(signal.SIGINT, previous)
+        # A KeyboardInterrupt the block raised itself (it gave up waiting) is the Ctrl-C.
+        if deferred.interrupted and failed is not None and not isinstance(failed, KeyboardInterrupt):
+            if _HELD_BACK_NOTE not in getattr(failed, "__notes__", ()):  # once, through nested blocks
+                failed.add_note(_HELD_BACK_NOTE)
     if deferred.interrupted:
         raise KeyboardInterrupt("interrupted; the step it arrived in was completed first")

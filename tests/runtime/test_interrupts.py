@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import traceback
 
 import pytest
 
@@ -30,3 +31,30 @@ def test_no_sigint_means_no_interrupt_and_other_threads_are_untouched() -> None:
     thread.start()
     thread.join()
     assert seen == [signal.default_int_handler]
+
+
+def test_a_sigint_held_back_while_the_block_fails_is_reported_with_the_error() -> None:
+    # The step fails (a weight sync, say) after the user pressed the stop button: the
+    # error stops the cell, and its traceback says the Ctrl-C arrived too.
+    with pytest.raises(ValueError, match="sync failed") as info, defer_interrupts():
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+        raise ValueError("sync failed")
+    shown = "".join(traceback.format_exception(info.value))
+    assert "ValueError: sync failed" in shown
+    assert "KeyboardInterrupt: a Ctrl-C arrived during this step" in shown
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_a_keyboard_interrupt_the_block_raises_itself_is_left_as_it_is() -> None:
+    # A block that gives up waiting on a held-back Ctrl-C raises KeyboardInterrupt itself.
+    with pytest.raises(KeyboardInterrupt, match="nothing was taken") as info, defer_interrupts() as deferred:
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+        assert deferred.interrupted
+        raise KeyboardInterrupt("interrupted while waiting; nothing was taken")
+    assert not getattr(info.value, "__notes__", None)
+
+
+def test_an_error_without_a_sigint_gets_no_note() -> None:
+    with pytest.raises(ValueError) as info, defer_interrupts():
+        raise ValueError("sync failed")
+    assert not getattr(info.value, "__notes__", None)
