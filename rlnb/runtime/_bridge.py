@@ -189,7 +189,7 @@ class AsyncBridge:
                 return fut.result()
             if self._cancel_call(fut, coro):
                 raise TimeoutError(
-                    f"AsyncBridge.run() timed out after {timeout} s before the call could start, so it was "
+                    f"AsyncBridge.run() timed out after {timeout:.3g} s before the call could start, so it was "
                     f"cancelled: {self._where_stuck()}"
                 ) from None
             raise TimeoutError(f"AsyncBridge.run() timed out after {timeout} s; the coroutine was cancelled") from None
@@ -228,7 +228,7 @@ class AsyncBridge:
         if thread.is_alive():
             self._fail_pending()
             warnings.warn(
-                f"rlnb: bridge {self._name!r} did not stop within {timeout} s: {self._where_stuck()}\n"
+                f"rlnb: bridge {self._name!r} did not stop within {timeout:.3g} s: {self._where_stuck()}\n"
                 "Its calls failed with ClosedError; the thread is left to stop by itself and closes its "
                 "loop if it does. A coroutine that blocks (time.sleep, a lock, a slow reward function) "
                 "holds up every call on the bridge: run such work with `await asyncio.to_thread(fn, ...)`.",
