@@ -104,6 +104,19 @@ def check_buffer(owner: str, capacity: Any, partitions: Any, max_staleness: Any)
     )
 
 
+def _not_a_directory(path: str) -> str | None:
+    """Why ``path`` cannot be (made into) a directory, if a file stands in the way."""
+    current = os.path.abspath(path)
+    while not os.path.exists(current):
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+    if os.path.isdir(current):
+        return None
+    return "it is a file" if current == os.path.abspath(path) else f"{current} is a file"
+
+
 def check_tracking(
     owner: str, backends: tuple[Any, ...], run_dir: Any, wandb_mode: Any, wandb_project: Any, console_every: Any
 ) -> None:
@@ -116,6 +129,15 @@ def check_tracking(
         f"unknown backend(s) {unknown}: use names from {TRACKER_BACKENDS}, e.g. ('console', 'jsonl')",
     )
     require(len(set(backends)) == len(backends), f"{owner}.backends", backends, "name each backend once")
+    require(
+        run_dir is None or (isinstance(run_dir, str | os.PathLike) and os.fspath(run_dir) != ""),
+        f"{owner}.run_dir",
+        run_dir,
+        "use None or a directory path (str or pathlib.Path), e.g. run_dir='runs/demo'",
+    )
+    if run_dir is not None:
+        problem = _not_a_directory(os.fspath(run_dir))
+        require(problem is None, f"{owner}.run_dir", run_dir, f"{problem}; give a directory (it is made if missing)")
     needs_dir = [b for b in backends if b != "console"]
     require(
         not needs_dir or run_dir is not None,

@@ -11,9 +11,9 @@ Layout of ``sess.save(path)``::
     path/warmup_optimizer.safetensors, path/reference.safetensors   when they exist
     path/rng.safetensors           torch's CPU generator state
 
-Loading checks the format and every checksum before building anything, so a
-damaged or mismatched checkpoint gets a :class:`CheckpointError` naming the file
-and what is wrong with it, not a shape error from deep inside torch.
+Loading checks the format, every checksum and every entry against the saved config
+before building anything: a damaged or mismatched checkpoint gets a :class:`CheckpointError`
+naming the file and what is wrong, not an error from deep inside torch after a half-built load.
 
 :func:`capture` says what of a session goes into a checkpoint and :func:`restore`
 how it is applied to a freshly built one; :func:`write` and :func:`read` put it on
@@ -28,11 +28,13 @@ import hashlib
 import json
 import os
 import random
+import reprlib
 import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlnb._checks import is_int, is_number
 from rlnb._errors import CheckpointError, ConfigError
 from rlnb.config import PARTS, RENAMED, Config
 
@@ -44,6 +46,7 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "capture",
+    "check",
     "check_reward",
     "config_from_dict",
     "config_to_dict",
@@ -57,11 +60,21 @@ __all__ = [
 FORMAT = "rlnb-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "checkpoint.json"
+# The tensor files a checkpoint may hold (file stems); it always holds the first three.
+STEMS = ("model", "optimizer", "rng", "warmup_optimizer", "reference")
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:
-    """``config`` as JSON-safe data (tuples become lists)."""
-    return dataclasses.asdict(config)
+    """``config`` as JSON-safe data (paths become strings; tuples become lists in JSON)."""
+    data = dataclasses.asdict(config)
+    data["track"]["run_dir"] = None if config.track.run_dir is None else os.fspath(config.track.run_dir)
+    return data
+
+
+def _as_path(path: Any, call: str) -> Path:
+    if not isinstance(path, str | os.PathLike) or os.fspath(path) in ("", b""):
+        raise CheckpointError(f"{call}(path={path!r}): pass a directory path (str or pathlib.Path), e.g. 'ckpt'")
+    return Path(os.fsdecode(path))
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:
@@ -131,20 +144,12 @@ def write(path: str | os.PathLike[str], manifest: dict[str, Any], tensors: dict[
     """
     from safetensors.torch import save_file
 
-    target = Path(path)
-    if target.exists():
-        if not target.is_dir():
-            raise CheckpointError(f"cannot save a checkpoint to {target}: it is a file; choose a directory path")
-        if any(target.iterdir()) and not (target / MANIFEST).exists():
-            raise CheckpointError(
-                f"cannot save a checkpoint to {target}: it is a non-empty directory that holds no checkpoint; "
-                "choose a new or empty directory"
-            )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    umask = os.umask(0)
-    os.umask(umask)
+    target, staging = _target(path), None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        umask = os.umask(0)
+        os.umask(umask)
         files = {}
         for stem, state in tensors.items():
             name = f"{stem}.safetensors"
@@ -155,27 +160,58 @@ def write(path: str | os.PathLike[str], manifest: dict[str, Any], tensors: dict[
         for file in staging.iterdir():  # mkdtemp and safetensors make them private
             file.chmod(0o666 & ~umask)
         staging.chmod(0o777 & ~umask)
-        if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            target.rename(old)
-            staging.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        _swap_in(staging, target)
+    except BaseException as exc:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise CheckpointError(
+                f"cannot save a checkpoint to {target}: {exc}; nothing there was changed: free some space or "
+                "choose a path you can write to, and save again"
+            ) from exc
         raise
     return target
 
 
+def _target(path: Any) -> Path:
+    """``path`` as a place to save to: new, empty or a checkpoint (CheckpointError otherwise)."""
+    target = _as_path(path, "Session.save")
+    if target.is_file():
+        raise CheckpointError(f"cannot save a checkpoint to {target}: it is a file; choose a directory path")
+    if target.is_dir() and any(target.iterdir()) and not (target / MANIFEST).exists():
+        raise CheckpointError(
+            f"cannot save a checkpoint to {target}: it is a non-empty directory that holds no checkpoint; "
+            "choose a new or empty directory"
+        )
+    return target
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    """Move ``staging`` to ``target``; a checkpoint already there is replaced, or put back on failure."""
+    old = target.with_name(f".{target.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        target.rename(old)
+    try:
+        staging.rename(target)
+    except BaseException:
+        if old.exists():
+            old.rename(target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """The manifest and tensors of the checkpoint at ``path``, every file verified."""
+    """The manifest and tensors of the checkpoint at ``path``, every file verified and
+    everything :func:`restore` applies checked against the saved config (:func:`check`).
+    Never unpickles: the tensors are read with safetensors only."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    root = Path(path)
+    root = _as_path(path, "Session.load")
     manifest_path = root / MANIFEST
+    if root.is_file():
+        raise CheckpointError(f"{root} is a file: pass the checkpoint's directory, the path given to sess.save(path)")
     if not manifest_path.is_file():
         raise CheckpointError(f"no checkpoint at {root}: {MANIFEST} is missing (save one with sess.save(path))")
     try:
@@ -190,8 +226,13 @@ def read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, dict[s
             f"reads version {FORMAT_VERSION}: load it with the rlnb version that saved it "
             f"({manifest.get('rlnb', 'unknown')})"
         )
+    files, known = manifest.get("files") or {}, [f"{stem}.safetensors" for stem in STEMS]
+    _expect(
+        isinstance(files, dict) and set(known[:3]) <= set(files) <= set(known),
+        manifest_path, "files", files, f"a SHA-256 for each of {known[:3]} and at most {known[3:]}",
+    )  # fmt: skip
     tensors: dict[str, dict[str, Any]] = {}
-    for name, expected in manifest["files"].items():
+    for name, expected in files.items():
         file = root / name
         if not file.is_file():
             raise CheckpointError(f"{root} is incomplete: {name} is missing")
@@ -201,26 +242,132 @@ def read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, dict[s
             tensors[name.removesuffix(".safetensors")] = load_file(str(file))
         except SafetensorError as exc:
             raise CheckpointError(f"{file} is damaged: {exc}") from exc
+    check(manifest, tensors, root)
     return manifest, tensors
 
 
-def python_rng_state() -> list[Any]:
-    version, state, gauss = random.getstate()
-    return [version, list(state), gauss]
+def _expect(ok: bool, where: Path, key: str, value: Any, want: str) -> None:
+    if not ok:
+        raise CheckpointError(
+            f"{where} is damaged: {key} is {reprlib.repr(value)}, not {want}; it was edited or written by "
+            "something else: restore it from a copy, or save the session again"
+        )
 
 
-def set_python_rng_state(saved: list[Any]) -> None:
-    version, state, gauss = saved
-    random.setstate((version, tuple(state), gauss))
+def _rng_ok(saved: Any) -> bool:
+    with contextlib.suppress(TypeError, ValueError, IndexError, KeyError):
+        random.Random().setstate(_python_rng(saved))
+        return True
+    return False
 
 
-@contextlib.contextmanager
-def mismatch(what: str, root: Path) -> Any:
-    """Turn a load error into a CheckpointError that says which part did not fit."""
+# Manifest entries restore() applies as they are: (valid?, what they should be).
+_ENTRIES: dict[str, tuple[Any, str]] = {
+    "step": (lambda v: is_int(v) and v >= 0, "an int >= 0"),
+    "warmup_steps": (lambda v: is_int(v) and v >= 0, "an int >= 0"),
+    "returned_prompts": (
+        lambda v: isinstance(v, list) and all(isinstance(i, list) and len(i) == 3 and is_int(i[0]) for i in v),
+        "a list of [prompt_id, prompt, answer]",
+    ),
+    "tracker": (lambda v: isinstance(v, dict) and isinstance(v.get("run_id"), str | None), '{"run_id": ...}'),
+    "reward": (lambda v: isinstance(v, str | None), "null or a reward function's name"),
+    "python_rng": (_rng_ok, "the state random.getstate() gave"),
+}
+
+
+def check(manifest: dict[str, Any], tensors: dict[str, dict[str, Any]], root: Path) -> None:
+    """Check what :func:`restore` will apply against the saved config before any part is built,
+    so a load fails here rather than half-way, leaving a live session of the same name alone."""
+    import torch
+
+    where, config = root / MANIFEST, saved_config(manifest, root)
+    for key, (valid, want) in _ENTRIES.items():
+        _expect(bool(valid(manifest.get(key))), where, key, manifest.get(key), want)
+    loader, workers = manifest.get("loader"), config.data.num_workers
+    _expect(
+        isinstance(loader, dict) and isinstance(loader.get("loader"), dict) and loader.get("num_workers") == workers,
+        where, "loader", loader, f"the prompt loader's state for the saved config's num_workers={workers}",
+    )  # fmt: skip
+    shapes, vocab_size = _model_shapes(config, root)
+    _check_buffer(manifest.get("buffer"), config, vocab_size, where)
+    if config.learn.kl_coef > 0:  # the learner then keeps a reference model, restored from its file
+        _expect("reference" in tensors, where, "files", manifest["files"], "a list with reference.safetensors")
+    for stem, what in (("model", "model"), ("reference", "reference model")):
+        saved = {k: tuple(v.shape) for k, v in tensors[stem].items()} if stem in tensors else shapes
+        wrong = [f"{k} is {list(saved.get(k, ()))}, not {list(v)}" for k, v in shapes.items() if saved.get(k) != v]
+        if wrong or set(saved) != set(shapes):
+            raise CheckpointError(
+                f"{root}: the saved {what} does not fit this session: {stem}.safetensors holds another model's "
+                f"weights ({'; '.join(wrong[:2]) or 'other tensor names'}), or {MANIFEST}'s config was edited; "
+                "load the checkpoint as it was saved"
+            )
+    for stem in ("optimizer", "warmup_optimizer"):
+        _expect((stem in tensors) == (stem in manifest), where, stem, manifest.get(stem), f"{stem}.safetensors' data")
+        if stem in tensors:
+            _check_optimizer(tensors[stem], manifest[stem], list(shapes.values()), root, stem)
+    state = tensors["rng"].get("torch")
+    rng_ok = state is not None and state.dtype == torch.uint8 and state.shape == torch.get_rng_state().shape
+    _expect(set(tensors["rng"]) == {"torch"} and rng_ok, root / "rng.safetensors", "torch", state, "torch's RNG state")
+
+
+def _python_rng(saved: Any) -> tuple[Any, ...]:
+    return (*saved[:1], tuple(saved[1]), *saved[2:])  # as random.getstate() gave it, before JSON
+
+
+def _model_shapes(config: Config, root: Path) -> tuple[dict[str, tuple[int, ...]], int]:
+    """The policy's parameter shapes in the optimiser's order and its vocabulary size (a meta-device build)."""
+    import torch
+
+    from rlnb._assembly import model_shape
+    from rlnb.data import get_task
+    from rlnb.models import TinyPolicy
+
     try:
-        yield
-    except (RuntimeError, KeyError, ValueError) as exc:
-        raise CheckpointError(f"{root}: the saved {what} does not fit this session ({exc})") from exc
+        _, model = model_shape(config, get_task(config.task))
+    except ConfigError as exc:
+        raise CheckpointError(f"{root}: the saved config does not fit this rlnb ({exc})") from exc
+    with torch.device("meta"):
+        policy = TinyPolicy(model, seed=config.seed)
+    return {name: tuple(p.shape) for name, p in policy.named_parameters()}, model.vocab_size or 0
+
+
+def _check_optimizer(saved: dict[str, Any], meta: Any, params: list[tuple[int, ...]], root: Path, stem: str) -> None:
+    """AdamW's state: one group over the policy's parameters, and moments of their shapes."""
+    n = len(params)
+    groups = meta.get("param_groups") if isinstance(meta, dict) else None
+    _expect(
+        isinstance(groups, list) and len(groups) == 1 and isinstance(groups[0], dict)
+        and groups[0].get("params") == list(range(n)) and isinstance(meta.get("scalars"), dict),
+        root / MANIFEST, f"{stem}.param_groups", groups, f"one AdamW group over the model's {n} parameters",
+    )  # fmt: skip
+    for name, value in [*saved.items(), *meta["scalars"].items()]:
+        parts = name.split(".", 2)
+        index = int(parts[1]) if len(parts) == 3 and parts[0] == "state" and parts[1].isdigit() else n
+        shape = getattr(value, "shape", None) if parts[-1] in ("exp_avg", "exp_avg_sq") else None
+        ok = index < n and (shape is None or tuple(shape) == params[index])
+        _expect(ok, root / f"{stem}.safetensors", name, shape or value, "AdamW's state for this model")
+
+
+def _check_buffer(buffer: Any, config: Config, vocab_size: int, where: Path) -> None:
+    """The saved replay buffer: the config's partitions, and groups a step can train on."""
+    from rlnb._samples import Group
+
+    parts = (buffer.get("partitions") if isinstance(buffer, dict) else None) or {}
+    counters = buffer.get("counters") if isinstance(buffer, dict) else None
+    _expect(
+        isinstance(parts, dict) and set(parts) == set(config.buffer.partitions) and is_int(buffer.get("version"))
+        and isinstance(counters, dict) and all(is_int(counters.get(k)) for k in ("put", "taken", "evicted")),
+        where, "buffer", buffer, f"the replay buffer's state with partitions {list(config.buffer.partitions)}",
+    )  # fmt: skip
+    for part, groups in parts.items():
+        for i, data in enumerate(groups if isinstance(groups, list) else [None]):
+            try:
+                samples = Group.from_dict(data).samples
+                ok = all(is_number(s.reward) and all(is_int(t) and 0 <= t < vocab_size for t in s.token_ids)
+                         for s in samples)  # fmt: skip
+            except (TypeError, ValueError, KeyError, AttributeError):
+                ok = False
+            _expect(ok, where, f"buffer group {i} of {part!r}", data, "a group of scored samples of this model")
 
 
 # -- what a session's checkpoint holds -----------------------------------------------------
@@ -254,7 +401,7 @@ def capture(
         "loader": trainer.bridge.run(loader_state()),
         "returned_prompts": [[i.prompt_id, i.prompt, i.answer] for i in rollouter.returned_prompts],
         "buffer": trainer.buffer.state_dict(),
-        "python_rng": python_rng_state(),
+        "python_rng": random.getstate(),  # JSON makes its tuples lists
         "tracker": {"run_id": run_id},
         "reward": reward,  # the name of a custom reward in force (its code is not saved)
     }
@@ -290,7 +437,8 @@ def save(
 ) -> Path:
     """Write a checkpoint of the session ``trainer`` trains to ``path``: rollouts are
     quiesced (in-flight generations finish into the buffer), captured, written, and
-    left as they were. Returns the path."""
+    left as they were. Returns the path. A path it cannot save to is refused first."""
+    _target(path)
     with trainer.quiesced():
         manifest, tensors = capture(trainer, prompts=prompts, name=name, run_id=run_id, reward=reward)
         return write(path, manifest, tensors)
@@ -330,22 +478,20 @@ def restore(trainer: Trainer, manifest: dict[str, Any], tensors: dict[str, Any],
     from rlnb._samples import PromptItem
 
     learner, rollouter = trainer.learner, trainer.rollouter
-    with mismatch("model", root):
+    try:  # check() found that it fits: this is for what it cannot foresee
         learner.policy.load_state_dict(tensors["model"])
-    with mismatch("optimizer", root):
         learner.optimizer.load_state_dict(unflatten_optimizer(tensors["optimizer"], manifest["optimizer"]))
-    warmup_state = None
-    if "warmup_optimizer" in tensors:
-        warmup_state = unflatten_optimizer(tensors["warmup_optimizer"], manifest["warmup_optimizer"])
-    with mismatch("warm-up optimizer", root):
+        warmup_state = None
+        if "warmup_optimizer" in tensors:
+            warmup_state = unflatten_optimizer(tensors["warmup_optimizer"], manifest["warmup_optimizer"])
         trainer.warmup_stage.restore(int(manifest["warmup_steps"]), warmup_state)
-    if learner.reference is not None:
-        with mismatch("reference model", root):
+        if learner.reference is not None:
             learner.reference.load_state_dict(tensors["reference"])
-    with mismatch("buffer", root):
         trainer.buffer.load_state_dict(manifest["buffer"])
-    learner.version = int(manifest["step"])
-    rollouter.give_back([PromptItem(*item) for item in manifest["returned_prompts"]])
+        learner.version = int(manifest["step"])
+        rollouter.give_back([PromptItem(*item) for item in manifest["returned_prompts"]])
+    except (RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
+        raise CheckpointError(f"{root}: the saved state does not fit this session ({exc})") from exc
     trainer.sync_weights()
     torch.set_rng_state(tensors["rng"]["torch"])
-    set_python_rng_state(manifest["python_rng"])
+    random.setstate(_python_rng(manifest["python_rng"]))

@@ -1,20 +1,74 @@
-"""The ``rlnb`` command: ``rlnb demo``, ``rlnb train`` and ``rlnb bench NAME``."""
+"""The ``rlnb`` command: ``rlnb demo``, ``rlnb train`` and ``rlnb bench NAME``.
+
+Bad input (a flag's value, an unknown flag, a setting the config refuses) is one
+line on stderr that names the flag and the fix, and exit status 2, before anything
+starts.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 __all__ = ["main"]
 
 BENCHES = ("bridge", "close", "notebook", "rollout", "train")
 
+# ``rlnb train`` flags that set a config field: flag dest -> (Config part or None, field).
+CONFIG_FLAGS = {
+    "task": (None, "task"),
+    "seed": (None, "seed"),
+    "mode": (None, "mode"),
+    "warmup_steps": ("warmup", "steps"),
+    "lr": ("learn", "lr"),
+    "lr_decay_steps": ("learn", "lr_decay_steps"),
+    "group_size": ("rollout", "group_size"),
+    "groups_per_step": ("rollout", "groups_per_step"),
+    "temperature": ("rollout", "temperature"),
+    "num_workers": ("data", "num_workers"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line (the usage is a ``--help`` away), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _int_from(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an int >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an int: use an int >= {minimum}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is invalid: use an int >= {minimum}")
+        return value
+
+    return parse
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a number in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number: use a value in (0, 1], e.g. 0.9") from None
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise argparse.ArgumentTypeError(f"{value} is invalid: use a value in (0, 1], e.g. 0.9")
+    return value
+
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlnb", description="Notebook-first RL post-training of language models.")
+    parser = _Parser(prog="rlnb", description="Notebook-first RL post-training of language models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="train the tiny built-in policy on digit addition on CPU (warm-up, then GRPO)")
@@ -25,7 +79,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train on any task with any settings (the demo's by default)")
     train.add_argument("--task", default="addition", help="a registered task: addition, reverse, sort, ...")
-    train.add_argument("--steps", type=int, required=True, help="most RL steps to take")
+    train.add_argument("--steps", type=_int_from(0), required=True, help="most RL steps to take")
     train.add_argument("--run-dir", required=True, help="where metrics.jsonl and curves.png go")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--mode", choices=("sync", "async"), default="sync")
@@ -38,9 +92,9 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--groups-per-step", type=int, help="prompts per RL step")
     train.add_argument("--temperature", type=float, help="sampling temperature of rollouts")
     train.add_argument("--num-workers", type=int, help="prompt-loader worker processes")
-    train.add_argument("--eval-every", type=int, default=25, help="RL steps between held-out evaluations")
-    train.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts per evaluation")
-    train.add_argument("--target-accuracy", type=float, help="stop once held-out accuracy reaches this")
+    train.add_argument("--eval-every", type=_int_from(1), default=25, help="RL steps between held-out evaluations")
+    train.add_argument("--eval-prompts", type=_int_from(1), default=200, help="held-out prompts per evaluation")
+    train.add_argument("--target-accuracy", type=_fraction, help="stop once held-out accuracy reaches this")
     _add_output_options(train)
 
     bench = sub.add_parser("bench", help="run a benchmark against a floor measured in the same run")
@@ -48,6 +102,7 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
     bench.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
     bench.add_argument("--tracker", choices=("wandb",), help="close: also time a session with this tracker")
+    parser.set_defaults(commands={"demo": demo, "train": train, "bench": bench})
     return parser
 
 
@@ -63,25 +118,26 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """The config and run options for ``rlnb train``: the demo's, with the flags applied."""
+    """The config and run options for ``rlnb train``: the demo's, with the flags applied
+    one by one, so a ConfigError names the flag that caused it."""
+    from rlnb import ConfigError
     from rlnb._run import demo_settings
 
     config, options = demo_settings()
-    config = config.replace(task=args.task, seed=args.seed, mode=args.mode)
-    changes = {
-        "warmup": {"steps": args.warmup_steps},
-        "learn": {"lr": args.lr, "lr_decay_steps": args.lr_decay_steps},
-        "rollout": {
-            "group_size": args.group_size,
-            "groups_per_step": args.groups_per_step,
-            "temperature": args.temperature,
-        },
-        "data": {"num_workers": args.num_workers},
-    }
-    for part, values in changes.items():
-        given = {k: v for k, v in values.items() if v is not None}
-        if given:
-            config = config.replace(**{part: dataclasses.replace(getattr(config, part), **given)})
+    for dest, (part, field) in CONFIG_FLAGS.items():
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        changes = {field: value}
+        if dest == "group_size":  # no flag sets max_inflight: make room for one whole group
+            changes["max_inflight"] = max(config.rollout.max_inflight, value)
+        try:
+            if part is None:
+                config = config.replace(**changes)
+            else:
+                config = config.replace(**{part: dataclasses.replace(getattr(config, part), **changes)})
+        except ConfigError as exc:
+            raise ConfigError(f"--{dest.replace('_', '-')} {value}: {exc}") from None
     options = {
         **options,
         "steps": args.steps,
@@ -92,13 +148,34 @@ def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     return config, options
 
 
+def _trackers(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--run-dir`` and ``--tracker`` checked as the run will use them (a ConfigError naming the flag)."""
+    from rlnb import ConfigError, TrackConfig
+    from rlnb.track import wandb_mode_from_env
+
+    trackers = tuple(t.strip() for t in args.tracker.split(",") if t.strip())
+    checks: list[tuple[str, Any, dict[str, Any]]] = [
+        ("--run-dir", args.run_dir, {"run_dir": args.run_dir or None, "backends": ("jsonl",)}),
+        ("--tracker", args.tracker, {"backends": trackers}),
+        ("WANDB_MODE", os.environ.get("WANDB_MODE"), {"backends": trackers, "wandb_mode": wandb_mode_from_env()}),
+    ]
+    for flag, value, fields in checks:
+        try:
+            TrackConfig(**{"run_dir": args.run_dir, **fields})
+        except ConfigError as exc:
+            raise ConfigError(f"{flag} {value!r}: {exc}") from None
+    if not trackers:
+        raise ConfigError(f"--tracker {args.tracker!r} names no backend: use some of console, jsonl, wandb, plot")
+    return trackers
+
+
 def _train(args: argparse.Namespace) -> int:
     import rlnb
     from rlnb._run import demo_settings, run
 
     try:
         config, options = _train_config(args) if args.command == "train" else demo_settings()
-        trackers = tuple(t.strip() for t in args.tracker.split(",") if t.strip())
+        trackers = _trackers(args)
         result = run(config, run_dir=args.run_dir, progress=not args.no_progress, trackers=trackers, **options)
     except rlnb.ConfigError as exc:
         print(f"rlnb {args.command}: error: {exc}", file=sys.stderr)
@@ -121,7 +198,9 @@ def _bench(name: str, as_json: bool, strict: bool, tracker: str | None = None) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    args, unknown = _build_parser().parse_known_args(argv)
+    if unknown:  # reported by the command's own parser, which lists its flags in --help
+        args.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command in ("demo", "train"):
         return _train(args)
     if args.command == "bench":

@@ -7,11 +7,13 @@ reproducible) and scores completions. Nothing is downloaded; everything is gener
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from rlnb._checks import check_int, require
 from rlnb._errors import ConfigError
 from rlnb._samples import PromptItem
 
@@ -19,6 +21,21 @@ __all__ = ["Task", "addition", "get_task", "register_task", "reverse", "sort", "
 
 # Prompt ids of held-out sets live far from the training stream's.
 EVAL_ID_OFFSET = 1 << 40
+# Prompts register_task makes to check a task before any session uses it.
+SAMPLE_PROMPTS = 16
+
+
+def _check_callable(field: str, fn: Any, args: tuple[Any, ...], shape: str) -> None:
+    """``fn`` is a callable that takes ``args`` positionally (when its signature can be read)."""
+    require(callable(fn), field, fn, f"pass a function, {shape}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no readable signature: calling them will tell
+        return
+    try:
+        signature.bind(*args)
+    except TypeError as exc:
+        raise ConfigError(f"{field}={fn!r} is invalid: it cannot be called as {shape} ({exc})") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +47,9 @@ class Task:
     make_prompt: ``make_prompt(rng) -> (prompt, answer)``, using only ``rng`` for randomness.
     reward: ``reward(completion, answer) -> float``, 1.0 for a correct answer.
     max_new_tokens: enough tokens for any correct answer plus end-of-sequence.
+
+    Raises :class:`~rlnb.ConfigError` naming the field and the fix for a value of
+    the wrong kind; :func:`register_task` also tries a few prompts.
     """
 
     name: str
@@ -37,6 +57,25 @@ class Task:
     make_prompt: Callable[[random.Random], tuple[str, Any]]
     reward: Callable[[str, Any], float]
     max_new_tokens: int
+
+    def __post_init__(self) -> None:
+        require(
+            isinstance(self.name, str) and bool(self.name.strip()),
+            "Task.name",
+            self.name,
+            "use a non-empty string, e.g. name='times7'",
+        )
+        require(
+            isinstance(self.alphabet, str) and bool(self.alphabet),
+            "Task.alphabet",
+            self.alphabet,
+            "use a string of every character a prompt or answer may hold, e.g. alphabet='0123456789*='",
+        )
+        repeated = "".join(sorted({c for c in self.alphabet if self.alphabet.count(c) > 1}))
+        require(not repeated, "Task.alphabet", self.alphabet, f"it repeats {repeated!r}: list each character once")
+        _check_callable("Task.make_prompt", self.make_prompt, ("rng",), "make_prompt(rng) -> (prompt, answer)")
+        _check_callable("Task.reward", self.reward, ("", None), "reward(completion, answer) -> float")
+        check_int("Task.max_new_tokens", self.max_new_tokens, minimum=1, example="the longest answer's length + 1")
 
     def item(self, seed: int, index: int) -> PromptItem:
         """Training prompt number ``index`` of the stream for ``seed``."""
@@ -113,20 +152,65 @@ sort = Task(
 _TASKS: dict[str, Task] = {t.name: t for t in (addition, reverse, sort)}
 
 
+def _check_prompts(task: Task) -> None:
+    """Make a few of ``task``'s prompts, as a session would, and check what comes back."""
+    name = f"Task {task.name!r}"
+    for index in range(SAMPLE_PROMPTS):
+        try:
+            made = task.make_prompt(random.Random(f"{task.name}:check:{index}"))
+        except Exception as exc:
+            raise ConfigError(f"{name}: make_prompt(rng) raised {exc!r}; fix it and register the task again") from exc
+        if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], str)):
+            raise ConfigError(
+                f"{name}: make_prompt(rng) returned {made!r}: return a tuple (prompt, answer) whose prompt is a "
+                "str, e.g. ('12*7=', '84')"
+            )
+        prompt, answer = made
+        for what, text in (("prompt", prompt), ("answer", answer if isinstance(answer, str) else "")):
+            outside = "".join(sorted(set(text) - set(task.alphabet)))
+            if outside:
+                raise ConfigError(
+                    f"Task.alphabet={task.alphabet!r} of {task.name!r} is invalid: the {what} {text!r} holds "
+                    f"{outside!r}; add every character a prompt or answer may hold"
+                )
+        if isinstance(answer, str) and len(answer) + 1 > task.max_new_tokens:
+            raise ConfigError(
+                f"Task.max_new_tokens={task.max_new_tokens} of {task.name!r} is invalid: the answer {answer!r} "
+                f"needs {len(answer) + 1} tokens with end-of-sequence; use the longest answer's length + 1"
+            )
+
+
 def register_task(task: Task, *, replace: bool = False) -> Task:
-    """Make ``task`` available by name to ``Config(task=...)``; returns it."""
+    """Make ``task`` available by name to ``Config(task=...)``; returns it.
+
+    Makes a few of its prompts first and raises :class:`~rlnb.ConfigError` if
+    ``make_prompt`` fails or returns something a session cannot use (not a
+    ``(prompt, answer)`` tuple, characters outside the alphabet, an answer longer
+    than ``max_new_tokens`` allows), or if the name is taken and ``replace`` is False.
+    """
+    require(
+        isinstance(task, Task),
+        "register_task(task)",
+        task,
+        "pass a rlnb.data.Task(name, alphabet, make_prompt, reward, max_new_tokens)",
+    )
     if task.name in _TASKS and not replace and _TASKS[task.name] is not task:
         raise ConfigError(f"a task named {task.name!r} exists already; pass replace=True to replace it")
+    _check_prompts(task)
     _TASKS[task.name] = task
     return task
 
 
 def get_task(name: str) -> Task:
     """The registered task called ``name``; ConfigError naming the known ones otherwise."""
+    require(isinstance(name, str), "Config.task", name, 'use a task name, e.g. task="addition"')
     try:
         return _TASKS[name]
     except KeyError:
-        raise ConfigError(f"Config.task={name!r} is unknown: use one of {task_names()}") from None
+        raise ConfigError(
+            f"Config.task={name!r} is unknown: use one of {task_names()}, or register your own first "
+            "with rlnb.data.register_task(rlnb.data.Task(...))"
+        ) from None
 
 
 def task_names() -> list[str]:
