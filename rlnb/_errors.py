@@ -1,6 +1,21 @@
-"""Exceptions raised by rlnb. Every public error derives from :class:`RlnbError`."""
+"""Exceptions raised by rlnb, and the exit code a run ended by one reports. Every
+public error derives from :class:`RlnbError`."""
 
 from __future__ import annotations
+
+EXIT_OK, EXIT_FAILURE, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
+
+
+def exit_code_for(exc: BaseException | None) -> int:
+    """The exit code a run ended by ``exc`` reports (None: success)."""
+    if exc is None:
+        return EXIT_OK
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_SIGINT
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        return code if isinstance(code, int) else (EXIT_OK if code is None else EXIT_FAILURE)
+    return EXIT_FAILURE
 
 
 class RlnbError(Exception):

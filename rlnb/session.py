@@ -37,7 +37,7 @@ from rlnb.runtime import (
     unregister_session,
     warm_up_loop_backend,
 )
-from rlnb.track import EXIT_SIGINT, Tracker, exit_code_for
+from rlnb.track import EXIT_FAILURE, EXIT_SIGINT, Tracker, exit_code_for
 
 if TYPE_CHECKING:
     from rlnb.learn import Callback
@@ -149,8 +149,12 @@ class Session(RolloutCells, TrainingCells):
         self._stack.callback(unregister_session, self)
 
     def _close_rollouter(self, rollouter: Rollouter) -> None:
-        if self._bridge.started:  # it never ran anything otherwise: nothing to cancel
-            self._bridge.run(rollouter.aclose(), timeout=self._remaining())
+        if not self._bridge.started:  # it never ran anything otherwise: nothing to cancel
+            return
+        # Half the time left at most: on a blocked loop the later parts still get theirs, and
+        # the bridge's close cancels what is left and warns, naming where its loop is stuck.
+        with contextlib.suppress(TimeoutError):
+            self._bridge.run(rollouter.aclose(), timeout=None if (left := self._remaining()) is None else left / 2)
 
     def _remaining(self) -> float | None:
         return None if self._deadline is None else max(0.01, self._deadline - time.monotonic())
@@ -298,17 +302,26 @@ class Session(RolloutCells, TrainingCells):
         default); a part that will not stop in time is abandoned with a warning.
         If a part fails to close, the others are still closed and the error raised.
         ``exit_code`` is what the tracker's run reports: 0 success, 1 failure,
-        130 interrupted (SIGINT), 143 terminated (SIGTERM).
+        130 interrupted (SIGINT), 143 terminated (SIGTERM). A background failure
+        not yet raised (of rollouts or of training started with :meth:`start`) makes
+        it 1, and is raised once everything is closed.
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        if exit_code == 0 and self._trainer.training:
+        unreported = self._trainer.take_unreported()
+        if exit_code == 0 and unreported is not None:
+            exit_code = EXIT_FAILURE
+        elif exit_code == 0 and self._trainer.training:
             exit_code = EXIT_SIGINT  # the run was cut short, as by Ctrl-C
         self._exit_code = exit_code
         self._deadline = time.monotonic() + (self._config.close_timeout if timeout is None else timeout)
-        self._stack.close()
+        try:
+            self._stack.close()
+        finally:
+            if unreported is not None:
+                raise unreported
 
     def __enter__(self) -> Session:
         return self

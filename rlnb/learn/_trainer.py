@@ -342,6 +342,14 @@ class Trainer:
         if self._run is not None:
             self._run.raise_error()
 
+    def take_unreported(self) -> Exception | None:
+        """The background failures no call has raised yet, of rollouts and of the
+        background run, counted as raised now: one error, or an ExceptionGroup of both."""
+        errors = [exc for check in (self.rollouter.raise_pending, self.raise_pending) if (exc := _raised(check))]
+        if len(errors) > 1:
+            return ExceptionGroup(f"session {self.name!r} had background failures no call raised", errors)
+        return errors[0] if errors else None
+
     def close(self, timeout: float | None = None) -> None:
         """Stop a background run (waiting up to ``timeout`` s); idempotent."""
         if self._run is not None:
@@ -384,3 +392,11 @@ def _target(n_steps: int | None, until: int | None, version: int) -> int:
 
 def _cancelled() -> BaseException:
     return asyncio.CancelledError("stopped before the update; nothing was trained")
+
+
+def _raised(call: Callable[[], object]) -> Exception | None:
+    try:
+        call()
+    except Exception as exc:
+        return exc
+    return None

@@ -19,7 +19,7 @@ from typing import Any
 from rlnb._errors import RolloutError
 from rlnb._samples import Group, PromptItem
 from rlnb.buffer import ReplayBuffer
-from rlnb.rollout._accounting import Counters, RolloutStatistics, Ticket
+from rlnb.rollout._accounting import Counters, RolloutStatistics, Ticket, is_cancellation
 from rlnb.rollout._engine import Engine, PauseMode, SamplingParams
 from rlnb.rollout._group import GroupRunner, RewardFn
 from rlnb.rollout._state import RolloutState, StateMachine
@@ -255,19 +255,23 @@ class Rollouter:
                     self._capacity.release()
                 continue
             self._generating_groups += 1  # only groups bound for the learner count against the budget
-            self._spawn_group(to_buffer=True).add_done_callback(self._group_ended)
+            self._spawn_group(to_buffer=True)
 
-    def _group_ended(self, task: asyncio.Task[Any]) -> None:
-        """A group bound for the buffer has ended: its place in the budget is in the
-        buffer now, or free, so dispatch looks again. A group that ended without
-        reaching the buffer (it failed, or the engine closed under it) halts dispatch
-        until the next ``start``, ``resume`` or ``set_version``: a broken reward or a
-        dead engine must not eat the prompt stream while nobody is looking."""
-        self._generating_groups -= 1
-        if not task.cancelled() and (task.exception() is not None or task.result() is None):
-            self._halted = True
-        if self._machine.state is not RolloutState.CLOSED:
-            self._tasks.spawn(self._machine.notify(), name="rlnb-budget", report=False)
+    async def _into_buffer(self, item: PromptItem, ticket: Ticket) -> None:
+        """Roll out a group bound for the buffer. When it ends, its place in the budget
+        is in the buffer, or free, so dispatch looks again. A group that did not reach
+        the buffer (it failed, or the engine closed under it) halts dispatch until the
+        next ``start``, ``resume`` or ``set_version``: a broken reward or a dead engine
+        must not eat the prompt stream while nobody is looking."""
+        reached = False
+        try:
+            reached = await self._runner.run(item, ticket, to_buffer=True) is not None
+        finally:
+            self._generating_groups -= 1
+            if not reached:
+                self._halted = True
+            if self._machine.state is not RolloutState.CLOSED:
+                await self._machine.notify()
 
     def _spawn_group(self, *, to_buffer: bool) -> asyncio.Task[Any]:
         """Start a group on the next prompt, its capacity already acquired; its ticket
@@ -276,7 +280,7 @@ class Rollouter:
         self._note_dispatch()
         ticket = Ticket(self._group_size, self._capacity, self._counts)
         task = self._tasks.spawn(
-            self._runner.run(item, ticket, to_buffer=to_buffer),
+            self._into_buffer(item, ticket) if to_buffer else self._runner.run(item, ticket, to_buffer=False),
             name=f"rlnb-group-{item.prompt_id}",
             report=to_buffer,  # collect() raises its groups' failures itself
         )
@@ -315,7 +319,9 @@ class Rollouter:
         except BaseException:  # interrupted: what we started must not go on generating
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            for result in await asyncio.gather(*tasks, return_exceptions=True):
+                if isinstance(result, Exception) and not is_cancellation(result):
+                    self._tasks.report(result)  # it failed before the interrupt: the next call says so
             # Their prompts go first next time: a retried step rolls out the same
             # prompts with the same per-sample seeds, so it gives the same batch.
             self._returned.extendleft(reversed([self._items[t] for t in tasks]))
@@ -341,7 +347,15 @@ class Rollouter:
         """Greedy completions and rewards for ``items`` (not put in the buffer)."""
         self._check_running()
         sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-        return list(await asyncio.gather(*(self._runner.evaluate(item, sampling) for item in items)))
+        try:  # the first failure cancels the rest: nothing goes on generating unseen
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._runner.evaluate(item, sampling)) for item in items]
+        except ExceptionGroup as failed:
+            first = failed.exceptions[0]
+            raise RolloutError(
+                f"evaluation failed ({len(failed.exceptions)} of {len(items)} prompts): {first}"
+            ) from first
+        return [task.result() for task in tasks]
 
     def _check_running(self) -> None:
         self._machine.check_open()
@@ -361,8 +375,11 @@ class Rollouter:
         )
 
     async def aclose(self) -> None:
-        """Cancel every task and wait for them; idempotent."""
+        """Cancel every task and wait for them; idempotent. Then raise, as
+        :meth:`raise_pending` does, the background failures no call has raised."""
         if self._machine.state is RolloutState.CLOSED:
             return
         await self._machine.set(RolloutState.CLOSED)
         await self._tasks.cancel_all()
+        self._generating_groups = 0  # all ended (a group cancelled before it started never counted down)
+        self._tasks.raise_pending()

@@ -16,12 +16,14 @@ import gc
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol
 
+from rlnb._errors import exit_code_for
 from rlnb.runtime._ipython import ipython_shell
 
 __all__ = [
@@ -167,11 +169,20 @@ def install_hooks() -> None:
     global _atexit_installed, _sigterm_installed
     with _HOOKS_LOCK:
         if not _atexit_installed:
-            atexit.register(_close_all_quietly, "interpreter exit")
+            atexit.register(_close_at_exit)
             _atexit_installed = True
         if not _sigterm_installed and threading.current_thread() is threading.main_thread():
             _sigterm_installed = _install_sigterm_handler()
         _install_kernel_hook()
+
+
+def _close_at_exit() -> None:
+    """At interpreter exit: a script that died of an uncaught exception reports it as
+    its runs' exit code (Python keeps it in ``sys.last_value`` for atexit to see). An
+    interactive session's last error says nothing about the run: there, each session decides."""
+    crash = getattr(sys, "last_value", None)
+    interactive = hasattr(sys, "ps1") or bool(sys.flags.interactive) or ipython_shell() is not None
+    _close_all_quietly("interpreter exit", exit_code=None if interactive else exit_code_for(crash) or None)
 
 
 def _install_sigterm_handler() -> bool:

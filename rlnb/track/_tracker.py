@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rlnb._checks import check_tracking
-from rlnb._errors import ConfigError, RlnbError
+from rlnb._errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    ConfigError,
+    RlnbError,
+    exit_code_for,
+)
 from rlnb.runtime import register_run, unregister_run
 
 __all__ = [
@@ -30,8 +38,6 @@ __all__ = [
     "TrackerError",
     "exit_code_for",
 ]
-
-EXIT_OK, EXIT_FAILURE, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
 
 
 class TrackerError(RlnbError):
@@ -47,18 +53,6 @@ class Backend(Protocol):
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...
 
     def finish(self, exit_code: int) -> None: ...
-
-
-def exit_code_for(exc: BaseException | None) -> int:
-    """The exit code a run ended by ``exc`` reports (None: success)."""
-    if exc is None:
-        return EXIT_OK
-    if isinstance(exc, KeyboardInterrupt):
-        return EXIT_SIGINT
-    if isinstance(exc, SystemExit):
-        code = exc.code
-        return code if isinstance(code, int) else (EXIT_OK if code is None else EXIT_FAILURE)
-    return EXIT_FAILURE
 
 
 class Tracker:

@@ -16,6 +16,7 @@ from rlnb.buffer import ReplayBuffer
 from rlnb.rollout import FakeEngine, GenerateRequest, PromptItem, Rollouter, RolloutStatistics
 from tests.helpers import assert_counts_add_up, cause_chain
 from tests.rollout.helpers import (
+    DELAY,
     EOS,
     NO_LENGTH_CUT,
     SLOW,
@@ -411,5 +412,42 @@ def test_a_full_buffer_holds_dispatch_back_and_taking_lets_it_go_on() -> None:
                     break
             await until(lambda: rollouter.statistics().groups_dispatched > held, "dispatch to go on")
             assert_counts_add_up(rollouter.statistics())
+
+    asyncio.run(main())
+
+
+# -- errors are never discarded ---------------------------------------------------------------
+
+
+def test_evaluate_stops_every_other_prompt_at_the_first_failure() -> None:
+    def fail(request: GenerateRequest) -> BaseException | None:
+        return RuntimeError("the engine lost prompt 0") if request.request_id == "eval.0" else None
+
+    async def main() -> None:
+        engine = RecordingEngine(lengths=10**6, token_delay=DELAY, fail=fail)
+        async with make_rollouter(engine, group_size=2, max_inflight=8) as (r, _):
+            items = [PromptItem(i, f"{i}+{i}=", str(2 * i)) for i in range(4)]
+            with pytest.raises(rlnb.RolloutError, match=r"evaluation failed \(1 of 4 prompts\)") as raised:
+                await r.evaluate(items, max_new_tokens=10**6)
+            assert "the engine lost prompt 0" in str(raised.value.__cause__)
+            await until(lambda: engine.statistics().running == 0, "the other prompts to stop generating")
+
+    asyncio.run(main())
+
+
+def test_a_group_that_failed_before_collect_was_interrupted_is_reported_at_the_next_call() -> None:
+    def fail(request: GenerateRequest) -> BaseException | None:
+        return RuntimeError("prompt 0 is broken") if parse_id(request.request_id)[0] == 0 else None
+
+    async def main() -> None:
+        engine = RecordingEngine(lengths=10**6, token_delay=DELAY, fail=fail)
+        async with make_rollouter(engine, group_size=2, max_inflight=8, max_retries=0) as (r, _):
+            collect = asyncio.create_task(r.collect(2))
+            await until(lambda: r.statistics().groups_failed == 1, "group 0 to fail")
+            collect.cancel()  # Ctrl-C while group 1 still generates
+            with pytest.raises(asyncio.CancelledError):
+                await collect
+            error = await next_pending_error(r)
+            assert any("prompt 0 is broken" in str(e) for e in cause_chain(error))
 
     asyncio.run(main())

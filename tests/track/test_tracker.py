@@ -17,7 +17,7 @@ import pytest
 
 import rlnb
 from rlnb.track import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, Tracker, TrackerError, exit_code_for, read_run
-from tests.helpers import Hooks
+from tests.helpers import Hooks, cause_chain, wait_until
 
 SMALL = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
@@ -84,6 +84,42 @@ def test_an_error_or_interrupt_inside_train_is_the_runs_exit_code(
     run = wandb_run(tmp_path)
     assert run.exit_code == code
     assert [h["_step"] for h in run.history if "reward_mean" in h] == [1]  # what was logged is kept
+
+
+def test_close_after_a_background_failure_no_call_raised_reports_1_and_raises_it(tmp_path: Path) -> None:
+    sess = rlnb.Session(tracked(tmp_path, ("jsonl",)), name="track")
+    sess.set_reward(lambda completion, answer: 1 / 0)
+    sess.start_rollouts()
+    wait_until(lambda: sess.statistics(raise_errors=False).rollout.groups_failed > 0, "a group to fail")
+    with pytest.raises(rlnb.RolloutError, match="background rollout") as raised:
+        sess.close()
+    assert any(isinstance(e, ZeroDivisionError) for e in cause_chain(raised.value))
+    assert sess.closed and jsonl(tmp_path)[-1]["exit_code"] == EXIT_FAILURE
+    sess.close()  # raised once: closing again is a no-op
+
+
+def test_close_after_a_failed_background_run_reports_1_and_raises_it(tmp_path: Path) -> None:
+    hooks = Hooks()
+    sess = rlnb.Session(tracked(tmp_path, ("jsonl",)), name="track", callbacks=[hooks])
+    hooks.batch = lambda groups: (_ for _ in ()).throw(RuntimeError("in the update"))
+    sess.start(2)
+    wait_until(lambda: not sess.training, "the background run to fail")
+    with pytest.raises(rlnb.TrainingError) as raised:
+        sess.close()
+    assert any("in the update" in str(e) for e in cause_chain(raised.value))
+    assert jsonl(tmp_path)[-1]["exit_code"] == EXIT_FAILURE
+
+
+def test_a_script_that_dies_of_an_uncaught_error_finishes_its_run_with_1(tmp_path: Path) -> None:
+    script = (
+        "import rlnb\n"
+        f"config = rlnb.Config(track=rlnb.TrackConfig(backends=('jsonl',), run_dir={str(tmp_path)!r}))\n"
+        "sess = rlnb.Session(config, name='script')\n"
+        "raise RuntimeError('the script crashed')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "the script crashed" in done.stderr
+    assert jsonl(tmp_path)[-1]["exit_code"] == EXIT_FAILURE
 
 
 class Failing:
