@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 __all__ = ["main"]
 
-BENCHES = ("bridge", "close", "notebook", "rollout", "train")
+BENCHES = ("bridge", "close", "notebook", "rollout", "soak", "train")
 
 # ``rlnb train`` flags that set a config field: flag dest -> (Config part or None, field).
 CONFIG_FLAGS = {
