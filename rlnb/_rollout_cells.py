@@ -5,11 +5,14 @@ and resume, swap the reward. A part of :class:`~rlnb.Session`, kept apart so tha
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlnb._samples import RolloutBatch
 from rlnb.rollout import PauseMode, Rollouter
 from rlnb.runtime import AsyncBridge
+
+if TYPE_CHECKING:
+    from rlnb.learn import Trainer
 
 __all__ = ["RolloutCells"]
 
@@ -20,6 +23,7 @@ class RolloutCells:
     errors raise)."""
 
     _bridge: AsyncBridge
+    _trainer: Trainer
     reward_name: str | None = None  # the custom reward in force (a checkpoint records it), if any
 
     def _check(self) -> Rollouter:
@@ -49,8 +53,12 @@ class RolloutCells:
         self._bridge.run(self._check().pause(PauseMode(mode)))
 
     def resume(self) -> None:
-        """Leave a pause: partial rollouts continue with their prefixes and dispatch goes on."""
-        self._bridge.run(self._check().resume())
+        """Leave a pause: partial rollouts continue with their prefixes and dispatch goes on.
+        A trained step whose weight sync failed is synced first (:class:`~rlnb.WeightSyncError`
+        again if it still fails; rollouts then stay paused)."""
+        rollouter = self._check()
+        self._trainer.publish_pending()
+        self._bridge.run(rollouter.resume())
 
     def wait_paused(self, timeout: float | None = None) -> None:
         """Block until a pause has taken effect; :class:`TimeoutError` after ``timeout`` s."""

@@ -16,6 +16,7 @@ from tests.helpers import (
     Hooks,
     Recorder,
     assert_same_metrics,
+    cause_chain,
     ctrl_c_once,
     press_ctrl_c,
     wait_until,
@@ -193,3 +194,38 @@ def test_an_async_step_that_gets_no_batch_says_why() -> None:
         assert "the policy-lag budget is spent (4 of 4 groups live: 4 generating, 0 in the buffer)" in str(raised.value)
         assert "is the engine stuck?" in str(raised.value)
         assert sess.version == 0
+
+
+def test_a_failed_weight_sync_keeps_the_trained_step_and_sends_it_at_the_next_call() -> None:
+    engine, recorder = HookedEngine(CONFIG), Recorder()
+    with rlnb.Session(CONFIG, name="sync-fails", engine=engine, callbacks=[recorder]) as sess:
+        sess.step()
+        failures = 0
+
+        async def broken(version: int) -> None:
+            nonlocal failures
+            failures += 1
+            raise OSError("the engine's device went away")
+
+        engine.before_update = broken
+        with pytest.raises(rlnb.WeightSyncError, match="step 2 was trained, but its weights did not reach") as raised:
+            sess.step()
+        assert any("device went away" in str(e) for e in cause_chain(raised.value))
+        stats = sess.statistics()
+        assert sess.version == 2 and stats.engine.version == 1  # trained, not yet live
+        assert stats.rollout.state == "paused" and len(sess.history) == 1  # nothing saw a half-applied step
+        assert len(recorder.metrics) == 1  # on_step_end comes once the step is live
+
+        with pytest.raises(rlnb.WeightSyncError):  # still broken: still paused, nothing lost
+            sess.resume()
+        assert failures == 2 and sess.statistics().rollout.state == "paused"
+
+        engine.before_update = None
+        sess.resume()  # sends the weights, records the step, then resumes
+        stats = sess.statistics()
+        assert stats.engine.version == 2 and stats.rollout.state == "running"
+        assert [m["version"] for m in sess.history] == [1.0, 2.0] and len(recorder.metrics) == 2
+        sess.step()
+        assert sess.version == 3 and sess.statistics().engine.version == 3 and len(sess.history) == 3
+        batch = sess.rollout(1)
+        assert {v for g in batch for s in g.samples for v in s.versions} == {3}

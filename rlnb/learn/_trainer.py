@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from rlnb._checks import is_int
-from rlnb._errors import TrainingInterrupted
+from rlnb._errors import TrainingInterrupted, WeightSyncError
 from rlnb._samples import Group
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config
@@ -112,6 +112,7 @@ class Trainer:
         self.evaluations: list[tuple[int, float]] = []  # (policy version, held-out accuracy)
         self.warmup_stage = Warmup(learner, task, config)
         self._phase: str | None = None  # what the current step waits for
+        self._unpublished: dict[str, float] | None = None  # a trained step whose weights did not reach the engine
         self._run: BackgroundRun | None = None
 
     @property
@@ -132,6 +133,7 @@ class Trainer:
             return self._step(timeout, None)
 
     def _step(self, timeout: float | None, cancel: threading.Event | None) -> dict[str, float]:
+        self.publish_pending()
         try:
             if self.config.mode == "sync":
                 return self._sync_step(timeout, cancel)
@@ -200,15 +202,38 @@ class Trainer:
         )
 
     def _update(self, groups: list[Group]) -> dict[str, float]:
-        """Update on ``groups``, then the weight-sync transaction (callers defer SIGINT)."""
+        """Update on ``groups``, then publish the step (callers defer SIGINT)."""
         self._phase = "updating"
-        metrics = self.learner.step(groups)
-        self.sync_weights()
+        self._unpublished = metrics = self.learner.step(groups)
+        self._publish()
+        return metrics
+
+    def publish_pending(self) -> None:
+        """Publish a trained step whose weights did not reach the engine (see ``_publish``)."""
+        if self._unpublished is not None:
+            self._publish()
+
+    def _publish(self) -> None:
+        """Send the trained step's weights to the engine, then record the step: buffer
+        version, history, tracker, ``on_step_end``. Update and sync are all-or-nothing
+        for what anyone sees: if the sync fails, the step stays trained but unpublished,
+        rollouts stay paused (on the old weights), and the next step, train or resume
+        sends the weights again before anything else."""
+        metrics = self._unpublished
+        assert metrics is not None
+        try:
+            self.sync_weights()
+        except WeightSyncError as exc:
+            raise WeightSyncError(
+                f"step {self.learner.version} was trained, but its weights did not reach the engine, so "
+                "rollouts are paused on the old ones; the next step(), train() or resume() sends them again "
+                "(the step is recorded once they arrive)"
+            ) from exc
+        self._unpublished = None
         self.buffer.set_version(self.learner.version)
         self.history.append(metrics)
         self.tracker.log(metrics, step=self.learner.version)
         self._call("on_step_end", metrics)
-        return metrics
 
     def sync_weights(self) -> None:
         """Send the learner's weights and version to the engine, through the rollouter's
