@@ -14,10 +14,10 @@ After ``warmup`` cycles (first imports, torch's allocator and thread pool, lazil
 made caches) a baseline is taken; after the last cycle, the growth since then:
 
 - open FDs, Python threads, OS threads (those that torch or other C code starts
-  included) and child processes (zombies included: an unreaped child is a leak too). The target
-  for each is 0. The counts are read again for up to :data:`SETTLE_S` seconds
-  while they are above the baseline, since a worker that was told to exit may take
-  a moment to be reaped.
+  included) and child processes (zombies included: an unreaped child is a leak
+  too). The target for each is 0. The counts are read again for up to
+  :data:`SETTLE_S` seconds while they are above the baseline, since a worker
+  that was told to exit may take a moment to be reaped.
 - the same counts right after each ``close()`` returns, read at once: the largest
   growth seen is ``*_peak_growth``. ``close()`` joins every thread and worker it
   owns, so the target for FDs, Python threads and children is 0 here too: a part
@@ -33,15 +33,17 @@ made caches) a baseline is taken; after the last cycle, the growth since then:
   had back stay flat (``*_heap_growth_mib``). The allowance,
   :func:`rss_allowance_mib`, is :data:`RSS_BASE_MIB` plus
   :data:`RSS_PER_1000_MIB` per 1,000 cycles: 12 MiB for 1,000. Measured on the
-  2-core CI machine, 1,000 cycles grew the trimmed RSS by 0.5 to 4.5 MiB (pages
+  2-core CI machine, 1,000 cycles grew the trimmed RSS by 0.2 to 5.2 MiB (pages
   that stay partly used, and the interpreter's bounded caches: its type
-  attribute cache, set tables that do not shrink) and the heap by at most
-  0.2 MiB; Python's own allocations (``tracemalloc``) had grown by about 50 KB,
-  at the same sites and by about as much after 400 cycles as after 1,200. A
-  closed session that something kept alive holds about 0.9 MiB (an open one
-  13 MiB), so a leak of one per cycle misses the allowance many times over. The
-  base is for short series such as the tests' 30 cycles, where a few pages are
-  a large part of the growth.
+  attribute cache, set tables that do not shrink), all of it in the first few
+  hundred cycles: a longer async series without workers stood at 327.4, 327.6
+  and 327.7 MiB after 300, 900 and 1,800 cycles. The heap grew by at most
+  0.2 MiB and Python's own allocations (``tracemalloc``) by about 50 KB, at the
+  same sites and by about as much after 400 cycles as after 1,200. A closed
+  session that something kept alive holds about 0.9 MiB (an open one 13 MiB),
+  so a leak of one per cycle misses the allowance many times over. The base is
+  for short series such as the tests' 30 cycles, where a few pages are a large
+  part of the growth.
 """
 
 from __future__ import annotations
