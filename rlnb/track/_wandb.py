@@ -19,6 +19,9 @@ __all__ = ["WandbBackend", "wandb_mode_from_env"]
 _OPEN_LOCK = threading.Lock()
 _OPEN = 0  # rlnb wandb runs open in this process
 
+FLUSH_INTERVAL = 1.0
+"""Seconds between wandb-core's writes of a run's records to its ``.wandb`` file."""
+
 
 class WandbBackend:
     name = "wandb"
@@ -42,12 +45,18 @@ class WandbBackend:
             # run's mode: an offline run would still start two exporter threads
             # (and send usage data). Offline means nothing leaves the machine.
             _disable_analytics()
+        extra: dict[str, Any] = {}
+        if "x_transaction_log_flush_interval" in wandb.Settings.model_fields:  # not in older wandb
+            # wandb-core writes the run file every 15 s by default, and a process killed
+            # with SIGKILL takes the unwritten records with it: lose at most a second.
+            extra["x_transaction_log_flush_interval"] = FLUSH_INTERVAL
         settings = wandb.Settings(
             silent=True,
             console="off",  # no stdout/stderr wrapping: notebooks and progress bars stay as they are
             x_disable_stats=True,  # no system-metrics sampling
             disable_git=True,
             save_code=False,
+            **extra,
         )
         self.run = wandb.init(
             project=project,
