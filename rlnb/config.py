@@ -189,10 +189,18 @@ class RolloutConfig:
     temperature, top_p, top_k: sampling (top_k 0 and top_p 1.0: no truncation).
     max_new_tokens: completion length limit; None takes the task's.
     max_continuations: times a partial rollout is continued after pauses.
-    max_retries: retries of a failing generation or reward before it is reported.
-    reward_timeout: seconds one call of the reward function may take (it runs on a
-        worker thread, off the session's event loop); a call that takes longer fails
-        its sample. None: no limit.
+    max_retries: retries of a failing generation, or of a reward function that
+        raises, before the sample fails.
+    reward_timeout: seconds one call of the reward function may take, counted from
+        its start. Rewards run one at a time, in order, on a worker thread
+        (``rlnb-reward-N``), off the session's event loop, so a slow one holds up
+        neither pause nor any other call. A call that takes longer fails its sample
+        and is not retried; its thread cannot be stopped and ends whenever the call
+        returns (also after the session has closed: close does not wait for it),
+        while the next reward starts on a new thread at once. None: no limit (a
+        hung reward then holds up every later one). A reward must return a finite
+        number: an int, a float, a bool (0.0 or 1.0) or a numpy/torch scalar; None,
+        a string, a list, NaN or inf fails its sample at once (not retried).
     """
 
     group_size: int = 8

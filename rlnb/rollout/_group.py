@@ -3,6 +3,10 @@
 Each sample generates (with retries), continues its partial rollout after every
 abort pause (up to a limit), is decoded and rewarded; the group then goes to the
 buffer or back to ``collect()``. Whatever happens, each sample settles its ticket.
+
+The reward function runs on a :class:`~rlnb.rollout._reward.RewardPool` thread,
+never on the event loop: a slow one cannot hold up dispatch, pause or any other
+call on the loop, and a hung one fails its sample after ``reward_timeout``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from rlnb._samples import Group, PromptItem, Sample
 from rlnb.buffer import ReplayBuffer
 from rlnb.rollout._accounting import Counters, Ticket, is_cancellation
 from rlnb.rollout._engine import Engine, GenerateRequest, GenerateResult, SamplingParams
+from rlnb.rollout._reward import BadReward, CallTimedOut, PoolFull, RewardPool, finite_reward, short_repr
 from rlnb.rollout._state import StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor
 
@@ -28,7 +33,8 @@ class GroupRunner:
     """Rolls out groups of ``group_size`` samples on ``engine``; counts in ``counters``,
     waits on ``machine``, reports background failures to ``tasks``.
 
-    ``reward_fn`` may be replaced at any time: completions scored later use the new one.
+    ``reward_fn`` may be replaced at any time: completions scored later use the new
+    one. It runs on the runner's :class:`RewardPool`, which :meth:`close` shuts.
     """
 
     def __init__(
@@ -61,7 +67,14 @@ class GroupRunner:
         self._max_continuations = max_continuations
         self._max_retries = max_retries
         self._reward_timeout = reward_timeout
+        self._rewards = RewardPool()
         self._seed = seed
+
+    def close(self) -> None:
+        """Shut the reward pool: queued reward calls fail as cancelled, idle threads
+        end. A call in progress is not waited for; its thread ends when it returns.
+        Idempotent; call it after the groups are cancelled."""
+        self._rewards.close()
 
     async def run(self, item: PromptItem, ticket: Ticket, *, to_buffer: bool) -> Group | None:
         """The group for ``item``, put in the buffer too when ``to_buffer``. A failed
@@ -136,7 +149,11 @@ class GroupRunner:
                 self._counts.continuations += 1
                 await self._keep_partial()
             completion = self._decode(tokens)
-            reward = self.reward(item, completion)
+            self._counts.generating += 1  # a WAIT drain waits for the reward too: the sample is not done
+            try:
+                reward = await self.reward(item, completion)
+            finally:
+                self._counts.generating -= 1
         except BaseException as exc:
             error = exc  # a failure, or a cancellation (Ctrl-C, close): the ticket tells them apart
             raise
@@ -206,19 +223,42 @@ class GroupRunner:
         request = GenerateRequest(f"eval.{item.prompt_id}", tuple(self._encode(item.prompt)), sampling)
         result = await self._engine.generate(request)
         completion = self._decode(list(result.token_ids))
-        return completion, self.reward(item, completion)
+        return completion, await self.reward(item, completion)
 
-    def reward(self, item: PromptItem, completion: str) -> float:
-        """``reward_fn(item, completion)``, retried up to ``max_retries`` times; raises
-        RolloutError, chained to the last failure, beyond that."""
+    async def reward(self, item: PromptItem, completion: str) -> float:
+        """``reward_fn(item, completion)`` as a float, run on a worker thread.
+
+        A function that raises is retried up to ``max_retries`` times. Raises
+        RolloutError naming the prompt and completion when it still raises (chained),
+        runs past ``reward_timeout`` (not retried: a hung call would only hang again,
+        on one more thread), or returns anything but a finite number (not retried: a
+        bug, not bad luck); ClosedError once closed."""
+        where = f"prompt {item.prompt_id} ({short_repr(item.prompt)}), completion {short_repr(completion)}"
         attempt = 0
         while True:
             try:
-                return float(self.reward_fn(item, completion))
+                return await self._rewards.call(
+                    finite_reward, self.reward_fn, item, completion, timeout=self._reward_timeout
+                )
+            except BadReward as bad:
+                raise RolloutError(
+                    f"the reward function returned {bad} for {where}; "
+                    "a reward must be a finite number (int, float, bool or a numpy/torch scalar)"
+                ) from None
+            except CallTimedOut as late:
+                raise RolloutError(
+                    f"the reward function did not return within reward_timeout={self._reward_timeout} s for {where}; "
+                    f"not retried (its thread {late.thread} ends when the call returns)"
+                ) from None
+            except PoolFull as full:
+                raise RolloutError(
+                    f"the reward function was not called for {where}: {full} earlier calls that timed out "
+                    "or were cancelled are still running; is it stuck?"
+                ) from None
+            except (asyncio.CancelledError, ClosedError):
+                raise
             except Exception as exc:
                 attempt += 1
                 if attempt > self._max_retries:
-                    raise RolloutError(
-                        f"reward function failed {attempt} times on prompt {item.prompt_id} ({item.prompt!r})"
-                    ) from exc
+                    raise RolloutError(f"the reward function raised {exc!r} {attempt} times for {where}") from exc
                 self._counts.retries += 1

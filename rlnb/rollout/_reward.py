@@ -1,0 +1,266 @@
+"""Reward calls off the event loop: a small pool of daemon threads with a timeout per call.
+
+A reward function is user code. On the loop, a slow one would hold up dispatch,
+pause and every other call, and a hung one the whole session; here it runs on a
+worker thread ``rlnb-reward-N``. A thread cannot be stopped, so a call that runs
+past its timeout (or whose caller is cancelled) is abandoned: its thread ends
+whenever the call returns, and another thread takes over the queue at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import math
+import reprlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rlnb._errors import ClosedError
+
+__all__ = ["BadReward", "CallTimedOut", "PoolFull", "RewardPool", "finite_reward", "short_repr"]
+
+# One thread runs the calls in the order they came, so samples are rewarded, and
+# groups reach the buffer, in the order they finished generating (as when rewards ran
+# on the loop): runs stay reproducible. A Python reward gains nothing from more
+# threads (the GIL), and one that waits on I/O was serial on the loop before too.
+REWARD_WORKERS = 1
+# Calls abandoned (timed out or cancelled) but still running, each on a thread nothing
+# can stop; past this many, new calls fail at once instead of starting more threads.
+MAX_ABANDONED = 64
+# An idle worker leaves after this long: a session that is not rolling out holds no
+# reward thread, and the rewards of one burst of samples share one.
+_IDLE_EXIT_S = 0.1
+_thread_ids = itertools.count(1)
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 80
+
+
+class CallTimedOut(Exception):
+    """The call ran past its timeout and was abandoned on its ``thread``."""
+
+    def __init__(self, thread: str) -> None:
+        super().__init__(thread)
+        self.thread = thread
+
+
+class PoolFull(Exception):
+    """Too many abandoned calls are still running to start another."""
+
+
+class BadReward(Exception):
+    """The reward function returned something that is not a finite number (its repr)."""
+
+
+class _Call:
+    __slots__ = ("abandoned", "args", "finished", "fn", "future", "started", "thread", "timer")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], future: asyncio.Future[Any]) -> None:
+        self.fn, self.args, self.future = fn, args, future
+        self.started: float | None = None  # time.monotonic() when a worker took it
+        self.thread = ""  # the worker's name
+        self.finished = False  # it returned or raised, or the pool closed before it started
+        self.abandoned = False  # nobody waits for it any more: it timed out, or its caller was cancelled
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class RewardPool:
+    """Runs calls for one event loop on daemon threads ``rlnb-reward-N``, in order.
+
+    At most ``max_workers`` threads run calls that someone still waits for. A call
+    that runs past its timeout, or whose caller is cancelled, is abandoned: its
+    thread cannot be stopped and ends when the call returns, but another thread takes
+    over the queue at once, so a hung call never holds up later ones. While
+    ``max_abandoned`` abandoned calls still run, new calls fail at once instead.
+    """
+
+    def __init__(self, *, max_workers: int = REWARD_WORKERS, max_abandoned: int = MAX_ABANDONED) -> None:
+        self._max_workers = max_workers
+        self._max_abandoned = max_abandoned
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Call] = collections.deque()
+        self._results: list[tuple[_Call, bool, Any]] = []  # finished, for the loop to settle in order
+        self._threads: set[threading.Thread] = set()  # every live worker, abandoned ones too
+        self._busy: set[threading.Thread] = set()
+        self._workers = 0  # live threads not stuck in an abandoned call
+        self._idle = 0  # of those, waiting for a call
+        self._starting = 0  # of those, started but not yet waiting
+        self._abandoned = 0  # threads still running an abandoned call
+        self._closed = False
+
+    async def call(self, fn: Callable[..., Any], /, *args: Any, timeout: float | None) -> Any:
+        """``fn(*args)`` on a worker thread; raises what it raises. Raises ``CallTimedOut``
+        once it has run ``timeout`` seconds (counted from its start, not from its
+        wait for a worker); ``PoolFull``; ClosedError once closed."""
+        loop = asyncio.get_running_loop()
+        call = _Call(fn, args, loop.create_future())
+        self._submit(call)
+        if timeout is not None:
+            call.timer = loop.call_later(timeout, self._expire, call, timeout)
+        try:
+            return await call.future
+        except BaseException:  # it raised or timed out (no-op), or its caller was cancelled
+            self._abandon(call)
+            raise
+        finally:
+            if call.timer is not None:
+                call.timer.cancel()
+
+    def close(self) -> None:
+        """Fail queued calls with ClosedError and let idle workers go (joined here:
+        they run no user code). Calls in progress are not waited for: their daemon
+        threads end when the calls return. Idempotent; thread-safe."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            for call in self._queue:
+                call.finished = True
+                self._finished(call, False, ClosedError("the rollouter is closed"))
+            self._queue.clear()
+            idle = self._threads - self._busy
+            self._cond.notify_all()
+        for thread in idle:
+            thread.join(1.0)
+
+    def _submit(self, call: _Call) -> None:
+        with self._cond:
+            if self._closed:
+                raise ClosedError("the rollouter is closed")
+            if self._abandoned >= self._max_abandoned:
+                raise PoolFull(self._abandoned)
+            self._queue.append(call)
+            self._grow()
+            self._cond.notify()
+
+    def _grow(self) -> None:
+        """Start workers for queued calls that no idle worker will take (holding the lock)."""
+        while not self._closed and len(self._queue) > self._idle + self._starting and self._workers < self._max_workers:
+            thread = threading.Thread(target=self._work, name=f"rlnb-reward-{next(_thread_ids)}", daemon=True)
+            self._workers += 1
+            self._starting += 1
+            self._threads.add(thread)
+            thread.start()
+
+    def _expire(self, call: _Call, timeout: float) -> None:
+        """The call's timer (on the loop): fail it if it has run ``timeout`` s, else look again later."""
+        with self._cond:
+            if call.finished or call.abandoned:
+                return
+            left = timeout if call.started is None else call.started + timeout - time.monotonic()
+            if left <= 0:
+                self._abandon_locked(call)
+        if left > 0:  # it waited for a worker: its time counts from its start
+            call.timer = asyncio.get_running_loop().call_later(left, self._expire, call, timeout)
+        elif not call.future.done():
+            call.future.set_exception(CallTimedOut(call.thread))
+
+    def _abandon(self, call: _Call) -> None:
+        with self._cond:
+            self._abandon_locked(call)
+
+    def _abandon_locked(self, call: _Call) -> None:
+        if call.finished or call.abandoned:
+            return
+        call.abandoned = True
+        if call.started is None:
+            self._queue.remove(call)
+        else:  # its thread is stuck in it until it returns: another takes over the queue
+            self._workers -= 1
+            self._abandoned += 1
+            self._grow()
+
+    def _work(self) -> None:
+        me, starting = threading.current_thread(), True
+        while True:
+            with self._cond:
+                if starting:  # from starting to idle in one step: _grow counts it as either
+                    self._starting -= 1
+                    starting = False
+                call = self._next_call()
+                if call is None:
+                    self._workers -= 1
+                    self._threads.discard(me)
+                    return
+                call.started, call.thread = time.monotonic(), me.name
+                self._busy.add(me)
+            ok, value = _invoke(call)
+            with self._cond:
+                call.finished = True
+                self._busy.discard(me)
+                if call.abandoned:  # nobody waits for it, and another worker has taken this one's place
+                    self._abandoned -= 1
+                    self._threads.discard(me)
+                    return
+                self._finished(call, ok, value)
+
+    def _finished(self, call: _Call, ok: bool, value: Any) -> None:
+        """Queue ``call``'s result for the loop; one wake-up takes all queued (holding the lock)."""
+        self._results.append((call, ok, value))
+        if len(self._results) == 1:  # else the loop has yet to run the _settle already scheduled
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                call.future.get_loop().call_soon_threadsafe(self._settle)
+
+    def _next_call(self) -> _Call | None:
+        """The next queued call, waiting up to ``_IDLE_EXIT_S`` for one; None: leave
+        (idle that long, or closed). Holding the lock."""
+        self._idle += 1
+        try:
+            while True:
+                while not self._queue:
+                    if self._closed or (not self._cond.wait(_IDLE_EXIT_S) and not self._queue):
+                        return None
+                call = self._queue.popleft()
+                if not call.future.done():
+                    return call
+                # Its caller was cancelled and has not yet run to withdraw it (a close
+                # cancels every group at once): nobody wants it, so it never starts.
+                call.finished = True
+        finally:
+            self._idle -= 1
+
+    def _settle(self) -> None:
+        """On the loop: hand finished calls their results, in the order they finished."""
+        with self._cond:
+            results, self._results = self._results, []
+        for call, ok, value in results:
+            if call.future.done():  # timed out or cancelled meanwhile
+                continue
+            if ok:
+                call.future.set_result(value)
+            else:
+                call.future.set_exception(value)
+
+
+def _invoke(call: _Call) -> tuple[bool, Any]:
+    try:
+        return True, call.fn(*call.args)
+    except Exception as exc:
+        return False, exc
+    except BaseException as exc:  # SystemExit and the like must not reach the event loop as such
+        error = RuntimeError(f"the call raised {exc!r}")
+        error.__cause__ = exc
+        return False, error
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)``, cut to about 80 characters."""
+    return _repr.repr(value)
+
+
+def finite_reward(fn: Callable[..., Any], /, *args: Any) -> float:
+    """``fn(*args)`` as a finite float (call it on a worker thread); raises ``BadReward``
+    with the value's repr for anything else: None, a string (even "1.0"), a list,
+    NaN or inf. Takes a bool as 0.0 or 1.0, and a numpy or torch scalar."""
+    value = fn(*args)
+    reward = None
+    if not isinstance(value, (str, bytes, bytearray)):  # float("1") would let a string through
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            reward = float(value)
+    if reward is None or not math.isfinite(reward):
+        raise BadReward(short_repr(value))
+    return reward
