@@ -42,7 +42,14 @@ def _lognormal_lengths(seed: int, median_len: float, sigma: float, cap: int) -> 
 
 async def _resume_latency(trials: int) -> dict[str, float]:
     """Resume → dispatch with a long tail in flight, and what a wait-for-all drain costs."""
-    engine = FakeEngine(lengths=_lognormal_lengths(0, 60, 1.0, 2000), token_delay=0.002)
+    spread = _lognormal_lengths(0, 60, 1.0, 2000)
+    # The first 8 groups are a tail that outlasts the trials (3,000+ tokens); each later
+    # group is short, so it is in the buffer by the next trial, and taking it (as the
+    # learner would) opens room in the policy-lag budget for one more.
+    engine = FakeEngine(
+        lengths=lambda request: 3000 + spread(request) if int(request.request_id.split(".")[0]) < 8 else 1,
+        token_delay=0.002,
+    )
     buffer = ReplayBuffer(capacity=100_000)
     rollouter = Rollouter(
         engine,
@@ -54,18 +61,20 @@ async def _resume_latency(trials: int) -> dict[str, float]:
         group_size=8,
         max_inflight=100_000,
         max_policy_lag=0,
-        groups_per_step=1,  # one more group per version: each trial opens room for one
-        sampling=SamplingParams(max_new_tokens=2000),
+        groups_per_step=9,  # the 8-group tail and one short group live at once
+        sampling=SamplingParams(max_new_tokens=5000),
     )
     latencies, in_flight = [], []
     try:
-        await rollouter.set_version(7)  # 8 groups: 64 samples in flight
         await rollouter.start()
         while rollouter.statistics().in_flight < 64:
             await asyncio.sleep(0.001)
         for i in range(trials):
+            while buffer.size() == 0:
+                await asyncio.sleep(0.001)
             await rollouter.pause(PauseMode.KEEP)
-            await rollouter.set_version(8 + i)
+            buffer.get_nowait(buffer.size())  # the learner takes what is there
+            await rollouter.set_version(1 + i)
             # A person resumes from a later cell: let the pause's own wake-ups settle.
             await asyncio.sleep(0.005)
             in_flight.append(rollouter.statistics().in_flight)

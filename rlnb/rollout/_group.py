@@ -72,9 +72,10 @@ class GroupRunner:
 
     def close(self) -> None:
         """Shut the reward pool: queued reward calls fail as cancelled, idle threads
-        end. A call in progress is not waited for; its thread ends when it returns.
+        end, and a call in progress gets up to a second (no more than
+        ``reward_timeout``) to return; after that its thread ends when it returns.
         Idempotent; call it after the groups are cancelled."""
-        self._rewards.close()
+        self._rewards.close(timeout=min(1.0, self._reward_timeout or 1.0))
 
     async def run(self, item: PromptItem, ticket: Ticket, *, to_buffer: bool) -> Group | None:
         """The group for ``item``, put in the buffer too when ``to_buffer``. A failed

@@ -110,10 +110,11 @@ class RewardPool:
             if call.timer is not None:
                 call.timer.cancel()
 
-    def close(self) -> None:
-        """Fail queued calls with ClosedError and let idle workers go (joined here:
-        they run no user code). Calls in progress are not waited for: their daemon
-        threads end when the calls return. Idempotent; thread-safe."""
+    def close(self, timeout: float = 1.0) -> None:
+        """Fail queued calls with ClosedError, let idle workers go, and wait up to
+        ``timeout`` s in all for calls in progress to return (a fast reward a close
+        caught half-way ends in microseconds). A call still running after that is
+        abandoned: its daemon thread ends when the call returns. Idempotent; thread-safe."""
         with self._cond:
             if self._closed:
                 return
@@ -122,10 +123,11 @@ class RewardPool:
                 call.finished = True
                 self._finished(call, False, ClosedError("the rollouter is closed"))
             self._queue.clear()
-            idle = self._threads - self._busy
+            threads = list(self._threads)
             self._cond.notify_all()
-        for thread in idle:
-            thread.join(1.0)
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _submit(self, call: _Call) -> None:
         with self._cond:

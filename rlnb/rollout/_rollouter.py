@@ -381,5 +381,6 @@ class Rollouter:
             return
         await self._machine.set(RolloutState.CLOSED)
         await self._tasks.cancel_all()
+        self._runner.close()  # queued rewards fail as cancelled; reward threads end
         self._generating_groups = 0  # all ended (a group cancelled before it started never counted down)
         self._tasks.raise_pending()

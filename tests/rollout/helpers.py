@@ -136,3 +136,14 @@ async def next_pending_error(r: Rollouter) -> rlnb.RolloutError:
 def buffered_ids(buffer: ReplayBuffer) -> list[int]:
     n = buffer.statistics().sizes["train"]
     return [g.prompt_id for g in buffer.get_nowait(n)] if n else []
+
+
+def groups_ended(r: Rollouter) -> Callable[[], bool]:
+    """Every dispatched group has been counted as finished, failed or cancelled (a group
+    is counted a few loop turns after its last sample ends, once its reward is in)."""
+
+    def ended() -> bool:
+        s = r.statistics()
+        return s.in_flight == 0 and s.groups_finished + s.groups_failed + s.groups_cancelled == s.groups_dispatched
+
+    return ended

@@ -24,6 +24,7 @@ from tests.rollout.helpers import (
     buffered_ids,
     decode,
     encode,
+    groups_ended,
     make_rollouter,
     next_pending_error,
     parse_id,
@@ -213,7 +214,7 @@ def test_every_dispatched_sample_is_finished_kept_failed_cancelled_or_in_flight_
                 assert_counts_add_up(r.statistics())
                 await until(lambda: r.statistics().groups_failed >= 1, "a failed group")
             await r.stop()
-            await until(lambda: r.statistics().in_flight == 0, "the last groups to finish")
+            await until(groups_ended(r), "the last groups to finish")
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
 
