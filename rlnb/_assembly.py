@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 
-def check_session_args(config: Config | None, name: Any, engine: Any) -> Config:
+def check_session_args(config: Config | None, name: Any, engine: Any, callbacks: Any = ()) -> Config:
     """``Session``'s own arguments, checked before anything is built or replaced."""
     if config is None:
         config = Config()
@@ -52,6 +52,14 @@ def check_session_args(config: Config | None, name: Any, engine: Any) -> Config:
             f"Session(engine={type(engine).__name__}) is invalid: pass an object with the rlnb.rollout.Engine "
             "methods (generate, abort, pause, resume, update_weights, statistics, close), or None"
         )
+    if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Sequence):
+        raise ConfigError(f"Session(callbacks={callbacks!r}) is invalid: use a list of rlnb.learn.Callback objects")
+    for callback in callbacks:
+        if not all(callable(getattr(callback, hook, None)) for hook in ("on_batch", "on_step_end")):
+            raise ConfigError(
+                f"Session(callbacks=[..., {callback!r}, ...]) is invalid: each callback needs on_batch(groups) "
+                "and on_step_end(metrics) methods; subclass rlnb.learn.Callback and override the ones you need"
+            )
     return config
 
 
@@ -62,6 +70,15 @@ def model_shape(config: Config, task: Task) -> tuple[CharTokenizer, ModelConfig]
     from rlnb.models import CharTokenizer
 
     tokenizer = CharTokenizer(task.alphabet)
+    # BOS, the longest of a sample of prompts, and the completion: what a rollout needs.
+    positions = 1 + max(len(task.item(config.seed, i).prompt) for i in range(16))
+    positions += config.rollout.max_new_tokens or task.max_new_tokens
+    if config.model.max_len < positions:
+        raise ConfigError(
+            f"ModelConfig.max_len={config.model.max_len} is invalid: task {task.name!r} needs {positions} positions "
+            f"(BOS, a prompt and up to {config.rollout.max_new_tokens or task.max_new_tokens} new tokens); "
+            f"use max_len >= {positions}, or a smaller RolloutConfig.max_new_tokens"
+        )
     model, needed = config.model, tokenizer.vocab_size
     if model.vocab_size is None:
         return tokenizer, model.replace(vocab_size=needed)

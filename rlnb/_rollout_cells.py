@@ -4,6 +4,7 @@ and resume, swap the reward. A part of :class:`~rlnb.Session`, kept apart so tha
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -73,5 +74,14 @@ class RolloutCells:
         """
         if not callable(reward_fn):
             raise TypeError(f"set_reward() takes a callable (completion, answer) -> float, not {reward_fn!r}")
+        try:
+            inspect.signature(reward_fn).bind("completion", "answer")
+        except TypeError:
+            raise TypeError(
+                f"set_reward({reward_fn!r}): it is called as reward_fn(completion, answer) -> float, "
+                "so it must take two arguments"
+            ) from None
+        except ValueError:  # no signature to read (some builtins): it is called and checked then
+            pass
         self._bridge.run(self._check().set_reward_fn(lambda item, completion: reward_fn(completion, item.answer)))
         self.reward_name = getattr(reward_fn, "__qualname__", None) or repr(reward_fn)

@@ -82,7 +82,7 @@ class Session(RolloutCells, TrainingCells):
         self._on_close: list[tuple[Callable[..., object], tuple[Any, ...]]] = []
         self._stack.callback(self._closed_callbacks)  # registered first: runs after every part is closed
         try:
-            self._config = parts.check_session_args(config, name, engine)
+            self._config = parts.check_session_args(config, name, engine, callbacks)
             self._engine: Any = engine
             self._engine_given = engine is not None
             if engine is not None:  # a caller's engine is ours from now on, closed last

@@ -303,6 +303,8 @@ class Trainer:
 
     def evaluate(self, n_prompts: int = 200, *, seed: int = 12345) -> float:
         """Greedy exact-match accuracy on ``n_prompts`` held-out prompts of the task. Blocks."""
+        if not is_int(n_prompts) or n_prompts < 1:
+            raise ValueError(f"evaluate(n_prompts={n_prompts!r}) is invalid: use an int >= 1")
         self._check_idle("evaluate()")
         items = self.task.eval_set(n_prompts, seed=seed)
         max_new = self.config.rollout.max_new_tokens or self.task.max_new_tokens
