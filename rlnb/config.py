@@ -8,6 +8,7 @@ take them validated and do not check them again.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -40,23 +41,32 @@ __all__ = [
 _C = TypeVar("_C")
 
 
-def _renamed(**renames: str) -> Callable[[type[_C]], type[_C]]:
-    """A config whose fields ``old=new`` were renamed: the old keyword raises a
-    ConfigError that gives the new name (checkpoints of older versions are migrated
-    by :func:`rlnb.checkpoint.config_from_dict` through ``RENAMED``)."""
+def _keywords(**renames: str) -> Callable[[type[_C]], type[_C]]:
+    """A config that refuses a keyword it does not have with a ConfigError naming the
+    nearest field, and whose fields ``old=new`` were renamed: the old keyword gives
+    the new name (checkpoints of older versions are migrated by
+    :func:`rlnb.checkpoint.config_from_dict` through ``RENAMED``)."""
 
     def decorate(cls: type[_C]) -> type[_C]:
         init = cls.__init__
+        fields = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
 
         @functools.wraps(init)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            for old, new in renames.items():
-                if old in kwargs:
-                    raise ConfigError(f"{cls.__name__}.{old} was renamed: use {cls.__name__}({new}={kwargs[old]!r})")
+            for key in kwargs:
+                if key in renames:
+                    raise ConfigError(
+                        f"{cls.__name__}.{key} was renamed: use {cls.__name__}({renames[key]}={kwargs[key]!r})"
+                    )
+                if key not in fields:
+                    near = difflib.get_close_matches(key, fields, n=1)
+                    hint = f"did you mean {near[0]}=...? " if near else ""
+                    raise ConfigError(f"{cls.__name__} has no field {key!r}: {hint}its fields are {', '.join(fields)}")
             init(self, *args, **kwargs)
 
         cls.__init__ = __init__  # type: ignore[method-assign]
-        RENAMED[cls.__name__] = dict(renames)
+        if renames:
+            RENAMED[cls.__name__] = dict(renames)
         return cls
 
     return decorate
@@ -66,6 +76,7 @@ def _renamed(**renames: str) -> Callable[[type[_C]], type[_C]]:
 RENAMED: dict[str, dict[str, str]] = {}
 
 
+@_keywords()
 @dataclasses.dataclass(frozen=True)
 class BufferConfig:
     """The replay buffer.
@@ -86,6 +97,7 @@ class BufferConfig:
         require("train" in parts, "BufferConfig.partitions", parts, 'include "train": the learner reads it')
 
 
+@_keywords()
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """The prompt pipeline (torchdata's ``StatefulDataLoader``).
@@ -112,6 +124,7 @@ class DataConfig:
         )
 
 
+@_keywords()
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The shape of the built-in tiny policy (a decoder-only transformer).
@@ -151,6 +164,7 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
+@_keywords()
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """The generation engine.
@@ -173,7 +187,7 @@ class EngineConfig:
         check_int("EngineConfig.threads", self.threads, minimum=1, example="threads=1")
 
 
-@_renamed(max_staleness="max_policy_lag")
+@_keywords(max_staleness="max_policy_lag")
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """How prompts become groups of samples.
@@ -216,7 +230,13 @@ class RolloutConfig:
     reward_timeout: float | None = 10.0
 
     def __post_init__(self) -> None:
-        for field in ("group_size", "max_inflight", "groups_per_step"):
+        require(
+            is_int(self.group_size) and self.group_size >= 2,
+            "RolloutConfig.group_size",
+            self.group_size,
+            "use an int >= 2: a sample's advantage is its reward against its group's, so a group of one learns nothing",
+        )
+        for field in ("max_inflight", "groups_per_step"):
             check_int(f"RolloutConfig.{field}", getattr(self, field), minimum=1)
         require(
             self.max_inflight >= self.group_size,
@@ -237,6 +257,7 @@ class RolloutConfig:
             )
 
 
+@_keywords()
 @dataclasses.dataclass(frozen=True)
 class LearnConfig:
     """lr, betas, weight_decay: AdamW. max_grad_norm: gradient clipping.
@@ -290,6 +311,7 @@ class LearnConfig:
         )
 
 
+@_keywords()
 @dataclasses.dataclass(frozen=True)
 class WarmupConfig:
     """A supervised warm-up before RL (``Session.warmup()``): teacher-forced
@@ -308,6 +330,7 @@ class WarmupConfig:
         check_number("WarmupConfig.lr", self.lr, gt=0, fix="use a learning rate > 0, e.g. lr=1e-3")
 
 
+@_keywords()
 @dataclasses.dataclass(frozen=True)
 class TrackConfig:
     """The session's tracker (``rlnb.track``).
@@ -344,6 +367,7 @@ class TrackConfig:
         )
 
 
+@_keywords()
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Everything a :class:`~rlnb.Session` is built from.
