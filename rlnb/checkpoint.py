@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlnb._checks import is_int, is_number
 from rlnb._errors import CheckpointError, ConfigError
+from rlnb._files import replace_dir
 from rlnb.config import PARTS, RENAMED, Config
 
 if TYPE_CHECKING:
@@ -160,7 +161,7 @@ def write(path: str | os.PathLike[str], manifest: dict[str, Any], tensors: dict[
         for file in staging.iterdir():  # mkdtemp and safetensors make them private
             file.chmod(0o666 & ~umask)
         staging.chmod(0o777 & ~umask)
-        _swap_in(staging, target)
+        replace_dir(staging, target)
     except BaseException as exc:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
@@ -184,21 +185,6 @@ def _target(path: Any) -> Path:
             "choose a new or empty directory"
         )
     return target
-
-
-def _swap_in(staging: Path, target: Path) -> None:
-    """Move ``staging`` to ``target``; a checkpoint already there is replaced, or put back on failure."""
-    old = target.with_name(f".{target.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        target.rename(old)
-    try:
-        staging.rename(target)
-    except BaseException:
-        if old.exists():
-            old.rename(target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:

@@ -12,7 +12,7 @@ than 2 s.
 | ... mid-generation while training in the background (``start()``) | here |
 | a loader worker killed with SIGKILL | ``tests/data/test_loader.py`` |
 | a full disk during ``save()`` (a write that fails with ENOSPC; a rename that fails) | ``tests/test_bad_input.py`` |
-| a kill while ``save()`` replaces a checkpoint | here (a known gap, marked xfail) |
+| a kill while ``save()`` replaces a checkpoint | here (the swap is one atomic step) |
 | SIGTERM to ``rlnb train`` (foreground training, wandb) | ``tests/track/test_tracker.py`` |
 | SIGTERM and SIGKILL of a process training in the background, with loader workers and an offline wandb run | here |
 """
@@ -263,11 +263,11 @@ def test_after_sigkill_no_process_is_left_and_what_was_saved_is_intact(
 
 
 # Saves a checkpoint at step 1 to argv[1], trains a step and saves there again, but
-# is killed between the two renames that swap the new checkpoint in (a window of
-# microseconds, but SIGKILL and the OOM killer can land in it).
+# is killed the moment the new checkpoint has been swapped in, before the old one,
+# swapped out beside it, is removed.
 SAVE_KILLED_SCRIPT = textwrap.dedent(
     """
-    import os, pathlib, signal, sys
+    import os, pathlib, shutil, signal, sys
     import rlnb
     config = rlnb.Config(
         model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
@@ -279,32 +279,29 @@ SAVE_KILLED_SCRIPT = textwrap.dedent(
     sess.step()
     sess.save(path)
     sess.step()
-    rename = pathlib.Path.rename
+    rmtree = shutil.rmtree
 
-    def killed_between_the_renames(self, target):
-        if self.name.startswith(f".{path.name}.") and not self.name.endswith(".old"):  # the new one's staging
-            os.kill(os.getpid(), signal.SIGKILL)
-        return rename(self, target)
+    def killed_right_after_the_swap(target, *args, **kwargs):
+        target = pathlib.Path(target)
+        if target.name.startswith(f".{path.name}.") and (target / "checkpoint.json").is_file():
+            os.kill(os.getpid(), signal.SIGKILL)  # the old checkpoint, swapped out
+        return rmtree(target, *args, **kwargs)
 
-    pathlib.Path.rename = killed_between_the_renames
+    shutil.rmtree = killed_right_after_the_swap
     sess.save(path)
     """
 )
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=rlnb.CheckpointError,
-    reason="checkpoint._swap_in renames the old checkpoint away before it renames the new one in "
-    "(checkpoint.py:193-196): a kill between the two leaves nothing at the path, and load() does not "
-    "look for the old one it set aside",
-)
-def test_a_kill_while_save_replaces_a_checkpoint_leaves_one_that_loads(tmp_path: Path) -> None:
+def test_a_kill_while_save_replaces_a_checkpoint_leaves_a_whole_one_that_loads(tmp_path: Path) -> None:
+    """The new checkpoint replaces the old in one atomic step (renameat2 RENAME_EXCHANGE):
+    there is no moment at which the path holds neither."""
     path = tmp_path / "ckpt"
     done = subprocess.run(
         [sys.executable, "-c", SAVE_KILLED_SCRIPT, str(path)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == -signal.SIGKILL, done.stderr
-    with rlnb.Session.load(path, name="after-kill") as sess:  # the old checkpoint, or the new one
-        assert sess.version in (1, 2)
+    with rlnb.Session.load(path, name="after-kill") as sess:
+        assert sess.version == 2  # the new one was in place when the kill came
+        sess.step()

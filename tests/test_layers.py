@@ -16,6 +16,7 @@ LAYERS = {
     "rlnb._checks": 0,
     "rlnb._samples": 0,
     "rlnb._reprs": 0,
+    "rlnb._files": 0,
     "rlnb.runtime": 1,
     "rlnb.probe": 1,
     "rlnb.testing": 1,

@@ -1,0 +1,51 @@
+"""Putting a new directory where an old one is, so that a kill at any moment leaves one whole."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+from pathlib import Path
+
+__all__ = ["replace_dir"]
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the paths ``a`` and ``b`` in one atomic step (Linux ``renameat2`` with
+    ``RENAME_EXCHANGE``); False where the system or file system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not Linux, or a C library without it
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def replace_dir(staging: Path, target: Path) -> None:
+    """Move the directory ``staging`` to ``target``. A directory already at ``target``
+    is swapped out in one atomic step where the system allows (Linux), then removed:
+    a kill at any moment leaves the old or the new one there, whole. Elsewhere the old
+    one is renamed aside first and put back if the move fails."""
+    if target.is_dir() and _exchange(staging, target):
+        shutil.rmtree(staging, ignore_errors=True)  # it holds the old one now
+        return
+    old = target.with_name(f".{target.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        target.rename(old)
+    try:
+        staging.rename(target)
+    except BaseException:
+        if old.exists():
+            old.rename(target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
