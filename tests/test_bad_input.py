@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import rlnb
+import rlnb._files
 from rlnb.cli import main
 from rlnb.data import Task, register_task, task_names
 
@@ -437,12 +438,8 @@ def test_a_save_that_fails_half_way_leaves_the_previous_checkpoint(
             raise OSError(errno.ENOSPC, "No space left on device")
         real_save(*args, **kwargs)
 
-    real_rename = Path.rename
-
-    def rename_fails_for_the_new_copy(self: Path, target: Any) -> Any:
-        if self.name.startswith(".ckpt.") and self.name != ".ckpt.old":
-            raise OSError(errno.EIO, "Input/output error")
-        return real_rename(self, target)
+    def swap_fails(staging: Path, target: Path) -> bool:
+        raise OSError(errno.EIO, "Input/output error")
 
     with rlnb.Session(tiny_config(), name="save") as sess:
         sess.save(tmp_path / "ckpt")
@@ -452,7 +449,7 @@ def test_a_save_that_fails_half_way_leaves_the_previous_checkpoint(
             patch.setattr(safetensors.torch, "save_file", disk_full_on_the_second_file)
             raises(rlnb.CheckpointError, lambda: sess.save(tmp_path / "ckpt"), "No space left", "nothing there")
         with monkeypatch.context() as patch:
-            patch.setattr(Path, "rename", rename_fails_for_the_new_copy)
+            patch.setattr(rlnb._files, "_exchange", swap_fails)
             raises(rlnb.CheckpointError, lambda: sess.save(tmp_path / "ckpt"), "Input/output error", "save again")
         assert digest(tmp_path / "ckpt") == before, "the previous checkpoint was changed"
         assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"], "a staging directory was left behind"
