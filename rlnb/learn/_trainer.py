@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from rlnb._checks import is_int
-from rlnb._errors import TrainingInterrupted, WeightSyncError
+from rlnb._errors import EngineError, TrainingInterrupted, WeightSyncError
 from rlnb._samples import Group
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config
@@ -224,6 +224,8 @@ class Trainer:
         try:
             self.sync_weights()
         except WeightSyncError as exc:
+            if isinstance(exc.__cause__, EngineError):
+                raise  # no retry can help: it says to make a new session
             raise WeightSyncError(
                 f"step {self.learner.version} was trained, but its weights did not reach the engine, so "
                 "rollouts are paused on the old ones; the next step(), train() or resume() sends them again "
@@ -322,6 +324,9 @@ class Trainer:
         rollouter, run = self.rollouter, self.bridge.run
         was_dispatching, was_state = rollouter.dispatching, rollouter.state
         run(rollouter.stop())
+        if rollouter.engine_dead:  # nothing generates any more; what was learnt can still be saved
+            yield
+            return
         run(rollouter.resume())  # kept partial rollouts finish too
         run(rollouter.pause(PauseMode.WAIT))
         run(rollouter.wait_paused(), timeout=self.config.step_timeout)

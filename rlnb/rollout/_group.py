@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 from collections.abc import Callable
 
-from rlnb._errors import BufferFull, ClosedError, RolloutError
+from rlnb._errors import BufferFull, ClosedError, EngineError, RolloutError
 from rlnb._samples import Group, PromptItem, Sample
 from rlnb.buffer import ReplayBuffer
 from rlnb.rollout._accounting import Counters, Ticket, is_cancellation
@@ -209,6 +209,9 @@ class GroupRunner:
                 return await self._engine.generate(request)
             except (asyncio.CancelledError, ClosedError):
                 raise
+            except EngineError as exc:  # a dead engine does not come back: no retry
+                self._machine.engine_died(exc)
+                raise
             except Exception as exc:
                 attempt += 1
                 if attempt > self._max_retries:
@@ -257,6 +260,9 @@ class GroupRunner:
                     "or were cancelled are still running; is it stuck?"
                 ) from None
             except (asyncio.CancelledError, ClosedError):
+                raise
+            except EngineError as exc:  # a dead engine does not come back: no retry
+                self._machine.engine_died(exc)
                 raise
             except Exception as exc:
                 attempt += 1

@@ -155,6 +155,11 @@ class Rollouter:
             await asyncio.gather(dispatcher, return_exceptions=True)
 
     @property
+    def engine_dead(self) -> bool:
+        """Whether the engine has failed as a whole (every call but close then raises EngineError)."""
+        return self._machine.engine_dead
+
+    @property
     def dispatching(self) -> bool:
         return self._dispatcher is not None and not self._dispatcher.done()
 

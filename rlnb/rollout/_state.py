@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlnb._errors import ClosedError, WeightSyncError
+from rlnb._errors import ClosedError, EngineError, WeightSyncError
 from rlnb.rollout._engine import Engine, PauseMode
 from rlnb.rollout._supervisor import TaskSupervisor
 
@@ -45,6 +45,7 @@ class StateMachine:
         self._changed = asyncio.Condition()
         self._pause_mode: PauseMode | None = None
         self._resumed_at: float | None = None
+        self._engine_death: EngineError | None = None
 
     @property
     def state(self) -> RolloutState:
@@ -71,8 +72,23 @@ class StateMachine:
         await self.wait_for(lambda: self._state is RolloutState.RUNNING)
 
     def check_open(self) -> None:
+        """Raise ClosedError once closed, and EngineError once the engine has died."""
         if self._state is RolloutState.CLOSED:
             raise ClosedError("the rollouter is closed")
+        if (death := self._engine_death) is not None:
+            raise EngineError(
+                f"the engine died ({death}), so rollouts cannot go on: close this session and make a new one "
+                "(sess.save(path) first keeps the training so far; Session.load(path) goes on from it)"
+            ) from death
+
+    @property
+    def engine_dead(self) -> bool:
+        return self._engine_death is not None
+
+    def engine_died(self, error: EngineError) -> None:
+        """The engine failed as a whole: every later call raises it (see ``check_open``)."""
+        if self._engine_death is None:
+            self._engine_death = error
 
     async def notify_if_drained(self) -> None:
         if self._state is RolloutState.PAUSING and self._drained():
@@ -147,6 +163,11 @@ class StateMachine:
                 await self._engine.pause(PauseMode.KEEP)
             await self._engine.update_weights(weights, version)
             synced = True
+        except EngineError as exc:
+            self.engine_died(exc)
+            raise WeightSyncError(
+                f"weight sync to version {version} failed: the engine died; close this session and make a new one"
+            ) from exc
         except Exception as exc:
             raise WeightSyncError(
                 f"weight sync to version {version} failed; rollouts stay paused (call resume() once fixed)"
