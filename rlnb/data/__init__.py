@@ -1,7 +1,8 @@
 """Tasks, their prompts, and the prompt loader (torchdata's ``StatefulDataLoader``).
 
-``PromptLoader`` and ``PromptStream`` are imported on first use: they need torch,
-and ``import rlnb`` stays light.
+``PromptLoader``, ``PromptLoaderError``, ``PromptStream``, ``warm_up_workers`` and
+``DEFAULT_START_METHOD`` are imported on first use: they need torch, and
+``import rlnb`` stays light.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -9,10 +10,12 @@ from typing import TYPE_CHECKING, Any
 from rlnb.data._tasks import Task, addition, get_task, register_task, reverse, sort, task_names
 
 if TYPE_CHECKING:
-    from rlnb.data._loader import PromptLoader, PromptStream
+    from rlnb.data._loader import DEFAULT_START_METHOD, PromptLoader, PromptLoaderError, PromptStream, warm_up_workers
 
 __all__ = [
+    "DEFAULT_START_METHOD",
     "PromptLoader",
+    "PromptLoaderError",
     "PromptStream",
     "Task",
     "addition",
@@ -21,9 +24,10 @@ __all__ = [
     "reverse",
     "sort",
     "task_names",
+    "warm_up_workers",
 ]
 
-_LAZY = {"PromptLoader", "PromptStream"}
+_LAZY = {"DEFAULT_START_METHOD", "PromptLoader", "PromptLoaderError", "PromptStream", "warm_up_workers"}
 
 
 def __getattr__(name: str) -> Any:

@@ -4,41 +4,80 @@ Worker ``w`` of ``n`` makes prompts ``w, w + n, w + 2n, ...`` and the loader rea
 its workers in order, so the stream is ``0, 1, 2, ...`` whatever ``num_workers``
 is, and its ``state_dict()`` resumes it at exactly the next prompt.
 
-Workers are children of this process, so they follow contract 8:
+**Start method** (docs/processes.md has the figures). Workers start with
+``forkserver`` (:data:`DEFAULT_START_METHOD`), not ``fork``. A notebook kernel
+always has other threads, and torch's own worker loop makes torch calls before
+ours run: ``torch.manual_seed`` takes the default generator's mutex, so a worker
+forked while another thread draws random numbers can wait on that mutex forever,
+and the loader with it. The forkserver is a fresh, single-threaded interpreter
+that imports this module (and torch) once and never runs torch work; workers are
+forked from it. Start to first prompt, one worker, on a busy 2-core machine:
+``fork`` 0.03 s; ``forkserver`` 3.0 s for the first loader in a process (the
+server imports torch), 0.07 s after; ``spawn`` 2.7 s every time, and 0.7 s to
+close (the others: 0.01 s). :func:`warm_up_workers` starts the server early. Our own
+code in a worker is plain Python (the task's ``make_prompt``), and only
+:class:`PromptItem` and dicts of ints cross back, never a tensor. A worker must
+import the task's functions, so a task made in a notebook cell needs
+``num_workers=0``; the loader says so before it starts anything.
+
+The forkserver and multiprocessing's resource tracker are process-long helpers
+of the standard library: started on first use, shared with the rest of the
+process, gone when it exits (also on SIGKILL).
+
+Workers follow contract 8:
 
 - they ignore SIGINT (a notebook's interrupt signals the whole process group);
-- they get SIGKILL when the thread that started them ends (``PR_SET_PDEATHSIG``;
-  only when started from the main thread, which lives as long as the process),
-  and torch's own watchdog ends them within seconds otherwise;
+- they get SIGKILL when their parent ends (``PR_SET_PDEATHSIG``). A forkserver
+  worker's parent is the forkserver, which exits with this process once the
+  workers have dropped their copies of its "alive" pipe, so they die with this
+  process whichever thread built the loader. ``fork`` and ``spawn`` workers die
+  with the thread that started them, so they get it only when started from the
+  main thread; torch's own watchdog ends them otherwise;
 - :meth:`PromptLoader.close` shuts them down explicitly: StatefulDataLoader
   keeps its last iterator, so leaving it to the garbage collector leaves them
   running.
+
+A worker that dies (killed, out of memory) fails the loader as a whole: the next
+``next()`` raises :class:`PromptLoaderError`, and so does every later one.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
+import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
 import time
 import warnings
 from collections.abc import Iterator
+from multiprocessing.context import BaseContext
 from typing import Any
 
+import psutil
 from torch.utils.data import IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from rlnb._errors import ConfigError
+from rlnb._errors import ConfigError, RlnbError
 from rlnb._samples import PromptItem
 from rlnb.data._tasks import Task
 
-__all__ = ["PromptLoader", "PromptStream"]
+__all__ = ["DEFAULT_START_METHOD", "PromptLoader", "PromptLoaderError", "PromptStream", "warm_up_workers"]
 
 _PR_SET_PDEATHSIG = 1
 SNAPSHOT_EVERY = 64
+
+DEFAULT_START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+"""How :class:`PromptLoader` starts its workers unless told otherwise."""
+
+
+class PromptLoaderError(RlnbError, RuntimeError):
+    """The prompt loader failed as a whole: a worker process died. Every later
+    ``next()`` raises it again; close the session and make a new one."""
 
 
 class PromptStream(IterableDataset[PromptItem]):
@@ -66,26 +105,124 @@ class PromptStream(IterableDataset[PromptItem]):
 
 
 def _keep(item: PromptItem) -> PromptItem:
+    """The collate function: items cross as they are (torch's default would convert them)."""
     return item
 
 
-def _init_worker(die_with_parent: bool, parent_pid: int, worker_id: int) -> None:
-    """Runs first in each worker process."""
+def _init_worker(start_method: str, die_with_parent: bool, parent_pid: int, worker_id: int) -> None:
+    """Runs in each worker process, after torch's own set-up, before its first prompt."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if die_with_parent and sys.platform == "linux":
-        libc = ctypes.CDLL(None, use_errno=True)
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if start_method == "forkserver":
+        # The parent is the forkserver, which cannot exit while we hold its "alive"
+        # pipe: set PDEATHSIG first, then drop our copy, so this process's exit ends it.
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        _drop_forkserver_alive_fd()
+        session = multiprocessing.parent_process()
+        if session is None or not session.is_alive():  # it died before the pipe was its alone
+            os._exit(1)
+    elif die_with_parent:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os._exit(1)
+
+
+def _drop_forkserver_alive_fd() -> None:
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)  # set in each child the server forks
+    if fd is not None:
+        server._forkserver_alive_fd = None  # type: ignore[attr-defined]
+        os.close(fd)
+
+
+def warm_up_workers(start_method: str = DEFAULT_START_METHOD) -> None:
+    """Start the process-long helpers ``start_method`` needs, if not running yet.
+
+    ``forkserver``: the server (which then imports this module, and torch, in the
+    background) and multiprocessing's resource tracker; ``spawn``: the tracker;
+    ``fork``: nothing. They are shared with the rest of the process and exit with
+    it. Returns at once; the first loader waits for the server's imports. A leak
+    check calls this first so that these helpers are not counted against it.
+    """
+    if start_method == "fork":
+        return
+    _context(start_method)
+    from multiprocessing import forkserver, resource_tracker
+
+    resource_tracker.ensure_running()
+    if start_method == "forkserver":
+        forkserver.ensure_running()
+
+
+def _context(start_method: str) -> BaseContext:
+    """The multiprocessing context for ``start_method``."""
+    if start_method != "forkserver":
+        return multiprocessing.get_context(start_method)
+    from multiprocessing import forkserver
+
+    ctx = multiprocessing.get_context("forkserver")
+    # Workers then fork with torch imported instead of importing it each (seconds).
+    # Not __main__ (the default): a script's module-level code, threads and all, would
+    # run in the server; each worker imports it as __mp_main__ instead, as with spawn.
+    # Takes effect when the server starts.
+    preload = getattr(forkserver._forkserver, "_preload_modules", None) or []
+    ctx.set_forkserver_preload([*(m for m in preload if m not in ("__main__", __name__)), __name__])
+    return ctx
+
+
+def _check_sendable(task: Task, start_method: str) -> None:
+    """Raise ConfigError if a worker started by ``start_method`` could not rebuild ``task``."""
+    where = f"a {start_method!r} prompt-loader worker"
+    fix = (
+        "define the task's functions at the top level of a module (a .py file), or make its prompts "
+        "in this process with DataConfig(num_workers=0)"
+    )
+    try:
+        pickle.dumps(task)
+    except Exception as exc:  # a lambda, or a function defined inside another
+        raise ConfigError(
+            f"task {task.name!r} cannot be sent to {where}, which imports what it runs ({exc}): {fix}"
+        ) from exc
+    main = sys.modules.get("__main__")
+    if getattr(main, "__file__", None) is not None or getattr(main, "__spec__", None) is not None:
+        return  # a script or a module: the worker imports it (as __mp_main__)
+    for field in dataclasses.fields(task):
+        if getattr(getattr(task, field.name), "__module__", None) == "__main__":
+            raise ConfigError(
+                f"task {task.name!r}: its {field.name} is defined in __main__ (a notebook cell or the REPL), "
+                f"which {where} cannot import: {fix}"
+            )
+
+
+def _exited(worker: Any, procs: dict[int, psutil.Process]) -> bool:
+    """Whether ``worker`` has exited. A forkserver worker's exit code comes from the
+    server only once it has reaped the worker, so look at the process itself too."""
+    if not worker.is_alive():
+        return True
+    try:
+        proc = procs.get(worker.pid) or procs.setdefault(worker.pid, psutil.Process(worker.pid))
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 class PromptLoader:
     """An iterator of :class:`PromptItem` over a :class:`PromptStream`.
 
     ``num_workers=0`` makes prompts in the calling process. Workers start here, in
-    the constructor. ``state_dict``/``load_state_dict`` save and restore the
-    position (JSON-safe); ``close()`` stops the workers and is idempotent. Use it
-    from one thread at a time.
+    the constructor, which blocks until each is up; ``multiprocessing_context`` is
+    the start method ("forkserver" by default; None: the platform's default).
+    ``state_dict``/``load_state_dict`` save and restore the position (JSON-safe);
+    ``close()`` stops the workers and is idempotent. Use it from one thread at a time.
+
+    Raises :class:`~rlnb.ConfigError` for a saved state of another worker count,
+    or for a task that a ``forkserver`` or ``spawn`` worker cannot import (one made
+    in a notebook cell). ``next()`` raises :class:`PromptLoaderError` once a worker
+    has died.
     """
 
     def __init__(
@@ -95,24 +232,28 @@ class PromptLoader:
         seed: int,
         num_workers: int = 1,
         prefetch_factor: int = 4,
-        multiprocessing_context: str | None = None,
+        multiprocessing_context: str | None = DEFAULT_START_METHOD,
         state: dict[str, Any] | None = None,
     ) -> None:
         self.num_workers = num_workers
+        self._closed = False
+        self._failure: str | None = None  # why every next() fails, once a worker died
+        self._procs: dict[int, psutil.Process] = {}  # the workers, as psutil sees them
+        self.start_method = multiprocessing_context or multiprocessing.get_start_method()
+        if num_workers > 0 and self.start_method != "fork":
+            _check_sendable(task, self.start_method)
         with warnings.catch_warnings():  # torchdata 0.11 calls torch's deprecated set_vital
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
-            self._loader = self._make_loader(task, seed, num_workers, prefetch_factor, multiprocessing_context)
+            self._loader = self._make_loader(task, seed, num_workers, prefetch_factor)
         if state is not None:
             self._check_state(state)
             self._loader.load_state_dict(state["loader"])
         self._iterator: Iterator[PromptItem] | None = iter(self._loader)
-        self._closed = False
 
-    @staticmethod
-    def _make_loader(
-        task: Task, seed: int, num_workers: int, prefetch_factor: int, multiprocessing_context: str | None
-    ) -> StatefulDataLoader:
-        die_with_parent = threading.current_thread() is threading.main_thread()
+    def _make_loader(self, task: Task, seed: int, num_workers: int, prefetch_factor: int) -> StatefulDataLoader:
+        if num_workers > 0:
+            die_with_parent = threading.current_thread() is threading.main_thread()
+            init = functools.partial(_init_worker, self.start_method, die_with_parent, os.getpid())
         return StatefulDataLoader(
             PromptStream(task, seed),
             batch_size=None,
@@ -120,8 +261,8 @@ class PromptLoader:
             num_workers=num_workers,
             prefetch_factor=prefetch_factor if num_workers > 0 else None,
             persistent_workers=num_workers > 0,
-            worker_init_fn=functools.partial(_init_worker, die_with_parent, os.getpid()) if num_workers > 0 else None,
-            multiprocessing_context=multiprocessing_context if num_workers > 0 else None,
+            worker_init_fn=init if num_workers > 0 else None,
+            multiprocessing_context=_context(self.start_method) if num_workers > 0 else None,
             # A snapshot per item costs more than making the prompts; loading replays
             # at most this many from the last snapshot.
             snapshot_every_n_steps=SNAPSHOT_EVERY,
@@ -139,9 +280,34 @@ class PromptLoader:
         return self
 
     def __next__(self) -> PromptItem:
+        """The next prompt; blocks while the workers make it (they keep some ready)."""
         if self._iterator is None:
             raise RuntimeError("the prompt loader is closed")
-        return next(self._iterator)
+        self._failure = self._failure or self._dead_worker()
+        if self._failure is not None:
+            raise PromptLoaderError(self._failure)
+        try:
+            return next(self._iterator)
+        except RuntimeError as exc:  # torch's "DataLoader worker ... exited unexpectedly"
+            self._failure = self._dead_worker()
+            if self._failure is None:
+                raise
+            raise PromptLoaderError(self._failure) from exc
+
+    def _dead_worker(self) -> str | None:
+        """What to say of a worker that has exited, if one has. The items it queued
+        before it died are not served: the stream would have a hole where its next ones go."""
+        for w in getattr(self._loader._iterator, "_workers", []):
+            if not _exited(w, self._procs):
+                continue
+            w.join(1.0)  # a forkserver worker's exit code follows once the server has reaped it
+            code = w.exitcode
+            how = "exited" if code is None else f"exit code {code}" if code >= 0 else signal.Signals(-code).name
+            return (
+                f"the prompt loader's worker process {w.pid} died ({how}); no more prompts can come from "
+                "this loader: close the session and make a new one (or load its last checkpoint)"
+            )
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream stands: the next ``next()`` after loading this gives the

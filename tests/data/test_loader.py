@@ -3,21 +3,109 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
 import psutil
 import pytest
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import rlnb
-from rlnb.data import addition, reverse
+from rlnb.data import PromptLoaderError, Task, addition, reverse, warm_up_workers
+from rlnb.data._loader import PromptLoader, PromptStream, _keep
+from tests.helpers import cause_chain, wait_until
+
+# Kernel-like: torch has run OpenMP work on the main thread, and another thread
+# keeps drawing from torch's default generator (holding its mutex most of the time).
+KERNEL_LIKE = """
+import sys, threading
+import torch
+from rlnb.data import addition
 from rlnb.data._loader import PromptLoader
+
+torch.randn(1_000_000).exp().sum()
+stop = threading.Event()
+def engine():
+    while not stop.is_set():
+        torch.randn(2_000_000)
+thread = threading.Thread(target=engine)
+thread.start()
+"""
+
+
+# A session whose prompts come from one forkserver worker.
+CONFIG = rlnb.Config(
+    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+    rollout=rlnb.RolloutConfig(group_size=2, groups_per_step=2),
+    data=rlnb.DataConfig(num_workers=1, multiprocessing_context="forkserver"),
+)
+
+
+def _never(rng: random.Random) -> tuple[str, str]:
+    threading.Event().wait()  # a worker busy making a prompt when it is killed
+    raise AssertionError("unreachable")
+
+
+STUCK = Task("stuck", "0123456789+=", _never, addition.reward, 3)
+
+
+def gone(proc: psutil.Process) -> bool:
+    """Exited: no such process, or a zombie waiting to be reaped."""
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def kill_and_wait(worker: psutil.Process) -> None:
+    worker.send_signal(signal.SIGKILL)
+    wait_until(lambda: gone(worker), f"worker {worker.pid} to exit")
+
+
+def says_worker_died(error: BaseException, pid: int) -> bool:
+    return any(f"worker process {pid} died (SIGKILL)" in str(e) for e in cause_chain(error))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _workers_warm() -> None:
+    """The forkserver and multiprocessing's resource tracker live as long as the
+    process: start them before any test's leak check takes its first snapshot."""
+    warm_up_workers()
+
+
+@pytest.fixture
+def descendants() -> Iterator[set[int]]:
+    """Pids of this process's descendants before the test (the process-long helpers)."""
+    yield {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def new_descendants(before: set[int]) -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
 
 
 def take(loader: PromptLoader, n: int) -> list[rlnb.PromptItem]:
     return [next(loader) for _ in range(n)]
+
+
+def run_script(script: str, timeout: float = 120) -> str:
+    """Run ``script`` in a fresh interpreter; its stdout. Killed (and the test failed) if it hangs."""
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        out, err = child.communicate()
+        pytest.fail(f"hung for {timeout} s; output so far: {out!r} {err[-2000:]!r}")
+    assert child.returncode == 0, err[-2000:]
+    return out
 
 
 @pytest.mark.parametrize("num_workers", [0, 1, 2])
@@ -26,6 +114,29 @@ def test_the_stream_is_the_tasks_prompts_in_order_whatever_the_worker_count(num_
     try:
         assert len(loader.worker_pids()) == num_workers
         assert take(loader, 40) == list(itertools.islice(reverse.prompts(5), 40))
+    finally:
+        loader.close()
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "fork", "spawn", None])
+def test_every_start_method_serves_the_same_stream(start_method: str | None, descendants: set[int]) -> None:
+    loader = PromptLoader(addition, seed=2, num_workers=2, multiprocessing_context=start_method)
+    try:
+        assert sorted(p.pid for p in new_descendants(descendants)) == sorted(loader.worker_pids())
+        assert take(loader, 20) == list(itertools.islice(addition.prompts(2), 20))
+    finally:
+        loader.close()
+
+
+def test_the_default_start_method_is_forkserver_where_the_platform_has_it() -> None:
+    assert rlnb.data.DEFAULT_START_METHOD == "forkserver"  # this suite runs on Linux
+    loader = PromptLoader(addition, seed=0)
+    try:
+        assert loader.start_method == "forkserver"
+        (worker,) = (psutil.Process(pid) for pid in loader.worker_pids())
+        # forked from a server that runs nothing else, not from this process
+        assert worker.ppid() != os.getpid()
+        assert "multiprocessing.forkserver" in " ".join(worker.parent().cmdline())
     finally:
         loader.close()
 
@@ -47,14 +158,101 @@ def test_a_saved_state_resumes_at_exactly_the_next_prompt_through_json(num_worke
         resumed.close()
 
 
-def test_a_state_saved_with_another_worker_count_is_refused_before_workers_start() -> None:
+def test_a_state_saved_with_another_worker_count_is_refused_before_workers_start(descendants: set[int]) -> None:
     loader = PromptLoader(addition, seed=0, num_workers=0)
     take(loader, 3)
     state = loader.state_dict()
     loader.close()
     with pytest.raises(rlnb.ConfigError, match=r"num_workers=0"):
         PromptLoader(addition, seed=0, num_workers=2, state=state)
-    assert not psutil.Process().children()
+    assert not new_descendants(descendants)
+
+
+def test_what_runs_in_a_worker_is_plain_python_and_no_tensor_crosses() -> None:
+    """Our part of a worker (the stream, the task, the collate function) makes no
+    torch call, and what it sends back (items and stream state) holds no tensor."""
+    calls: list[str] = []
+
+    class Functions(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            calls.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            calls.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    stream = PromptStream(addition, seed=4)
+    with Functions(), Ops():
+        items = [_keep(item) for item in itertools.islice(stream, 100)]
+        state = stream.state_dict()
+    assert calls == []
+    assert items == list(itertools.islice(addition.prompts(4), 100))
+    sent = bytes(ForkingPickler.dumps((items, state)))  # as a worker's queue pickles it
+    assert b"torch" not in sent
+
+    loader = PromptLoader(addition, seed=4, num_workers=2)
+    try:
+        got = take(loader, 10)
+        assert all(type(i) is rlnb.PromptItem and type(i.prompt) is str and type(i.answer) is str for i in got)
+        assert b"torch" not in bytes(ForkingPickler.dumps(loader.state_dict()))
+    finally:
+        loader.close()
+
+
+def test_a_loader_starts_in_a_kernel_like_process_where_a_forked_worker_would_deadlock() -> None:
+    # torch's worker loop calls torch.manual_seed before any of our code: forked
+    # from this process, a worker would wait on the generator's mutex, held by the
+    # engine thread at the moment of the fork, forever.
+    script = KERNEL_LIKE + textwrap.dedent(
+        """
+        try:
+            loader = PromptLoader(addition, seed=0, num_workers=2)
+            print(*(item.prompt for item in (next(loader) for _ in range(6))))
+            loader.close()
+        finally:
+            stop.set()
+            thread.join()
+        """
+    )
+    expected = [item.prompt for item in itertools.islice(addition.prompts(0), 6)]
+    assert run_script(script).split() == expected
+
+
+def test_a_task_made_in_a_notebook_cell_is_refused_before_any_worker_starts(descendants: set[int]) -> None:
+    in_a_cell = Task("in-a-cell", "0123456789+=", lambda rng: ("1+1=", "2"), addition.reward, 3)
+    with pytest.raises(rlnb.ConfigError, match=r"cannot be sent to a 'forkserver'.*DataConfig\(num_workers=0\)"):
+        PromptLoader(in_a_cell, seed=0, num_workers=1)
+    assert not new_descendants(descendants)
+    loader = PromptLoader(in_a_cell, seed=0, num_workers=0)  # what the message says works
+    try:
+        assert next(loader).prompt == "1+1="
+    finally:
+        loader.close()
+
+
+def test_a_task_whose_functions_live_in_an_unimportable_main_is_refused() -> None:
+    # ``python -c`` (like a notebook kernel) has a __main__ that a worker cannot import
+    script = textwrap.dedent(
+        """
+        import rlnb
+        from rlnb.data import Task, addition
+        from rlnb.data._loader import PromptLoader
+
+        def make_prompt(rng):
+            return "1+1=", "2"
+
+        task = Task("top-level", "0123456789+=", make_prompt, addition.reward, 3)
+        try:
+            PromptLoader(task, seed=0, num_workers=1)
+        except rlnb.ConfigError as exc:
+            print(exc)
+        """
+    )
+    out = run_script(script)
+    assert "its make_prompt is defined in __main__ (a notebook cell or the REPL)" in out
+    assert "DataConfig(num_workers=0)" in out
 
 
 def test_workers_ignore_ctrl_c_and_keep_serving() -> None:
@@ -81,16 +279,29 @@ def test_close_stops_the_workers_and_is_idempotent() -> None:
         next(loader)
 
 
-def test_workers_die_when_their_parent_is_killed(tmp_path: object) -> None:
+@pytest.mark.parametrize(
+    ("start_method", "thread"),
+    [("forkserver", "main"), ("forkserver", "other"), ("fork", "main")],
+    ids=["forkserver", "forkserver-from-a-thread", "fork"],
+)
+def test_nothing_outlives_a_killed_parent(start_method: str, thread: str) -> None:
     script = textwrap.dedent(
-        """
-        import sys
+        f"""
+        import sys, threading
         from rlnb.data import addition
         from rlnb.data._loader import PromptLoader
 
-        loader = PromptLoader(addition, seed=0, num_workers=2)
-        next(loader)
-        print(*loader.worker_pids(), flush=True)
+        made = []
+        def build():
+            made.append(PromptLoader(addition, seed=0, num_workers=2, multiprocessing_context={start_method!r}))
+        if {thread!r} == "main":
+            build()
+        else:
+            builder = threading.Thread(target=build)
+            builder.start()
+            builder.join()  # the thread that started the workers is gone
+        next(made[0])
+        print(*made[0].worker_pids(), flush=True)
         sys.stdin.read()  # until killed
         """
     )
@@ -99,11 +310,13 @@ def test_workers_die_when_their_parent_is_killed(tmp_path: object) -> None:
         assert parent.stdout is not None
         workers = [psutil.Process(int(pid)) for pid in parent.stdout.readline().split()]
         assert len(workers) == 2
+        everything = psutil.Process(parent.pid).children(recursive=True)  # workers, forkserver, tracker
+        assert {w.pid for w in workers} <= {p.pid for p in everything}
         parent.kill()  # SIGKILL: no atexit, no finally, no chance to clean up
         parent.wait(timeout=10)
         # at once, not after torch's 5 s watchdog interval
-        _gone, alive = psutil.wait_procs(workers, timeout=2)
-        assert not alive, f"workers outlived their parent: {alive}"
+        _gone, alive = psutil.wait_procs(everything, timeout=3)
+        assert not alive, f"outlived their parent: {alive}"
     finally:
         parent.kill()
         parent.wait()
@@ -112,13 +325,61 @@ def test_workers_die_when_their_parent_is_killed(tmp_path: object) -> None:
         parent.stdout.close()
 
 
-def test_a_session_serves_its_prompts_through_worker_processes() -> None:
-    config = rlnb.Config(data=rlnb.DataConfig(num_workers=2), rollout=rlnb.RolloutConfig(group_size=2))
+@pytest.mark.parametrize("start_method", ["forkserver", None])
+def test_a_session_serves_its_prompts_through_worker_processes(start_method: str | None, descendants: set[int]) -> None:
+    data = rlnb.DataConfig(num_workers=2, multiprocessing_context=start_method)
+    config = rlnb.Config(data=data, rollout=rlnb.RolloutConfig(group_size=2))
     with rlnb.Session(config, name="loader") as sess:
-        assert len(psutil.Process().children()) == 2
+        assert len(new_descendants(descendants)) == 2
         batch = sess.rollout(3)
         assert [g.prompt for g in batch] == [item.prompt for item in itertools.islice(addition.prompts(0), 3)]
-    assert not psutil.Process().children()
+    assert not new_descendants(descendants)
+
+
+def test_a_worker_killed_while_a_session_rolls_out_fails_the_next_call_clearly(descendants: set[int]) -> None:
+    with rlnb.Session(CONFIG, name="worker-killed") as sess:
+        sess.rollout(2)
+        (worker,) = new_descendants(descendants)
+        sess.start_rollouts()
+        wait_until(lambda: sess.statistics().buffer.sizes["train"] > 0, "a group rolled out in the background")
+
+        kill_and_wait(worker)
+        with pytest.raises(rlnb.RlnbError) as first:
+            sess.rollout(2)
+        assert says_worker_died(first.value, worker.pid), first.value
+        with pytest.raises(rlnb.RlnbError) as again:  # it stays failed, and says the same
+            sess.rollout(1)
+        assert says_worker_died(again.value, worker.pid), again.value
+    # nothing the session started is alive anywhere: no orphan, no process left under the forkserver
+    assert not new_descendants(descendants)
+    assert not psutil.pid_exists(worker.pid)
+    assert all(not p.children() for p in psutil.Process().children())
+
+
+def test_a_worker_killed_while_the_loader_waits_for_it_ends_the_wait_with_the_error(descendants: set[int]) -> None:
+    loader = PromptLoader(STUCK, seed=0, num_workers=1)
+    try:
+        (worker,) = new_descendants(descendants)
+        got: list[BaseException] = []
+
+        def wait_for_a_prompt() -> None:
+            try:
+                next(loader)
+            except BaseException as exc:
+                got.append(exc)
+
+        waiter = threading.Thread(target=wait_for_a_prompt, daemon=True)
+        waiter.start()
+        kill_and_wait(worker)
+        waiter.join(timeout=60)  # torch looks at its workers every 5 s while it waits
+        assert not waiter.is_alive(), "next() still waits for a dead worker"
+        (error,) = got
+        assert isinstance(error, PromptLoaderError) and says_worker_died(error, worker.pid), error
+        with pytest.raises(PromptLoaderError, match=f"worker process {worker.pid} died"):
+            next(loader)
+    finally:
+        loader.close()
+    assert not new_descendants(descendants)
 
 
 def test_data_config_errors_name_the_field() -> None:
