@@ -105,13 +105,17 @@ class DataConfig:
     num_workers: worker processes making prompts (0: in this process). The prompt
         order is the same for any number.
     prefetch_factor: prompts each worker keeps ready.
-    multiprocessing_context: ``None`` (the platform's default), "fork",
-        "forkserver" or "spawn".
+    multiprocessing_context: how workers start: "forkserver" (the default: a worker
+        forked from a process with other threads, as a kernel always is, can hang in
+        torch for ever; see docs/processes.md), "fork", "spawn", or ``None`` (the
+        platform's default). With "forkserver" and "spawn" a task's functions must be
+        importable by the workers (defined in a module, not a notebook cell or a
+        lambda; else use ``num_workers=0``).
     """
 
     num_workers: int = 1
     prefetch_factor: int = 8
-    multiprocessing_context: str | None = None
+    multiprocessing_context: str | None = "forkserver"
 
     def __post_init__(self) -> None:
         check_int("DataConfig.num_workers", self.num_workers, minimum=0, example="num_workers=1")

@@ -351,7 +351,7 @@ DAMAGES = [
     ("config-unknown-field", edit("config.model.colour", "blue"), "ModelConfig has no field(s) ['colour']",
      "saved config does not fit"),
     ("config-invalid-value", edit("config.learn.lr", -1), "LearnConfig.lr=-1 is invalid", "lr=1e-4"),
-    ("config-task-not-registered", edit("config.task", "double"), "Config.task='double' is unknown",
+    ("config-task-not-registered", edit("config.task", "never-registered"), "Config.task='never-registered' is unknown",
      "register_task"),
     ("config-another-model-shape", edit("config.model.d_model", 64), "saved model does not fit this session",
      "tok_emb.weight is [15, 32], not [15, 64]", "load the checkpoint as it was saved"),

@@ -164,12 +164,30 @@ def _live_children() -> frozenset[ChildInfo]:
     return frozenset(children)
 
 
+def _process_long_helpers() -> tuple[frozenset[int], frozenset[int]]:
+    """The pids and FDs of multiprocessing's forkserver and resource tracker: started
+    once (by the prompt loader's workers) and kept for the life of the process, like
+    the loop backend's FDs, they are nobody's leak."""
+    pids: set[int | None] = set()
+    fds: set[int | None] = set()
+    if (forkserver := sys.modules.get("multiprocessing.forkserver")) is not None:
+        server = getattr(forkserver, "_forkserver", None)
+        pids.add(getattr(server, "_forkserver_pid", None))
+        fds.add(getattr(server, "_forkserver_alive_fd", None))
+    if (tracker_module := sys.modules.get("multiprocessing.resource_tracker")) is not None:
+        tracker = getattr(tracker_module, "_resource_tracker", None)
+        pids.add(getattr(tracker, "_pid", None))
+        fds.add(getattr(tracker, "_fd", None))
+    return frozenset(p for p in pids if p is not None), frozenset(f for f in fds if f is not None)
+
+
 def snapshot() -> Snapshot:
     """Take a :class:`Snapshot` of this process now. Does not block."""
+    helper_pids, helper_fds = _process_long_helpers()
     return Snapshot(
-        fds=_open_fds(),
+        fds={fd: target for fd, target in _open_fds().items() if fd not in helper_fds},
         threads={t.ident or 0: t.name for t in threading.enumerate() if t.is_alive()},
-        children=_live_children(),
+        children=frozenset(c for c in _live_children() if c.pid not in helper_pids),
         loops=_bridge.live_loops(),
         runs=open_runs(),
     )

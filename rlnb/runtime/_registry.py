@@ -212,6 +212,7 @@ def _install_kernel_hook() -> None:
     def do_shutdown(restart: bool) -> Any:
         # the run was cut short by the user, as by the interrupt the restart sends first
         _close_all_quietly("kernel restart" if restart else "kernel shutdown", exit_code=130)
+        _stop_process_long_helpers()
         # The process is about to exit. Its last garbage collections walk every
         # object torch made (0.5 s of a ~0.8 s exit after `import torch` here),
         # eating into the 2.5 s jupyter_client allows before SIGTERM. Frozen
@@ -222,6 +223,22 @@ def _install_kernel_hook() -> None:
 
     kernel.do_shutdown = do_shutdown
     kernel._rlnb_hooked = True
+
+
+def _stop_process_long_helpers() -> None:
+    """Stop multiprocessing's forkserver and resource tracker (the prompt loader's
+    workers start them) before the kernel exits: ipykernel SIGTERMs the kernel's
+    children and waits for them, and the tracker ignores SIGTERM."""
+    for module, name in (
+        ("multiprocessing.forkserver", "_forkserver"),
+        ("multiprocessing.resource_tracker", "_resource_tracker"),
+    ):
+        helper = getattr(sys.modules.get(module), name, None)
+        try:
+            if helper is not None:
+                helper._stop()
+        except Exception:  # best effort on the way out
+            log.debug("rlnb: stopping %s failed", module, exc_info=True)
 
 
 def _after_fork_in_child() -> None:

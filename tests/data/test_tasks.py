@@ -59,6 +59,9 @@ def test_a_task_made_from_notebook_callables_drives_a_session() -> None:
     with pytest.raises(rlnb.ConfigError, match="exists already"):
         register_task(Task("double", "0", make_prompt, lambda c, a: 0.0, 1))
     config = rlnb.Config(task="double", model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2))
+    with pytest.raises(rlnb.ConfigError, match="num_workers=0"):  # workers cannot import a cell's functions
+        rlnb.Session(config, name="user-task")
+    config = config.replace(data=rlnb.DataConfig(num_workers=0))  # so the kernel makes the prompts
     with rlnb.Session(config, name="user-task") as sess:
         assert sess.task is task
         batch = sess.rollout(2)
