@@ -8,8 +8,10 @@ still work, every count must add up (no batch lost or trained twice, every
 dispatched sample in exactly one bucket) and no call may outlive its deadline: a
 watchdog dumps every thread's stack and fails the test.
 
-``RLNB_FUZZ_PRESSES`` (300 by default, half in sync and half in async mode) and
-``RLNB_FUZZ_SEED`` change the run; ``pytest -s`` prints the figures.
+``RLNB_FUZZ_PRESSES`` (300 by default, half in sync and half in async mode, about
+a minute on a busy 2-core machine) and ``RLNB_FUZZ_SEED`` change the run; ``pytest -s``
+prints the figures. Past about 1,000 presses a mode outlives pytest's
+``faulthandler_timeout``, which then dumps the stacks once (``-o faulthandler_timeout=0``).
 """
 
 from __future__ import annotations
@@ -313,10 +315,15 @@ class Fuzz:
             call_pressed(out, fn, delay)
         if (out.error is not None or out.swallowed) and (bug := known(out)) is not None:
             self.figures.known[bug] += 1
+        elif out.swallowed and (bug := _swallowed_by_the_garbage_collector(self.unraisable)) is not None:
+            self.figures.known[bug] += 1
         elif out.error is not None:
             raise AssertionError(f"{out.what} raised {out.error!r}") from out.error
         else:
-            assert not out.swallowed, f"{out.what}: Ctrl-C was pressed, and no KeyboardInterrupt ever came"
+            assert not out.swallowed, (
+                f"{out.what}: Ctrl-C was pressed, and no KeyboardInterrupt ever came "
+                f"(exceptions Python could not raise meanwhile: {self.unraisable})"
+            )
         if delay is not None:
             f = self.figures
             f.attempts[kind] += 1
@@ -457,6 +464,9 @@ class Fuzz:
         if staged := _empty_staging_directories(self.ckpt):
             # See test_ctrl_c_in_save_leaves_no_staging_directory.
             self.figures.known["save() leaves an empty staging directory"] += len(staged)
+        if leaked := _directory_fds_left_open(self.ckpt.parent):
+            # See test_ctrl_c_in_save_leaves_no_directory_open.
+            self.figures.known["save() leaves a directory FD open"] += leaked
 
     def _round_close(self, delay: float | None) -> None:
         sess = self.sess
@@ -537,6 +547,7 @@ def _presses_for(mode: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(max(300, PRESSES))  # a press takes about 0.2 s on a busy 2-core machine
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_ctrl_c_at_random_moments_leaves_the_session_usable_and_the_counts_whole(mode: str, tmp_path: Path) -> None:
     target = _presses_for(mode)
@@ -643,6 +654,27 @@ def _swapped_in_then_interrupted(out: Outcome) -> str | None:
     return None
 
 
+def _swallowed_by_the_garbage_collector(unraisable: list[tuple[type, str]]) -> str | None:
+    """A Ctrl-C that landed in a finalizer the garbage collector ran during the call
+    is swallowed there. The finalizers that do work when collected are those of what
+    an interrupted close() left open (see test_ctrl_c_in_close_leaves_nothing_behind)."""
+    for i, (exc_type, obj) in enumerate(unraisable):
+        if exc_type is KeyboardInterrupt:
+            del unraisable[i]
+            return f"a Ctrl-C swallowed by a finalizer the garbage collector ran ({obj.split(' at ')[0]}>)"
+    return None
+
+
+def _directory_fds_left_open(where: Path) -> int:
+    """Close the FDs of directories under ``where`` that an interrupted save() left
+    open (see test_ctrl_c_in_save_leaves_no_directory_open); returns how many."""
+    prefix = f"{where}/"
+    left = [fd for fd, target in snapshot().fds.items() if target.startswith(prefix)]
+    for fd in left:
+        os.close(fd)
+    return len(left)
+
+
 def _empty_staging_directories(ckpt: Path) -> list[Path]:
     """Remove the empty staging directories an interrupted save() left beside ``ckpt``
     (see test_ctrl_c_in_save_leaves_no_staging_directory)."""
@@ -745,6 +777,37 @@ def test_ctrl_c_in_save_leaves_no_staging_directory(tmp_path: Path, monkeypatch:
         with pytest.raises(KeyboardInterrupt):
             sess.save(tmp_path / "ckpt")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="checkpoint.write() clears directories with shutil.rmtree() (after the swap, or on failure), and "
+    "rmtree opens each directory before its own try/finally: a Ctrl-C just after that open leaves the "
+    "directory's FD open for good",
+)
+def test_ctrl_c_in_save_leaves_no_directory_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with rlnb.Session(CONFIG, name="fuzz-rmtree") as sess:
+        sess.save(tmp_path / "ckpt")
+        open_ = os.open
+        pressed: list[int] = []
+
+        def open_pressed(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+            fd = open_(path, flags, mode, dir_fd=dir_fd)
+            if not pressed and os.path.basename(path).startswith(".ckpt."):  # rmtree opens the old checkpoint
+                pressed.append(fd)
+                press_ctrl_c()
+            return fd
+
+        monkeypatch.setattr(os, "open", open_pressed)
+        with pytest.raises(KeyboardInterrupt):
+            sess.save(tmp_path / "ckpt")
+        monkeypatch.undo()
+    try:
+        assert pressed, "save() never cleared the old checkpoint away"
+        left = {fd: target for fd, target in snapshot().fds.items() if target.startswith(f"{tmp_path}/")}
+        assert not left, f"save() left {left} open"
+    finally:
+        _directory_fds_left_open(tmp_path)
 
 
 def _rename_pressing_after(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
