@@ -139,8 +139,10 @@ class StateMachine:
         # State first, then one turn of the loop so the dispatcher goes before whatever
         # the engine's resume wakes (a request dispatched a moment early just queues).
         await self.set(RolloutState.RUNNING)
-        await asyncio.sleep(0)
-        await self._engine.resume()
+        try:
+            await asyncio.sleep(0)
+        finally:  # also when cancelled (Ctrl-C): never RUNNING over a paused engine
+            await asyncio.shield(self._engine.resume())
 
     async def _after_sync(self) -> None:
         """Wait out a weight sync in progress (it restores the state it found)."""
