@@ -737,12 +737,6 @@ def test_ctrl_c_as_close_begins_still_closes_everything(monkeypatch: pytest.Monk
         _finish_an_interrupted_close(sess, before)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Trainer.quiesced() (learn/_trainer.py) stops and pauses rollouts before its try/finally: a "
-    "Ctrl-C in save() while in-flight rollouts finish leaves them paused, and step() then raises "
-    "'rollouts are paused; call resume() first'",
-)
 def test_ctrl_c_in_save_leaves_rollouts_as_they_were(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with rlnb.Session(CONFIG, name="fuzz-save") as sess:
         sess.step()

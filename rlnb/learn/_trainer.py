@@ -323,20 +323,20 @@ class Trainer:
         self._check_idle("save()")
         rollouter, run = self.rollouter, self.bridge.run
         was_dispatching, was_state = rollouter.dispatching, rollouter.state
-        run(rollouter.stop())
-        if rollouter.engine_dead:  # nothing generates any more; what was learnt can still be saved
-            yield
-            return
-        run(rollouter.resume())  # kept partial rollouts finish too
-        run(rollouter.pause(PauseMode.WAIT))
-        run(rollouter.wait_paused(), timeout=self.config.step_timeout)
-        try:
+        try:  # from the first change on: a Ctrl-C anywhere still leaves rollouts as they were
+            run(rollouter.stop())
+            if not rollouter.engine_dead:  # a dead engine generates nothing; what was learnt can still be saved
+                run(rollouter.resume())  # kept partial rollouts finish too
+                run(rollouter.pause(PauseMode.WAIT))
+                run(rollouter.wait_paused(), timeout=self.config.step_timeout)
             yield
         finally:
-            if was_state is RolloutState.RUNNING:
-                run(rollouter.resume())
-            if was_dispatching:
-                run(rollouter.start())
+            if not rollouter.engine_dead:
+                with defer_interrupts():
+                    if was_state is RolloutState.RUNNING:
+                        run(rollouter.resume())
+                    if was_dispatching:
+                        run(rollouter.start())
 
     # -- in the background ------------------------------------------------------------------
 
