@@ -219,11 +219,12 @@ class Rollouter:
             return "dispatch halted after a group failed: its error was raised; the next step() goes on"
         if counts.putting:
             return f"the buffer is full ({self._buffer.size()} groups) and nothing takes from it"
-        generating = f"{counts.in_flight} samples are generating ({self._generating_groups} groups)"
+        groups = self._generating_groups
+        generating = f"{counts.in_flight} samples are generating ({groups} groups)"
         if allowed is not None and live >= allowed:
             return (
-                f"the policy-lag budget is spent ({live} of {allowed} groups live: {self._generating_groups} "
-                f"generating, {self._buffer.size()} in the buffer) and {generating} too slowly: is the engine stuck?"
+                f"the policy-lag budget is spent ({live} of {allowed} groups live: {groups} generating, "
+                f"{live - groups} in the buffer) and {generating} too slowly: is the engine stuck?"
             )
         return f"{generating}, more slowly than this wait allowed"
 

@@ -86,11 +86,12 @@ async def make_rollouter(
     *,
     reward_fn: Callable[[PromptItem, str], float] = constant_reward,
     buffer_capacity: int = 256,
+    buffer_max_staleness: int | None = None,
     **kwargs: Any,
 ) -> AsyncIterator[tuple[Rollouter, ReplayBuffer]]:
     kwargs.setdefault("sampling", NO_LENGTH_CUT)
     kwargs.setdefault("encode", encode)
-    buffer = ReplayBuffer(buffer_capacity)
+    buffer = ReplayBuffer(buffer_capacity, max_staleness=buffer_max_staleness)
     rollouter = Rollouter(engine, prompts=prompt_stream(), decode=decode, reward_fn=reward_fn, buffer=buffer, **kwargs)
     try:
         yield rollouter, buffer

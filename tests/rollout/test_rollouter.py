@@ -12,23 +12,18 @@ import asyncio
 import pytest
 
 import rlnb
-from rlnb.buffer import ReplayBuffer
-from rlnb.rollout import FakeEngine, GenerateRequest, PromptItem, Rollouter, RolloutStatistics
+from rlnb.rollout import FakeEngine, GenerateRequest, PromptItem, RolloutStatistics
 from tests.helpers import assert_counts_add_up, cause_chain
 from tests.rollout.helpers import (
     DELAY,
     EOS,
-    NO_LENGTH_CUT,
     SLOW,
     RecordingEngine,
     buffered_ids,
-    decode,
-    encode,
     groups_ended,
     make_rollouter,
     next_pending_error,
     parse_id,
-    prompt_stream,
     settle,
     until,
 )
@@ -277,22 +272,17 @@ def test_failed_and_evicted_groups_give_their_budget_back() -> None:
 
     async def main() -> None:
         engine = RecordingEngine(lengths=2)
-        buffer = ReplayBuffer(16, max_staleness=0)
-        rollouter = Rollouter(
+        async with make_rollouter(
             engine,
-            prompts=prompt_stream(),
-            encode=encode,
-            decode=decode,
             reward_fn=reward,
-            buffer=buffer,
+            buffer_capacity=16,
+            buffer_max_staleness=0,
             group_size=2,
             max_inflight=16,
             max_policy_lag=0,
             groups_per_step=2,
             max_retries=0,
-            sampling=NO_LENGTH_CUT,
-        )
-        try:
+        ) as (rollouter, buffer):
             for failed in (2, 4):  # groups 0-1, then 2-3 fail: twice the budget
                 await rollouter.start()
                 await until(lambda n=failed: rollouter.statistics().groups_failed == n, "2 groups to fail")
@@ -315,9 +305,6 @@ def test_failed_and_evicted_groups_give_their_budget_back() -> None:
             await until(lambda: buffer.statistics().put == 6, "two more groups in the buffer")
             assert buffered_ids(buffer) == [8, 9]
             assert_counts_add_up(rollouter.statistics())
-        finally:
-            await rollouter.aclose()
-            buffer.close()
 
     asyncio.run(main())
 
