@@ -1,4 +1,5 @@
-"""Putting a new directory where an old one is, so that a kill at any moment leaves one whole."""
+"""Putting a new directory where an old one is, so that a kill at any moment leaves one whole,
+and removing directories, so that a Ctrl-C at any moment leaves nothing half done."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import os
 import shutil
 from pathlib import Path
 
-__all__ = ["replace_dir"]
+from rlnb.runtime import defer_interrupts
+
+__all__ = ["remove_dir", "replace_dir"]
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2  # linux/fs.h
@@ -30,22 +33,32 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(a), None, str(b))
 
 
+def remove_dir(path: Path) -> None:
+    """``shutil.rmtree(path)``, ignoring errors, with Ctrl-C held back until it is done:
+    rmtree opens each directory before its own ``try``, so a Ctrl-C landing in
+    between would leave that directory's FD open for good."""
+    with defer_interrupts("removing a directory"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def replace_dir(staging: Path, target: Path) -> None:
     """Move the directory ``staging`` to ``target``. A directory already at ``target``
     is swapped out in one atomic step where the system allows (Linux), then removed:
     a kill at any moment leaves the old or the new one there, whole. Elsewhere the old
-    one is renamed aside first and put back if the move fails."""
-    if target.is_dir() and _exchange(staging, target):
-        shutil.rmtree(staging, ignore_errors=True)  # it holds the old one now
-        return
-    old = target.with_name(f".{target.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        target.rename(old)
-    try:
-        staging.rename(target)
-    except BaseException:
-        if old.exists():
-            old.rename(target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+    one is renamed aside first and put back if the move fails. A Ctrl-C waits until
+    the new one is in place and the old one gone."""
+    with defer_interrupts("replacing a directory"):
+        if target.is_dir() and _exchange(staging, target):
+            shutil.rmtree(staging, ignore_errors=True)  # it holds the old one now
+            return
+        old = target.with_name(f".{target.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        try:
+            if target.exists():
+                target.rename(old)
+            staging.rename(target)
+        except BaseException:
+            if not target.exists() and old.exists():  # the new one never got there
+                old.rename(target)
+            raise
+        shutil.rmtree(old, ignore_errors=True)

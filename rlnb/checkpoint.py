@@ -29,15 +29,15 @@ import json
 import os
 import random
 import reprlib
-import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlnb._checks import is_int, is_number
 from rlnb._errors import CheckpointError, ConfigError
-from rlnb._files import replace_dir
+from rlnb._files import remove_dir, replace_dir
 from rlnb.config import PARTS, RENAMED, Config
+from rlnb.runtime import defer_interrupts
 
 if TYPE_CHECKING:
     from rlnb.data import PromptLoader
@@ -148,7 +148,8 @@ def write(path: str | os.PathLike[str], manifest: dict[str, Any], tensors: dict[
     target, staging = _target(path), None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        with defer_interrupts("making a staging directory"):  # so that its name is known when it exists
+            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         umask = os.umask(0)
         os.umask(umask)
         files = {}
@@ -164,7 +165,7 @@ def write(path: str | os.PathLike[str], manifest: dict[str, Any], tensors: dict[
         replace_dir(staging, target)
     except BaseException as exc:
         if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
+            remove_dir(staging)
         if isinstance(exc, OSError):
             raise CheckpointError(
                 f"cannot save a checkpoint to {target}: {exc}; nothing there was changed: free some space or "

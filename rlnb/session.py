@@ -30,6 +30,7 @@ from rlnb.rollout import Engine, Rollouter
 from rlnb.runtime import (
     AsyncBridge,
     Snapshot,
+    defer_interrupts,
     make_view,
     register_session,
     replace_session,
@@ -306,22 +307,25 @@ class Session(RolloutCells, TrainingCells):
         not yet raised (of rollouts or of training started with :meth:`start`) makes
         it 1, and is raised once everything is closed.
         """
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        unreported = self._trainer.take_unreported()
-        if exit_code == 0 and unreported is not None:
-            exit_code = EXIT_FAILURE
-        elif exit_code == 0 and self._trainer.training:
-            exit_code = EXIT_SIGINT  # the run was cut short, as by Ctrl-C
-        self._exit_code = exit_code
-        self._deadline = time.monotonic() + (self._config.close_timeout if timeout is None else timeout)
-        try:
-            self._stack.close()
-        finally:
-            if unreported is not None:
-                raise unreported
+        # A Ctrl-C waits until every part is closed (close() is bounded by its timeout):
+        # one that cut it short would leave parts open that close() again skips.
+        with defer_interrupts("close()"):
+            with self._lock:
+                if self._closed:
+                    return
+                self._closed = True
+            unreported = self._trainer.take_unreported()
+            if exit_code == 0 and unreported is not None:
+                exit_code = EXIT_FAILURE
+            elif exit_code == 0 and self._trainer.training:
+                exit_code = EXIT_SIGINT  # the run was cut short, as by Ctrl-C
+            self._exit_code = exit_code
+            self._deadline = time.monotonic() + (self._config.close_timeout if timeout is None else timeout)
+            try:
+                self._stack.close()
+            finally:
+                if unreported is not None:
+                    raise unreported
 
     def __enter__(self) -> Session:
         return self

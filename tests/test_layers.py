@@ -16,8 +16,8 @@ LAYERS = {
     "rlnb._checks": 0,
     "rlnb._samples": 0,
     "rlnb._reprs": 0,
-    "rlnb._files": 0,
     "rlnb.runtime": 1,
+    "rlnb._files": 1,  # holds Ctrl-C back with rlnb.runtime.defer_interrupts
     "rlnb.probe": 1,
     "rlnb.testing": 1,
     "rlnb.data": 2,

@@ -23,6 +23,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from rlnb._errors import BridgeReentryError, ClosedError
+from rlnb.runtime._interrupts import defer_interrupts
 
 __all__ = ["AsyncBridge"]
 
@@ -146,7 +147,11 @@ class AsyncBridge:
             if self._state is _State.CLOSED:
                 coro.close()
                 raise ClosedError(f"bridge {self._name!r} is closed")
-            loop = self._ensure_started()
+            try:
+                loop = self._ensure_started()
+            except BaseException:  # e.g. a Ctrl-C held back while the thread started
+                coro.close()
+                raise
             self._calls[fut] = None
             loop.call_soon_threadsafe(self._start_call, coro, fut, ctx)
 
@@ -264,15 +269,18 @@ class AsyncBridge:
         """Start the loop thread if needed. Called with the lock held."""
         if self._loop is not None:
             return self._loop
-        loop = self._loop_factory()
-        thread = threading.Thread(target=self._serve, args=(loop,), name=self._name, daemon=True)
-        try:
-            thread.start()
-        except BaseException:
-            loop.close()
-            raise
-        self._loop, self._thread, self._thread_ident = loop, thread, thread.ident
-        self._state = _State.RUNNING
+        # A Ctrl-C waits until the thread is started and recorded: one that landed while
+        # start() waits for the thread to begin would leave a running loop with no owner.
+        with defer_interrupts("starting the event loop"):
+            loop = self._loop_factory()
+            thread = threading.Thread(target=self._serve, args=(loop,), name=self._name, daemon=True)
+            try:
+                thread.start()
+            except BaseException:
+                loop.close()
+                raise
+            self._loop, self._thread, self._thread_ident = loop, thread, thread.ident
+            self._state = _State.RUNNING
         return loop
 
     def _serve(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -35,17 +35,18 @@ class Deferred:
 
 
 _HELD_BACK_NOTE = (
-    "KeyboardInterrupt: a Ctrl-C arrived during this step and was held back so that the step "
-    "would complete; the step failed with the error above instead"
+    "KeyboardInterrupt: a Ctrl-C arrived during {what} and was held back so that {what} "
+    "would complete; {what} failed with the error above instead"
 )
 
 
 @contextlib.contextmanager
-def defer_interrupts() -> Iterator[Deferred]:
+def defer_interrupts(what: str = "the step") -> Iterator[Deferred]:
     """Hold back SIGINT until the block ends, then raise KeyboardInterrupt once.
 
     If the block raises another error meanwhile, that error propagates with a note
-    that the Ctrl-C arrived, so it is not dropped silently."""
+    that the Ctrl-C arrived, so it is not dropped silently. ``what`` names the block
+    in those messages ("the step", "close()", ...)."""
     deferred = Deferred()
     if threading.current_thread() is not threading.main_thread():
         yield deferred
@@ -65,7 +66,7 @@ def defer_interrupts() -> Iterator[Deferred]:
         signal.signal(signal.SIGINT, previous)
         # A KeyboardInterrupt the block raised itself (it gave up waiting) is the Ctrl-C.
         if deferred.interrupted and failed is not None and not isinstance(failed, KeyboardInterrupt):
-            if _HELD_BACK_NOTE not in getattr(failed, "__notes__", ()):  # once, through nested blocks
-                failed.add_note(_HELD_BACK_NOTE)
+            if not any(n.startswith("KeyboardInterrupt: a Ctrl-C arrived") for n in getattr(failed, "__notes__", ())):
+                failed.add_note(_HELD_BACK_NOTE.format(what=what))  # once, through nested blocks
     if deferred.interrupted:
-        raise KeyboardInterrupt("interrupted; the step it arrived in was completed first")
+        raise KeyboardInterrupt(f"interrupted; held back until {what} was complete")

@@ -11,7 +11,7 @@ from rlnb.runtime._interrupts import defer_interrupts
 
 def test_a_sigint_inside_the_block_is_raised_after_it() -> None:
     done: list[str] = []
-    with pytest.raises(KeyboardInterrupt, match="completed first"), defer_interrupts():
+    with pytest.raises(KeyboardInterrupt, match="held back until the step was complete"), defer_interrupts():
         signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
         done.append("the rest of the block ran")
     assert done == ["the rest of the block ran"]
@@ -41,7 +41,7 @@ def test_a_sigint_held_back_while_the_block_fails_is_reported_with_the_error() -
         raise ValueError("sync failed")
     shown = "".join(traceback.format_exception(info.value))
     assert "ValueError: sync failed" in shown
-    assert "KeyboardInterrupt: a Ctrl-C arrived during this step" in shown
+    assert "KeyboardInterrupt: a Ctrl-C arrived during the step" in shown
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
