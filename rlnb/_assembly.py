@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from rlnb._errors import ConfigError
 from rlnb.buffer import ReplayBuffer
@@ -20,12 +20,15 @@ from rlnb.rollout import Engine, Rollouter, SamplingParams
 if TYPE_CHECKING:
     from rlnb.data import PromptLoader
     from rlnb.learn import Callback, Learner, Trainer
-    from rlnb.models import CharTokenizer
+    from rlnb.models import CharTokenizer, HFTokenizer
+
+    Tokenizer: TypeAlias = CharTokenizer | HFTokenizer
     from rlnb.runtime import AsyncBridge
     from rlnb.track import Tracker
 
 __all__ = [
     "check_session_args",
+    "engine_kind",
     "make_buffer",
     "make_engine",
     "make_learner",
@@ -63,20 +66,27 @@ def check_session_args(config: Config | None, name: Any, engine: Any, callbacks:
     return config
 
 
-def model_shape(config: Config, task: Task) -> tuple[CharTokenizer, ModelConfig]:
-    """The task's tokenizer and the model's shape with its vocabulary filled in.
+def model_shape(config: Config, task: Task) -> tuple[Tokenizer, ModelConfig]:
+    """The tokenizer (the task's characters, or the Hugging Face model's own) and the
+    model's config with its vocabulary filled in.
 
     Imports torch but runs no torch work (the prompt loader forks after this)."""
     from rlnb.models import CharTokenizer
 
-    tokenizer = CharTokenizer(task.alphabet)
-    # BOS, the longest of a sample of prompts, and the completion: what a rollout needs.
-    positions = 1 + max(len(task.item(config.seed, i).prompt) for i in range(16))
+    tokenizer: Tokenizer
+    if config.model.path is not None:
+        from rlnb.models import load_hf_tokenizer
+
+        tokenizer = load_hf_tokenizer(config.model.path)
+    else:
+        tokenizer = CharTokenizer(task.alphabet)
+    # The longest of a sample of prompts, as the model sees it, and the completion.
+    positions = max(len(tokenizer.encode(task.item(config.seed, i).prompt, bos=True)) for i in range(16))
     positions += config.rollout.max_new_tokens or task.max_new_tokens
     if config.model.max_len < positions:
         raise ConfigError(
             f"ModelConfig.max_len={config.model.max_len} is invalid: task {task.name!r} needs {positions} positions "
-            f"(BOS, a prompt and up to {config.rollout.max_new_tokens or task.max_new_tokens} new tokens); "
+            f"(a prompt and up to {config.rollout.max_new_tokens or task.max_new_tokens} new tokens); "
             f"use max_len >= {positions}, or a smaller RolloutConfig.max_new_tokens"
         )
     model, needed = config.model, tokenizer.vocab_size
@@ -88,6 +98,13 @@ def model_shape(config: Config, task: Task) -> tuple[CharTokenizer, ModelConfig]
             "token ids; use None (the task's) or a larger size"
         )
     return tokenizer, model
+
+
+def engine_kind(config: Config) -> str:
+    """The engine ``config`` asks for: ``EngineConfig.kind``, or the model's own."""
+    if config.engine.kind is not None:
+        return config.engine.kind
+    return "tiny" if config.model.path is None else "hf"
 
 
 def make_loader(config: Config, task: Task, state: dict[str, Any] | None) -> PromptLoader:
@@ -126,30 +143,38 @@ def make_buffer(config: Config) -> ReplayBuffer:
     return ReplayBuffer(b.capacity, partitions=b.partitions, max_staleness=b.max_staleness)
 
 
-def make_learner(config: Config, model: ModelConfig, tokenizer: CharTokenizer) -> Learner:
+def make_learner(config: Config, model: ModelConfig, tokenizer: Tokenizer) -> Learner:
     from rlnb.learn import Learner
-    from rlnb.models import TinyPolicy
+    from rlnb.models import TinyPolicy, load_hf_model
 
+    policy = (
+        TinyPolicy(model, seed=config.seed)
+        if model.path is None
+        else load_hf_model(model.path, max_len=model.max_len, dtype=model.dtype)
+    )
     return Learner(
-        TinyPolicy(model, seed=config.seed),
+        policy,
         encode=lambda text: tokenizer.encode(text, bos=True),
+        encode_target=lambda text: tokenizer.encode(text),
         pad_id=tokenizer.PAD,
         eos_id=tokenizer.EOS,
         config=config.learn,
     )
 
 
-def make_engine(config: Config, learner: Learner, tokenizer: CharTokenizer, *, name: str) -> Engine:
+def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name: str) -> Engine:
     from rlnb.rollout import TinyEngine
 
-    e = config.engine
+    e, kind = config.engine, engine_kind(config)
+    if kind == "vllm":
+        raise ConfigError("EngineConfig.kind='vllm' is not available in this build of rlnb; use 'hf'")
     return TinyEngine(learner.policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name)
 
 
 def make_rollouter(
     config: Config,
     task: Task,
-    tokenizer: CharTokenizer,
+    tokenizer: Tokenizer,
     *,
     engine: Engine,
     prompts: PromptLoader,

@@ -16,6 +16,7 @@ from rlnb._errors import ConfigError
 
 __all__ = [
     "ENGINE_KINDS",
+    "MODEL_DTYPES",
     "TRACKER_BACKENDS",
     "WANDB_MODES",
     "check_buffer",
@@ -31,7 +32,8 @@ __all__ = [
 # Names read by both the configs and the parts they select (the configs must not
 # import those parts): tracker backends, engine kinds, wandb modes.
 TRACKER_BACKENDS = ("console", "jsonl", "wandb", "plot")
-ENGINE_KINDS = ("tiny",)
+ENGINE_KINDS = ("tiny", "hf", "vllm")
+MODEL_DTYPES = ("float32", "bfloat16")
 WANDB_MODES = ("offline", "online", "disabled")
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rlnb._samples import RolloutBatch
-from rlnb.rollout import PauseMode, Rollouter
+from rlnb.rollout import PauseMode, Rollouter, SamplingParams
 from rlnb.runtime import AsyncBridge
 
 if TYPE_CHECKING:
@@ -37,6 +37,18 @@ class RolloutCells:
         if rollouts are paused or a generation or reward failed after its retries.
         """
         return RolloutBatch(self._bridge.run(self._check().collect(n_groups), timeout=timeout))
+
+    def complete(
+        self, prompts: str | list[str], *, temperature: float = 0.0, max_new_tokens: int = 16, seed: int = 0
+    ) -> str | list[str]:
+        """What the engine's model writes after ``prompts`` (one text or a list): greedy
+        by default. Nothing is rewarded, buffered or trained. Blocks."""
+        texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if not all(isinstance(t, str) for t in texts):
+            raise TypeError(f"complete(prompts={prompts!r}): pass a string or a list of strings")
+        sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+        out = self._bridge.run(self._check().complete(texts, sampling, seed=seed))
+        return out[0] if isinstance(prompts, str) else out
 
     def start_rollouts(self) -> None:
         """Generate in the background into the buffer, within the dispatch budget. Idempotent."""

@@ -4,27 +4,67 @@ background. A part of :class:`~rlnb.Session`, which delegates them to its
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from rlnb._errors import ConfigError
+from rlnb._files import remove_dir, replace_dir
 from rlnb.rollout import Rollouter
 
 if TYPE_CHECKING:
     from rlnb.learn import Trainer
+    from rlnb.models import HFPolicy, TinyPolicy
 
 __all__ = ["TrainingCells"]
 
 
 class TrainingCells:
     """Training methods of :class:`~rlnb.Session`, which provides ``_trainer``,
-    ``_check()`` and ``_check_open()``."""
+    ``_tokenizer``, ``_check()`` and ``_check_open()``."""
 
     _trainer: Trainer
+    _tokenizer: Any
 
     def _check(self) -> Rollouter:
         raise NotImplementedError  # the session's
 
     def _check_open(self) -> None:
         raise NotImplementedError  # the session's
+
+    @property
+    def policy(self) -> TinyPolicy | HFPolicy:
+        """The model being trained: the learner's (the engine serves a copy, synced each
+        step). Look, evaluate, save; change it only through training."""
+        self._check_open()
+        return self._trainer.learner.policy
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
+        """Write the trained model as a Hugging Face model directory: safetensors weights,
+        config.json and the tokenizer, which ``AutoModelForCausalLM.from_pretrained`` and
+        vLLM load. For a ``ModelConfig.path`` model; a directory already there is
+        replaced whole (a kill at any moment leaves the old or the new one). Returns it.
+        Use :meth:`save` to go on training later."""
+        self._check()
+        self._trainer.check_idle("save_pretrained()")
+        policy: Any = self._trainer.learner.policy
+        if not hasattr(policy, "save_pretrained"):
+            raise ConfigError(
+                "save_pretrained() writes a Hugging Face model, and this session trains the built-in policy: "
+                "use save() (a checkpoint), or train a Hugging Face model with ModelConfig(path=...)"
+            )
+        target = Path(directory).expanduser().absolute()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            policy.save_pretrained(staging)
+            self._tokenizer.save_pretrained(staging)
+            replace_dir(staging, target)
+        except BaseException:
+            remove_dir(staging)
+            raise
+        return target
 
     @property
     def version(self) -> int:

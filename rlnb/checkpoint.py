@@ -135,6 +135,17 @@ def unflatten_optimizer(tensors: dict[str, Any], meta: dict[str, Any]) -> dict[s
     return {"state": state, "param_groups": groups}
 
 
+def _unshared(state: dict[str, Any]) -> dict[str, Any]:
+    """``state``'s tensors, none sharing memory (as tied embeddings do): safetensors refuses that."""
+    seen: set[int] = set()
+    out = {k: v.detach().contiguous() for k, v in state.items()}
+    for key, tensor in out.items():
+        if (where := tensor.untyped_storage().data_ptr()) in seen:
+            out[key] = tensor.clone()
+        seen.add(where)
+    return out
+
+
 def write(path: str | os.PathLike[str], manifest: dict[str, Any], tensors: dict[str, dict[str, Any]]) -> Path:
     """Write ``tensors`` (file stem -> state dict) and ``manifest`` into ``path``.
 
@@ -155,7 +166,7 @@ def write(path: str | os.PathLike[str], manifest: dict[str, Any], tensors: dict[
         files = {}
         for stem, state in tensors.items():
             name = f"{stem}.safetensors"
-            save_file({k: v.detach().contiguous() for k, v in state.items()}, str(staging / name))
+            save_file(_unshared(state), str(staging / name))
             files[name] = _sha256(staging / name)
         manifest = {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION, "files": files}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
@@ -275,14 +286,14 @@ def check(manifest: dict[str, Any], tensors: dict[str, dict[str, Any]], root: Pa
         isinstance(loader, dict) and isinstance(loader.get("loader"), dict) and loader.get("num_workers") == workers,
         where, "loader", loader, f"the prompt loader's state for the saved config's num_workers={workers}",
     )  # fmt: skip
-    shapes, vocab_size = _model_shapes(config, root)
+    shapes, states, vocab_size = _model_shapes(config, root)
     _check_buffer(manifest.get("buffer"), config, vocab_size, where)
     if config.learn.kl_coef > 0:  # the learner then keeps a reference model, restored from its file
         _expect("reference" in tensors, where, "files", manifest["files"], "a list with reference.safetensors")
     for stem, what in (("model", "model"), ("reference", "reference model")):
-        saved = {k: tuple(v.shape) for k, v in tensors[stem].items()} if stem in tensors else shapes
-        wrong = [f"{k} is {list(saved.get(k, ()))}, not {list(v)}" for k, v in shapes.items() if saved.get(k) != v]
-        if wrong or set(saved) != set(shapes):
+        saved = {k: tuple(v.shape) for k, v in tensors[stem].items()} if stem in tensors else states
+        wrong = [f"{k} is {list(saved.get(k, ()))}, not {list(v)}" for k, v in states.items() if saved.get(k) != v]
+        if wrong or set(saved) != set(states):
             raise CheckpointError(
                 f"{root}: the saved {what} does not fit this session: {stem}.safetensors holds another model's "
                 f"weights ({'; '.join(wrong[:2]) or 'other tensor names'}), or {MANIFEST}'s config was edited; "
@@ -301,21 +312,25 @@ def _python_rng(saved: Any) -> tuple[Any, ...]:
     return (*saved[:1], tuple(saved[1]), *saved[2:])  # as random.getstate() gave it, before JSON
 
 
-def _model_shapes(config: Config, root: Path) -> tuple[dict[str, tuple[int, ...]], int]:
-    """The policy's parameter shapes in the optimiser's order and its vocabulary size (a meta-device build)."""
+def _model_shapes(config: Config, root: Path) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]], int]:
+    """The policy's parameter shapes (the optimiser's order), state dict shapes and vocabulary size."""
     import torch
 
     from rlnb._assembly import model_shape
     from rlnb.data import get_task
-    from rlnb.models import TinyPolicy
+    from rlnb.models import TinyPolicy, hf_model_on_meta
 
     try:
         _, model = model_shape(config, get_task(config.task))
+        if model.path is not None:
+            policy: Any = hf_model_on_meta(model.path)
+        else:
+            with torch.device("meta"):
+                policy = TinyPolicy(model, seed=config.seed)
     except ConfigError as exc:
         raise CheckpointError(f"{root}: the saved config does not fit this rlnb ({exc})") from exc
-    with torch.device("meta"):
-        policy = TinyPolicy(model, seed=config.seed)
-    return {name: tuple(p.shape) for name, p in policy.named_parameters()}, model.vocab_size or 0
+    params = {name: tuple(p.shape) for name, p in policy.named_parameters()}
+    return params, {name: tuple(t.shape) for name, t in policy.state_dict().items()}, model.vocab_size or 0
 
 
 def _check_optimizer(saved: dict[str, Any], meta: Any, params: list[tuple[int, ...]], root: Path, stem: str) -> None:

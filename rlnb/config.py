@@ -10,11 +10,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from rlnb._checks import (
     ENGINE_KINDS,
+    MODEL_DTYPES,
     check_buffer,
     check_int,
     check_number,
@@ -131,11 +133,17 @@ class DataConfig:
 @_keywords()
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The shape of the built-in tiny policy (a decoder-only transformer).
+    """The model: the built-in tiny policy (a decoder-only transformer), or a
+    Hugging Face causal LM from a local directory.
 
+    path: a local directory of a causal LM that transformers loads (config.json,
+        weights, tokenizer), e.g. one :func:`rlnb.models.tiny_llama` built; nothing
+        is downloaded. None (the default): the built-in policy, of the shape below.
+    dtype: the weights' dtype for a ``path`` model: "float32" (for CPUs) or
+        "bfloat16" (for GPUs).
     vocab_size: token ids; ``None`` (the default) takes the task's tokenizer's.
     d_model, n_layers, n_heads: width, depth and attention heads (``d_model`` a
-        multiple of ``n_heads``).
+        multiple of ``n_heads``); the built-in policy only.
     max_len: context length in tokens (prompt and completion together).
     mlp_ratio: the MLP's hidden width is ``mlp_ratio * d_model``.
     """
@@ -146,8 +154,19 @@ class ModelConfig:
     n_heads: int = 4
     max_len: int = 32
     mlp_ratio: int = 4
+    path: str | None = None
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        if isinstance(self.path, os.PathLike):
+            object.__setattr__(self, "path", os.fspath(self.path))
+        require(
+            self.path is None or (isinstance(self.path, str) and self.path.strip() != ""),
+            "ModelConfig.path",
+            self.path,
+            "use None (the built-in policy) or the local directory of a Hugging Face causal LM",
+        )
+        require(self.dtype in MODEL_DTYPES, "ModelConfig.dtype", self.dtype, f"use one of {MODEL_DTYPES}")
         check_int("ModelConfig.vocab_size", self.vocab_size, minimum=1, optional=True, example="vocab_size=16")
         for field, example in (("d_model", 128), ("n_layers", 2), ("n_heads", 4), ("max_len", 32), ("mlp_ratio", 4)):
             check_int(f"ModelConfig.{field}", getattr(self, field), minimum=1, example=f"{field}={example}")
@@ -173,7 +192,10 @@ class ModelConfig:
 class EngineConfig:
     """The generation engine.
 
-    kind: "tiny" (the built-in continuous-batching CPU engine).
+    kind: None (the default) picks the model's own: "tiny" for the built-in
+        policy, "hf" for a ``ModelConfig.path`` model. "tiny" and "hf" are the
+        built-in continuous-batching CPU engine, on the built-in policy or on the
+        transformers model; "vllm" serves a ``ModelConfig.path`` model with vLLM.
     max_batch: sequences decoded together (KV-cache slots).
     threads: torch intra-op threads of the engine's own thread (the setting is
         per thread: the learner keeps the process's). Decoding a tiny model is
@@ -181,12 +203,17 @@ class EngineConfig:
         fast as two and leaves the other core to the learner in async mode.
     """
 
-    kind: str = "tiny"
+    kind: str | None = None
     max_batch: int = 128
     threads: int = 1
 
     def __post_init__(self) -> None:
-        require(self.kind in ENGINE_KINDS, "EngineConfig.kind", self.kind, f"use one of {ENGINE_KINDS}")
+        require(
+            self.kind is None or self.kind in ENGINE_KINDS,
+            "EngineConfig.kind",
+            self.kind,
+            f"use None or one of {ENGINE_KINDS}",
+        )
         check_int("EngineConfig.max_batch", self.max_batch, minimum=1, example="max_batch=128")
         check_int("EngineConfig.threads", self.threads, minimum=1, example="threads=1")
 
@@ -415,6 +442,21 @@ class Config:
         require(isinstance(self.task, str), "Config.task", self.task, 'use a task name, e.g. task="addition"')
         get_task(self.task)  # an unknown name fails here, naming the known ones
         require(self.mode in ("sync", "async"), "Config.mode", self.mode, 'use "sync" or "async"')
+        kind, path = self.engine.kind, self.model.path
+        require(
+            not (kind == "tiny" and path is not None),
+            "EngineConfig.kind",
+            kind,
+            f"the 'tiny' engine serves the built-in policy, and ModelConfig.path={path!r} is a Hugging Face model; "
+            "use kind='hf' (or None) or kind='vllm'",
+        )
+        require(
+            not (kind in ("hf", "vllm") and path is None),
+            "EngineConfig.kind",
+            kind,
+            f"the {kind!r} engine serves a Hugging Face model: set ModelConfig(path=...) to its local directory, "
+            "or use kind=None for the built-in policy",
+        )
         check_number(
             "Config.step_timeout", self.step_timeout, gt=0, fix="use a number of seconds > 0, e.g. step_timeout=120.0"
         )

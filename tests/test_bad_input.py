@@ -84,7 +84,21 @@ CONFIGS = [
         '"spawn"',
         id="mp-context",
     ),
-    pytest.param(lambda: rlnb.EngineConfig(kind="vllm"), "EngineConfig.kind='vllm'", "('tiny',)", id="engine-kind"),
+    pytest.param(
+        lambda: rlnb.EngineConfig(kind="sglang"), "EngineConfig.kind='sglang'", "'tiny', 'hf', 'vllm'", id="engine-kind"
+    ),
+    pytest.param(
+        lambda: rlnb.Config(engine=rlnb.EngineConfig(kind="hf")),
+        "EngineConfig.kind='hf'",
+        "ModelConfig(path=",
+        id="hf-no-path",
+    ),
+    pytest.param(
+        lambda: rlnb.ModelConfig(path="/nowhere").replace(dtype="fp8"),
+        "ModelConfig.dtype='fp8'",
+        "bfloat16",
+        id="dtype",
+    ),
     pytest.param(lambda: rlnb.BufferConfig(partitions=("val",)), "BufferConfig.partitions", '"train"', id="parts"),
     pytest.param(lambda: rlnb.WarmupConfig(steps=-1), "WarmupConfig.steps=-1", "steps=300", id="warmup-steps"),
     pytest.param(lambda: rlnb.TrackConfig(backends="jsonl"), "TrackConfig.backends='jsonl'", "tuple", id="backends"),

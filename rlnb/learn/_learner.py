@@ -17,7 +17,7 @@ import torch
 from rlnb._samples import Group
 from rlnb.config import LearnConfig
 from rlnb.learn._loss import grpo_advantages, policy_loss
-from rlnb.models import TinyPolicy
+from rlnb.models import HFPolicy, TinyPolicy
 
 __all__ = ["Learner", "TrainBatch", "collate"]
 
@@ -107,16 +107,19 @@ class Learner:
 
     def __init__(
         self,
-        policy: TinyPolicy,
+        policy: TinyPolicy | HFPolicy,
         *,
         encode: Callable[[str], list[int]],
         pad_id: int,
         eos_id: int = 2,
         config: LearnConfig = _DEFAULT,
+        encode_target: Callable[[str], list[int]] | None = None,
     ) -> None:
         self.policy = policy.train()
         self.config = config
         self._encode = encode
+        # A warm-up target's ids: the text's own (default: encode() less the BOS it adds).
+        self._encode_target = encode_target or (lambda text: encode(text)[1:])
         self._pad = pad_id
         self._eos = eos_id
         self.optimizer = torch.optim.AdamW(
@@ -134,7 +137,7 @@ class Learner:
 
     @staticmethod
     def _token_logp(
-        model: TinyPolicy, batch: TrainBatch, rows: torch.Tensor, width: int
+        model: TinyPolicy | HFPolicy, batch: TrainBatch, rows: torch.Tensor, width: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropies [len(rows), width] of ``rows``' first ``width`` targets,
         each of their prompts run once."""
@@ -242,7 +245,7 @@ class Learner:
             raise ValueError("Learner.supervised_step() needs at least one (prompt, target) pair")
         rows, spans = [], []
         for prompt, target in pairs:
-            p_ids, t_ids = self._encode(prompt), self._encode(target)[1:]  # encode() adds BOS
+            p_ids, t_ids = self._encode(prompt), self._encode_target(target)
             rows.append([*p_ids, *t_ids, self._eos])
             spans.append((len(p_ids), len(t_ids) + 1))
         n, length = len(rows), max(len(r) for r in rows)

@@ -128,7 +128,7 @@ class Trainer:
         ``timeout`` bounds the sync rollout, or the async wait for a batch
         (``Config.step_timeout`` when None). Ctrl-C raises
         :class:`~rlnb.TrainingInterrupted`, which says what was kept."""
-        self._check_idle("step()")
+        self.check_idle("step()")
         with self._explained_interrupts("step()"):
             return self._step(timeout, None)
 
@@ -256,7 +256,7 @@ class Trainer:
         """``n_steps`` more steps, or steps until the policy version is ``until``, with
         a progress bar; returns each step's metrics (all of them are in ``history``).
         Ctrl-C raises :class:`~rlnb.TrainingInterrupted`, which says how to go on."""
-        self._check_idle("train()")
+        self.check_idle("train()")
         target = _target(n_steps, until, self.version)
         call = f"train(until={target})"
         history: list[dict[str, float]] = []
@@ -294,7 +294,7 @@ class Trainer:
 
     def warmup(self, n_steps: int | None = None, *, progress: bool = True) -> list[dict[str, float]]:
         """Supervised warm-up (see ``Session.warmup``); the weights go to the engine after."""
-        self._check_idle("warmup()")
+        self.check_idle("warmup()")
         return self.warmup_stage.run(
             n_steps,
             sync=self.sync_weights,
@@ -307,7 +307,7 @@ class Trainer:
         """Greedy exact-match accuracy on ``n_prompts`` held-out prompts of the task. Blocks."""
         if not is_int(n_prompts) or n_prompts < 1:
             raise ValueError(f"evaluate(n_prompts={n_prompts!r}) is invalid: use an int >= 1")
-        self._check_idle("evaluate()")
+        self.check_idle("evaluate()")
         items = self.task.eval_set(n_prompts, seed=seed)
         max_new = self.config.rollout.max_new_tokens or self.task.max_new_tokens
         results = self.bridge.run(self.rollouter.evaluate(items, max_new_tokens=max_new))
@@ -320,7 +320,7 @@ class Trainer:
     def quiesced(self) -> Iterator[None]:
         """Nothing generating inside: dispatch stopped and in-flight groups finished
         into the buffer (kept partial rollouts too); afterwards rollouts are as they were."""
-        self._check_idle("save()")
+        self.check_idle("save()")
         rollouter, run = self.rollouter, self.bridge.run
         was_dispatching, was_state = rollouter.dispatching, rollouter.state
         try:  # from the first change on: a Ctrl-C anywhere still leaves rollouts as they were
@@ -350,7 +350,7 @@ class Trainer:
         until :meth:`stop`); returns at once. Raises ``RuntimeError`` if a run is going."""
         if steps is not None and not (is_int(steps) and steps >= 1):
             raise ValueError(f"start(steps={steps!r}): use a positive int, or None to train until stop()")
-        self._check_idle("start()")
+        self.check_idle("start()")
         self.raise_pending()
         self._run = BackgroundRun(lambda cancel: self._step(None, cancel), steps=steps, name=f"rlnb-{self.name}-train")
         self._run.start()
@@ -387,7 +387,7 @@ class Trainer:
         if self._run is not None:
             self._run.stop(timeout)
 
-    def _check_idle(self, call: str) -> None:
+    def check_idle(self, call: str) -> None:
         if self.training:
             raise RuntimeError(
                 f"{call} cannot run while training goes on in the background: call stop() first "

@@ -1,16 +1,29 @@
-"""Small language models for the built-in engine: a character tokenizer and ``TinyPolicy``.
+"""Language models for the learner and the built-in engine: a character tokenizer and
+``TinyPolicy``, and ``HFPolicy`` for a Hugging Face causal LM (``tiny_llama`` builds a
+small one offline).
 
-Plain torch only; this layer knows nothing of sessions, loops or notebooks. A
-``TinyPolicy``'s shape is a :class:`rlnb.ModelConfig`.
+Plain torch (and transformers, imported when a model is loaded); this layer knows
+nothing of sessions, loops or notebooks. A ``TinyPolicy``'s shape is a :class:`rlnb.ModelConfig`.
 """
 
 import typing as _typing
 
+from rlnb.models._hf import HFPolicy, HFTokenizer, hf_model_on_meta, load_hf_model, load_hf_tokenizer, tiny_llama
 from rlnb.models._kvcache import KVCache
 from rlnb.models._policy import TinyPolicy
 from rlnb.models._tokenizer import CharTokenizer
 
-__all__ = ["CharTokenizer", "KVCache", "TinyPolicy"]
+__all__ = [
+    "CharTokenizer",
+    "HFPolicy",
+    "HFTokenizer",
+    "KVCache",
+    "TinyPolicy",
+    "hf_model_on_meta",
+    "load_hf_model",
+    "load_hf_tokenizer",
+    "tiny_llama",
+]
 
 if not _typing.TYPE_CHECKING:  # hidden from mypy, so that it still reports a removed name as missing
 

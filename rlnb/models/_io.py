@@ -27,6 +27,10 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 
+# The ModelConfig fields of the built-in policy's shape (path and dtype are a Hugging Face model's).
+_SHAPE = ("vocab_size", "d_model", "n_layers", "n_heads", "max_len", "mlp_ratio")
+
+
 def save_policy(policy: TinyPolicy, directory: str | os.PathLike[str]) -> None:
     """Write ``policy``'s weights and config into ``directory`` (made if missing)."""
     from safetensors.torch import save_file
@@ -35,7 +39,8 @@ def save_policy(policy: TinyPolicy, directory: str | os.PathLike[str]) -> None:
     path.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().cpu().contiguous() for name, t in policy.state_dict().items()}
     save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
-    config = {**dataclasses.asdict(policy.config), "seed": policy.seed}
+    shape = {k: v for k, v in dataclasses.asdict(policy.config).items() if k in _SHAPE}
+    config = {**shape, "seed": policy.seed}
     (path / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
@@ -76,7 +81,7 @@ def load_policy(cls: type[TinyPolicy], directory: str | os.PathLike[str]) -> Tin
 
 def _config_and_seed(raw: Any) -> tuple[ModelConfig, int]:
     """The ModelConfig and seed a config.json holds; ConfigError if it holds anything else."""
-    names = [f.name for f in dataclasses.fields(ModelConfig)] + ["seed"]
+    names = [*_SHAPE, "seed"]
     if not isinstance(raw, dict):
         raise ConfigError(f"got {raw!r}: the file should hold an object with the fields {names}")
     unknown = sorted(set(raw) - set(names))

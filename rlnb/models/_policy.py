@@ -303,6 +303,11 @@ class TinyPolicy(nn.Module):
             x = block.step(x, cache.k[i], cache.v[i], plan)
         return self._head(x)
 
+    @property
+    def max_len(self) -> int:
+        """The context length in tokens (``config.max_len``)."""
+        return self.config.max_len
+
     def num_parameters(self) -> int:
         """Number of trainable numbers (the tied head is counted once)."""
         return sum(p.numel() for p in self.parameters())

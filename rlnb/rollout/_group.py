@@ -229,6 +229,12 @@ class GroupRunner:
         completion = self._decode(list(result.token_ids))
         return completion, await self.reward(item, completion)
 
+    async def complete(self, request_id: str, prompt: str, sampling: SamplingParams, seed: int) -> str:
+        """One completion of the text ``prompt`` (not retried, not rewarded)."""
+        request = GenerateRequest(request_id, tuple(self._encode(prompt)), sampling, seed=seed)
+        result = await self._engine.generate(request)
+        return self._decode(list(result.token_ids))
+
     async def reward(self, item: PromptItem, completion: str) -> float:
         """``reward_fn(item, completion)`` as a float, run on a worker thread.
 

@@ -363,6 +363,17 @@ class Rollouter:
             ) from first
         return [task.result() for task in tasks]
 
+    async def complete(self, prompts: list[str], sampling: SamplingParams, *, seed: int = 0) -> list[str]:
+        """Completions of the texts ``prompts`` with ``sampling`` (nothing is rewarded or buffered)."""
+        self._check_running()
+        run = self._runner.complete
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(run(f"complete.{i}", p, sampling, seed + i)) for i, p in enumerate(prompts)]
+        except ExceptionGroup as failed:
+            raise RolloutError(f"generation failed: {failed.exceptions[0]}") from failed.exceptions[0]
+        return [task.result() for task in tasks]
+
     def _check_running(self) -> None:
         self._machine.check_open()
         if (state := self._machine.state) is not RolloutState.RUNNING:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from rlnb._errors import ClosedError, EngineError
-from rlnb.models import TinyPolicy
+from rlnb.models import HFPolicy, TinyPolicy
 from rlnb.rollout._engine import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
 from rlnb.rollout._sampling import sample_next
 
@@ -67,7 +67,8 @@ def _deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], resul
 
 
 class TinyEngine:
-    """Serves a :class:`~rlnb.models.TinyPolicy` (a private copy) with continuous batching.
+    """Serves a :class:`~rlnb.models.TinyPolicy` or a :class:`~rlnb.models.HFPolicy`
+    (a private copy) with continuous batching.
 
     ``max_batch`` bounds the sequences decoded together (the KV cache's slots).
     ``continuous=False`` gives static batching (a batch admits new requests only
@@ -77,7 +78,7 @@ class TinyEngine:
 
     def __init__(
         self,
-        policy: TinyPolicy,
+        policy: TinyPolicy | HFPolicy,
         *,
         eos_id: int,
         max_batch: int = 64,
@@ -85,8 +86,8 @@ class TinyEngine:
         threads: int | None = None,
         name: str = "rlnb-engine",
     ) -> None:
-        self._model = copy.deepcopy(policy).eval().requires_grad_(False)
-        self._max_len = policy.config.max_len
+        self._model: Any = copy.deepcopy(policy).eval().requires_grad_(False)
+        self._max_len = policy.max_len
         self._eos = eos_id
         self._continuous = continuous
         self._threads = threads
