@@ -1,0 +1,445 @@
+"""``HFPolicy``: a Hugging Face causal LM behind the interface ``TinyPolicy`` offers.
+
+The learner calls :meth:`HFPolicy.forward_shared` (each prompt run once for its
+group) and the built-in engine calls :meth:`HFPolicy.new_cache`,
+:meth:`HFPolicy.prefill` and :meth:`HFPolicy.decode` (a slot KV cache, every
+slot at its own position), exactly as they call ``TinyPolicy``'s. The model is
+transformers' own module, unchanged: its attention layers hand their keys and
+values to ``past_key_values.update()``, and an object of ours stands in that
+place (:class:`_KVHook`) with a ready 4-D attention mask and explicit position
+ids. Any decoder that takes ``past_key_values``, ``attention_mask`` and
+``position_ids`` the way Llama, Qwen2 and Mistral do works; ``load_hf`` checks
+one forward pass against the plain one before anything is trained.
+
+transformers is imported only when a model is loaded or built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlnb._errors import ConfigError
+
+__all__ = [
+    "HFPolicy",
+    "HFTokenizer",
+    "check_model_dir",
+    "hf_model_on_meta",
+    "load_hf_model",
+    "load_hf_tokenizer",
+    "tiny_llama",
+]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class _KVHook:
+    """What the model's attention layers see as ``past_key_values``.
+
+    ``update(k, v, layer)`` gets each layer's new keys and values ``[B, H, T, D]``
+    and returns those to attend over; ``on_update`` decides which (a call of the
+    model sets it, then calls the model once)."""
+
+    is_compileable = False
+
+    def __init__(self) -> None:
+        self.on_update: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.on_update is not None
+        return self.on_update(key_states, value_states, layer_idx)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+class HFSlotCache:
+    """Keys and values of every layer for a fixed number of sequence slots, for an
+    :class:`HFPolicy`: per layer ``[slots, kv_heads, max_len, head_dim]``, made on
+    the first write (the model says its head shape then)."""
+
+    def __init__(self, slots: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self._shape = (slots, max_len)
+        self._dtype, self._device = dtype, device
+
+    @property
+    def slots(self) -> int:
+        return self._shape[0]
+
+    def layer(self, index: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        while len(self.k) <= index:
+            shape = (self._shape[0], like.shape[1], self._shape[1], like.shape[3])
+            self.k.append(torch.zeros(shape, dtype=self._dtype, device=self._device))
+            self.v.append(torch.zeros(shape, dtype=self._dtype, device=self._device))
+        return self.k[index], self.v[index]
+
+    @torch.inference_mode()  # the tensors were made in prefill's inference mode
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
+        """Copy positions ``0..length-1`` of slots ``src`` [n] into slots ``dst`` [n], in every layer."""
+        for k, v in zip(self.k, self.v, strict=True):
+            k[dst, :, :length] = k[src, :, :length]
+            v[dst, :, :length] = v[src, :, :length]
+
+
+def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as the additive float mask every attention implementation takes."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, torch.finfo(dtype).min)
+
+
+class HFPolicy(nn.Module):
+    """A transformers causal LM (``model``) as rlnb's learner and engine use a policy.
+
+    ``max_len`` is the context the session uses (prompt and completion together).
+    ``state_dict()`` and ``load_state_dict()`` are the model's own, with the
+    model's own names: what vLLM and ``save_pretrained`` read.
+    """
+
+    model: Any  # a transformers PreTrainedModel
+
+    def __init__(self, model: nn.Module, *, max_len: int, source: str | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.max_len = max_len
+        self.source = source  # the directory it was loaded from, if any
+        self._hook = _KVHook()
+
+    def train(self, mode: bool = True) -> HFPolicy:
+        """Train mode for gradients, with the model's dropout always off: the learner's
+        log-probs must be those of the policy that sampled (as TRL's ``disable_dropout``)."""
+        super().train(mode)
+        self.model.eval()
+        return self
+
+    # The model's own names, so that checkpoints, vLLM and save_pretrained agree.
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def _run(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+        on_update: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Logits ``[B, T, V]`` of ``ids`` [B, T] at ``positions`` [B, T], each query
+        seeing the keys ``visible`` [B, T, K] marks among those ``on_update`` returns."""
+        self._hook.on_update = on_update
+        try:
+            out = self.model(
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=_additive(visible[:, None], self._dtype),
+                past_key_values=self._hook,
+                use_cache=True,
+            )
+        finally:
+            self._hook.on_update = None
+        return out.logits
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, T, V]`` for token ids ``[B, T]`` (right-padding allowed)."""
+        return self.model(input_ids=ids, use_cache=False).logits
+
+    def forward_shared(
+        self, prompts: torch.Tensor, prompt_lengths: torch.Tensor, completions: torch.Tensor, group_of: torch.Tensor
+    ) -> torch.Tensor:
+        """As :meth:`rlnb.models.TinyPolicy.forward_shared`: ``[N, Tc + 1, V]``, each
+        prompt run once and its keys and values shared by the rows of its group."""
+        n_prompts, tp = prompts.shape
+        n, tc = completions.shape
+        dev = prompts.device
+        prefix: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def keep(k: torch.Tensor, v: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+            prefix[layer] = (k.index_select(0, group_of), v.index_select(0, group_of))
+            return k, v
+
+        arange = torch.arange(max(tp, tc), device=dev)
+        causal_p = (arange[:tp, None] >= arange[None, :tp]).expand(n_prompts, tp, tp)
+        logits_p = self._run(prompts, arange[:tp].expand(n_prompts, tp), causal_p, keep)
+        last = logits_p[torch.arange(n_prompts, device=dev), prompt_lengths - 1].index_select(0, group_of)
+        if tc == 0:
+            return last[:, None]
+
+        def extend(k: torch.Tensor, v: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+            pk, pv = prefix[layer]
+            return torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
+
+        starts = prompt_lengths.index_select(0, group_of)[:, None]
+        positions = (starts + arange[:tc]).clamp_max(self.max_len - 1)
+        in_prompt = (arange[:tp] < starts)[:, None, :].expand(n, tc, tp)
+        causal = (arange[:tc, None] >= arange[None, :tc]).expand(n, tc, tc)
+        logits_c = self._run(completions, positions, torch.cat([in_prompt, causal], dim=2), extend)
+        return torch.cat([last[:, None], logits_c], dim=1)
+
+    # -- the engine's side: a slot cache ------------------------------------------------
+
+    def new_cache(self, slots: int) -> HFSlotCache:
+        """An empty :class:`HFSlotCache` with ``slots`` sequence slots."""
+        if not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"HFPolicy.new_cache needs slots >= 1, got {slots!r}")
+        return HFSlotCache(slots, self.max_len, self._dtype, next(self.model.parameters()).device)
+
+    @torch.inference_mode()
+    def prefill(
+        self, cache: HFSlotCache, slots: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor
+    ) -> torch.Tensor:
+        """As :meth:`rlnb.models.TinyPolicy.prefill`: logits ``[N, V]`` at each input's end."""
+        n, t = ids.shape
+        if not 1 <= t <= self.max_len:
+            raise ValueError(f"HFPolicy.prefill needs 1 <= T <= max_len={self.max_len}, got T={t}")
+
+        def store(k: torch.Tensor, v: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+            ck, cv = cache.layer(layer, k)
+            ck[slots, :, :t] = k
+            cv[slots, :, :t] = v
+            return k, v
+
+        arange = torch.arange(t, device=ids.device)
+        causal = (arange[:, None] >= arange[None, :]).expand(n, t, t)
+        logits = self._run(ids, arange.expand(n, t), causal, store)
+        return logits[torch.arange(n, device=ids.device), lengths - 1]
+
+    @torch.inference_mode()
+    def decode(
+        self, cache: HFSlotCache, slots: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """As :meth:`rlnb.models.TinyPolicy.decode`: one token per slot, logits ``[A, V]``."""
+        context = int(positions.max()) + 1
+        if context > self.max_len:
+            raise ValueError(f"HFPolicy.decode got position {context - 1}, past max_len - 1 = {self.max_len - 1}")
+
+        def step(k: torch.Tensor, v: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+            ck, cv = cache.layer(layer, k)
+            ck[slots, :, positions] = k[:, :, 0]
+            cv[slots, :, positions] = v[:, :, 0]
+            return ck[slots, :, :context], cv[slots, :, :context]
+
+        visible = (torch.arange(context, device=ids.device) <= positions[:, None])[:, None, :]
+        return self._run(ids[:, None], positions[:, None], visible, step)[:, 0]
+
+    def num_parameters(self) -> int:
+        """Number of trainable numbers (tied weights counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        """The model's ``save_pretrained`` (safetensors and config.json)."""
+        self.model.save_pretrained(directory, safe_serialization=True)
+
+
+class HFTokenizer:
+    """A transformers tokenizer as rlnb's parts use one: ``encode(prompt)`` (through
+    the chat template when the tokenizer has one), ``decode(ids)``, and the PAD and
+    EOS ids."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        eos = tokenizer.eos_token_id
+        if eos is None:
+            raise ConfigError(
+                f"the tokenizer of {tokenizer.name_or_path!r} has no eos_token: rlnb needs one to end completions; "
+                "set eos_token in its tokenizer_config.json"
+            )
+        self.EOS: int = eos
+        self.PAD: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+        self.chat = bool(getattr(tokenizer, "chat_template", None))
+        self.vocab_size: int = len(tokenizer)
+
+    def encode(self, text: str, *, bos: bool = False) -> list[int]:
+        """A prompt's ids (``bos``: through the chat template if there is one, else with
+        the tokenizer's special tokens), or a target's (``bos=False``: the text's own)."""
+        if not bos:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if self.chat:
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
+            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return list(self.tokenizer(text, add_special_tokens=bos)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        self.tokenizer.save_pretrained(directory)
+
+
+def _quiet_transformers() -> Any:
+    """transformers, imported with its download hints and progress bars off (rlnb is offline)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ConfigError(
+            "ModelConfig.path needs transformers: install rlnb's 'hf' extra (pip install 'rlnb[hf]')"
+        ) from exc
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    return transformers
+
+
+def check_model_dir(path: str | os.PathLike[str], field: str = "ModelConfig.path") -> dict[str, Any]:
+    """The model's ``config.json`` of the directory ``path``, read without loading
+    anything; :class:`~rlnb.ConfigError` naming ``field`` and the fix otherwise."""
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise ConfigError(
+            f"{field}={str(path)!r} is invalid: no such directory; pass the local directory of a Hugging Face "
+            "model (its config.json, weights and tokenizer), e.g. one rlnb.models.tiny_llama(path) built"
+        )
+    config_file = directory / "config.json"
+    try:
+        raw = json.loads(config_file.read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{field}={str(path)!r} is invalid: it has no config.json, so it is not a Hugging Face model directory"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{field}={str(path)!r} is invalid: cannot read its config.json: {exc}") from exc
+    if not isinstance(raw, dict) or not raw.get("architectures"):
+        raise ConfigError(
+            f"{field}={str(path)!r} is invalid: its config.json names no architectures; save the model with "
+            "save_pretrained()"
+        )
+    if not any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in raw["architectures"]):
+        raise ConfigError(
+            f"{field}={str(path)!r} is invalid: its architecture {raw['architectures']} is not a causal language "
+            "model; rlnb trains models that AutoModelForCausalLM loads"
+        )
+    return raw
+
+
+def load_hf_tokenizer(path: str | os.PathLike[str]) -> HFTokenizer:
+    """The tokenizer in the local model directory ``path`` (nothing is downloaded)."""
+    check_model_dir(path)
+    transformers = _quiet_transformers()
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(
+            f"ModelConfig.path={str(path)!r} is invalid: transformers cannot load its tokenizer: {exc}"
+        ) from exc
+    return HFTokenizer(tokenizer)
+
+
+def load_hf_model(path: str | os.PathLike[str], *, max_len: int, dtype: str = "float32") -> HFPolicy:
+    """The causal LM in the local directory ``path`` as an :class:`HFPolicy` in train
+    mode (nothing is downloaded). :class:`~rlnb.ConfigError` for a directory that is
+    not a causal LM, a ``max_len`` past its positions, or an architecture rlnb cannot drive."""
+    raw = check_model_dir(path)
+    limit = raw.get("max_position_embeddings") or raw.get("n_positions")
+    if isinstance(limit, int) and limit < max_len:
+        raise ConfigError(
+            f"ModelConfig.max_len={max_len} is invalid: the model at {str(path)!r} has only {limit} positions; "
+            f"use max_len <= {limit}"
+        )
+    transformers = _quiet_transformers()
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=_DTYPES[dtype]
+        )  # with torch's scaled_dot_product_attention where the model has it
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"ModelConfig.path={str(path)!r} is invalid: transformers cannot load it: {exc}") from exc
+    policy = HFPolicy(model, max_len=max_len, source=str(path))
+    _check_hooks(policy, str(path))
+    return policy.train()
+
+
+def hf_model_on_meta(path: str | os.PathLike[str]) -> nn.Module:
+    """The model of ``path`` built on the meta device (shapes only, nothing read but config.json)."""
+    check_model_dir(path)
+    transformers = _quiet_transformers()
+    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def _check_hooks(policy: HFPolicy, path: str) -> None:
+    """One shared forward pass against the plain one: a model whose attention does not
+    go through ``past_key_values.update()`` gets a clear error, not wrong gradients."""
+    ids = torch.tensor([[1, 4, 5, 6], [1, 7, 8, 0]]) % max(2, policy.model.config.vocab_size)
+    with torch.no_grad():
+        plain = policy.forward(ids)
+        error: Exception | None = None
+        try:
+            shared = policy.forward_shared(ids[:, :2], torch.tensor([2, 2]), ids[:, 2:], torch.tensor([0, 1]))
+        except Exception as exc:
+            shared, error = None, exc
+    if shared is None or not torch.allclose(shared, plain[:, 1:], atol=1e-3, rtol=1e-3):
+        raise ConfigError(
+            f"ModelConfig.path={path!r}: rlnb cannot drive this architecture "
+            f"({type(policy.model).__name__}): its attention does not take keys and values through "
+            f"past_key_values.update() with explicit position ids ({error!r}); Llama-, Qwen2- and Mistral-style "
+            "models work"
+        ) from error
+
+
+def tiny_llama(
+    path: str | os.PathLike[str],
+    *,
+    alphabet: str = "0123456789+=",
+    hidden_size: int = 128,
+    intermediate_size: int = 256,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    max_positions: int = 64,
+    seed: int = 0,
+) -> Path:
+    """Build a small random Llama and its character tokenizer into ``path``, offline.
+
+    One token per character of ``alphabet``, then ``<bos>``, ``<eos>``, ``<pad>``
+    and ``<unk>``; the tokenizer puts ``<bos>`` before each text. The defaults are
+    the 332K-parameter model of ``benchmarks/trl_baseline.py`` (head size 32: vLLM's
+    CPU attention needs 32 or more). Returns ``path``."""
+    transformers = _quiet_transformers()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    vocab = {c: i for i, c in enumerate([*alphabet, "<bos>", "<eos>", "<pad>", "<unk>"])}
+    if len(vocab) != len(alphabet) + 4:
+        raise ConfigError(f"tiny_llama(alphabet={alphabet!r}) is invalid: list each character once")
+    bos, eos, pad = vocab["<bos>"], vocab["<eos>"], vocab["<pad>"]
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")  # one token per character
+    tk.decoder = decoders.Fuse()
+    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
+    config = transformers.LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_positions,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.LlamaForCausalLM(config)
+    out = Path(path)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
