@@ -27,6 +27,8 @@ class RunResult:
 
     task: str
     mode: str
+    model: str | None  # the Hugging Face model's directory; None: the built-in policy
+    engine: str
     eval_accuracy_init: float
     eval_accuracy_start: float
     eval_accuracy_end: float
@@ -62,7 +64,9 @@ def run(
     ``trackers`` are the session's tracker backends ("wandb" follows ``WANDB_MODE``,
     offline by default); they all write under ``run_dir``."""
     import rlnb
+    from rlnb._assembly import engine_kind, model_shape
     from rlnb.config import TrackConfig
+    from rlnb.data import get_task
     from rlnb.learn import progress_bar
     from rlnb.track import wandb_mode_from_env
 
@@ -78,14 +82,12 @@ def run(
             backends=trackers, run_dir=str(root), wandb_mode=wandb_mode_from_env(), console_every=eval_every
         )
     )  # validated here, before anything starts
+    model_shape(config, get_task(config.task))  # a model directory and max_len too (a Session checks them again)
     root.mkdir(parents=True, exist_ok=True)
     (root / "metrics.jsonl").unlink(missing_ok=True)  # this run's records only
     started = time.perf_counter()
     with rlnb.Session(config, name="run") as sess:
-        echo(
-            f"rlnb: task {config.task!r}, {config.mode} mode, tiny policy "
-            f"(d_model {config.model.d_model}, {config.model.n_layers} layers) on CPU; run dir {root}"
-        )
+        echo(f"rlnb: task {config.task!r}, {config.mode} mode, {_describe_model(config)}; run dir {root}")
         acc_init = sess.evaluate(eval_prompts)
         echo(f"[eval] initial policy: held-out accuracy {acc_init:.3f}")
 
@@ -122,6 +124,8 @@ def run(
     return RunResult(
         task=config.task,
         mode=config.mode,
+        model=config.model.path,
+        engine=engine_kind(config),
         eval_accuracy_init=acc_init,
         eval_accuracy_start=acc_start,
         eval_accuracy_end=acc_end,
@@ -136,6 +140,15 @@ def run(
         run_dir=str(root),
         reached_target=None if target_accuracy is None else acc_end >= target_accuracy,
     )
+
+
+def _describe_model(config: Config) -> str:
+    from rlnb._assembly import engine_kind
+
+    m = config.model
+    if m.path is None:
+        return f"tiny policy (d_model {m.d_model}, {m.n_layers} layers) on CPU"
+    return f"Hugging Face model {m.path!r} ({m.dtype}) on the {engine_kind(config)!r} engine"
 
 
 def _peak_rss_mib() -> float:

@@ -1,4 +1,5 @@
-"""The ``rlnb`` command: ``rlnb demo``, ``rlnb train`` and ``rlnb bench NAME``.
+"""The ``rlnb`` command: ``rlnb demo``, ``rlnb train``, ``rlnb bench NAME`` and
+``rlnb make-tiny-llama DIR``.
 
 Bad input (a flag's value, an unknown flag, a setting the config refuses) is one
 line on stderr that names the flag and the fix, and exit status 2, before anything
@@ -13,14 +14,22 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
+
+from rlnb._checks import ENGINE_KINDS, MODEL_DTYPES
 
 __all__ = ["main"]
 
 BENCHES = ("bridge", "close", "notebook", "rollout", "soak", "train")
 
-# ``rlnb train`` flags that set a config field: flag dest -> (Config part or None, field).
+# Flags that set a config field: flag dest -> (Config part or None, field). Applied in
+# this order, so a model's path is set before the engine that has to serve it.
 CONFIG_FLAGS = {
+    "model": ("model", "path"),
+    "dtype": ("model", "dtype"),
+    "max_len": ("model", "max_len"),
+    "engine": ("engine", "kind"),
     "task": (None, "task"),
     "seed": (None, "seed"),
     "mode": (None, "mode"),
@@ -75,6 +84,7 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--run-dir", default="runs/demo", help="where metrics.jsonl and curves.png go (default: %(default)s)"
     )
+    _add_model_options(demo)
     _add_output_options(demo)
 
     train = sub.add_parser("train", help="train on any task with any settings (the demo's by default)")
@@ -95,6 +105,7 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--eval-every", type=_int_from(1), default=25, help="RL steps between held-out evaluations")
     train.add_argument("--eval-prompts", type=_int_from(1), default=200, help="held-out prompts per evaluation")
     train.add_argument("--target-accuracy", type=_fraction, help="stop once held-out accuracy reaches this")
+    _add_model_options(train)
     _add_output_options(train)
 
     bench = sub.add_parser("bench", help="run a benchmark against a floor measured in the same run")
@@ -102,8 +113,36 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
     bench.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
     bench.add_argument("--tracker", choices=("wandb",), help="close: also time a session with this tracker")
-    parser.set_defaults(commands={"demo": demo, "train": train, "bench": bench})
+
+    tiny = sub.add_parser(
+        "make-tiny-llama", help="build a small random Llama and its tokenizer into a directory, offline, for --model"
+    )
+    tiny.add_argument("dir", metavar="DIR", help="a new or empty directory to write it to")
+    tiny.add_argument("--seed", type=int, default=0, help="seed of its random weights (default: %(default)s)")
+    tiny.add_argument(
+        "--task", default="addition", help="the task whose characters the tokenizer knows (default: %(default)s)"
+    )
+    parser.set_defaults(commands={"demo": demo, "train": train, "bench": bench, "make-tiny-llama": tiny})
     return parser
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        metavar="DIR",
+        help="train the Hugging Face causal LM in this local directory (nothing is downloaded; "
+        "rlnb make-tiny-llama builds one) instead of the built-in tiny policy",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINE_KINDS,
+        help="the generation engine: tiny (the built-in policy's), hf (a --model's, on CPU) or vllm "
+        "(default: the model's own)",
+    )
+    parser.add_argument(
+        "--dtype", choices=MODEL_DTYPES, help="the --model's weights: float32 (for CPUs) or bfloat16 (for GPUs)"
+    )
+    parser.add_argument("--max-len", type=_int_from(1), help="context length in tokens, prompt and completion")
 
 
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -118,14 +157,16 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """The config and run options for ``rlnb train``: the demo's, with the flags applied
-    one by one, so a ConfigError names the flag that caused it."""
+    """The config and run options for ``rlnb train`` or ``rlnb demo``: the demo's, with
+    the command's flags applied one by one, so a ConfigError names the flag that caused it."""
     from rlnb import ConfigError
     from rlnb._run import demo_settings
 
     config, options = demo_settings()
+    if args.dtype is not None and args.model is None:
+        raise ConfigError(f"--dtype {args.dtype} applies to a --model only: the built-in policy is float32")
     for dest, (part, field) in CONFIG_FLAGS.items():
-        value = getattr(args, dest)
+        value = getattr(args, dest, None)  # the demo has the model flags only
         if value is None:
             continue
         changes = {field: value}
@@ -137,7 +178,10 @@ def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
             else:
                 config = config.replace(**{part: dataclasses.replace(getattr(config, part), **changes)})
         except ConfigError as exc:
-            raise ConfigError(f"--{dest.replace('_', '-')} {value}: {exc}") from None
+            shown = repr(value) if dest == "model" else value  # a path may be empty or hold spaces
+            raise ConfigError(f"--{dest.replace('_', '-')} {shown}: {exc}") from None
+    if args.command == "demo":
+        return config, options
     options = {
         **options,
         "steps": args.steps,
@@ -171,10 +215,10 @@ def _trackers(args: argparse.Namespace) -> tuple[str, ...]:
 
 def _train(args: argparse.Namespace) -> int:
     import rlnb
-    from rlnb._run import demo_settings, run
+    from rlnb._run import run
 
     try:
-        config, options = _train_config(args) if args.command == "train" else demo_settings()
+        config, options = _train_config(args)
         trackers = _trackers(args)
         result = run(config, run_dir=args.run_dir, progress=not args.no_progress, trackers=trackers, **options)
     except rlnb.ConfigError as exc:
@@ -197,6 +241,31 @@ def _bench(name: str, as_json: bool, strict: bool, tracker: str | None = None) -
     return 1 if strict and not result.ok else 0
 
 
+def _make_tiny_llama(args: argparse.Namespace) -> int:
+    """``rlnb make-tiny-llama``: refuses a directory with files in it (it would overwrite a model)."""
+    import rlnb
+    from rlnb.data import get_task
+    from rlnb.models import tiny_llama
+
+    directory = Path(args.dir).expanduser()
+    try:
+        alphabet = get_task(args.task).alphabet
+    except rlnb.ConfigError as exc:
+        return _refuse(args.command, f"--task {args.task}: {exc}")
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        return _refuse(args.command, f"{str(directory)!r} is not an empty directory: pass a new or empty one")
+    try:
+        print(tiny_llama(directory, alphabet=alphabet, seed=args.seed))
+    except (rlnb.ConfigError, OSError) as exc:
+        return _refuse(args.command, f"cannot write {str(directory)!r}: {exc}")
+    return 0
+
+
+def _refuse(command: str, message: str) -> int:
+    print(f"rlnb {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = _build_parser().parse_known_args(argv)
     if unknown:  # reported by the command's own parser, which lists its flags in --help
@@ -205,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _train(args)
     if args.command == "bench":
         return _bench(args.name, args.json, args.strict, args.tracker)
+    if args.command == "make-tiny-llama":
+        return _make_tiny_llama(args)
     raise AssertionError(args.command)  # argparse enforces the choices
 
 

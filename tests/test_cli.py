@@ -152,3 +152,69 @@ def test_bench_close_times_a_session_with_an_offline_wandb_run() -> None:
     assert 0 < result.figures["wandb_session_close_median_ms"] <= result.figures["wandb_session_close_max_ms"]
     assert "wandb_session_close_max" in {t.name for t in result.targets}
     assert run_cli("bench", "train", "--tracker", "wandb").returncode == 2  # close only
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rlnb.models import tiny_llama
+
+    return tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "model", seed=1)
+
+
+def test_train_a_hugging_face_model_from_its_directory(tmp_path: Path, tiny_llama_dir: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        "train", "--model", str(tiny_llama_dir), "--steps", "2", "--run-dir", str(run_dir), "--warmup-steps", "2",
+        "--eval-prompts", "20", "--num-workers", "1", "--no-progress", "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"Hugging Face model {str(tiny_llama_dir)!r} (float32) on the 'hf' engine" in proc.stdout
+    assert "[warm-up] supervised, 2 steps" in proc.stdout and "[rl] 2 steps in" in proc.stdout
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["model"] == str(tiny_llama_dir) and result["engine"] == "hf"
+    assert result["steps"] == 2 and result["warmup_steps"] == 2 and result["generated_tokens_per_s"] > 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "reward_mean" in r] == [1, 2]
+    assert records[-1] == {**records[-1], "event": "finish", "exit_code": 0}
+
+
+def test_model_flags_the_config_refuses_fail_before_starting(tmp_path: Path, tiny_llama_dir: Path) -> None:
+    run_dir = str(tmp_path / "run")
+    refused = {
+        ("--model", str(tiny_llama_dir), "--engine", "tiny"): (
+            f"--engine tiny: EngineConfig.kind='tiny' is invalid: the 'tiny' engine serves the built-in policy, "
+            f"and ModelConfig.path={str(tiny_llama_dir)!r} is a Hugging Face model"
+        ),
+        ("--engine", "hf"): "--engine hf: EngineConfig.kind='hf' is invalid",
+        ("--model", "/nonexistent"): "ModelConfig.path='/nonexistent' is invalid: no such directory",
+        ("--dtype", "bfloat16"): "--dtype bfloat16 applies to a --model only",
+        ("--dtype", "float16"): "argument --dtype: invalid choice: 'float16' (choose from 'float32', 'bfloat16')",
+        ("--engine", "sglang"): "argument --engine: invalid choice: 'sglang' (choose from 'tiny', 'hf', 'vllm')",
+    }
+    for flags, message in refused.items():
+        proc = run_cli("train", "--steps", "2", "--run-dir", run_dir, *flags)
+        assert (proc.returncode, proc.stdout) == (2, ""), flags
+        assert proc.stderr.startswith(f"rlnb train: error: {message}") and proc.stderr.count("\n") == 1, proc.stderr
+    proc = run_cli("demo", "--run-dir", run_dir, "--model", str(tiny_llama_dir), "--engine", "tiny")
+    assert proc.returncode == 2 and proc.stderr.startswith("rlnb demo: error: --engine tiny: EngineConfig.kind=")
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_make_tiny_llama_writes_a_model_that_train_accepts(tmp_path: Path, tiny_llama_dir: Path) -> None:
+    model = tmp_path / "tl"
+    proc = run_cli("make-tiny-llama", str(model), "--seed", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"{model}\n"
+    # the seed reaches tiny_llama(): the same weights as the fixture's, built with seed=1
+    assert (model / "model.safetensors").read_bytes() == (tiny_llama_dir / "model.safetensors").read_bytes()
+    proc = run_cli(
+        "train", "--model", str(model), "--dtype", "bfloat16", "--steps", "1", "--warmup-steps", "0",
+        "--eval-prompts", "10", "--num-workers", "1", "--run-dir", str(tmp_path / "run"), "--no-progress", "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"Hugging Face model {str(model)!r} (bfloat16) on the 'hf' engine" in proc.stdout
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (result["model"], result["engine"], result["steps"]) == (str(model), "hf", 1)
+    again = run_cli("make-tiny-llama", str(model))  # it would overwrite the model
+    assert again.returncode == 2
+    assert again.stderr.startswith(f"rlnb make-tiny-llama: error: {str(model)!r} is not an empty directory")
