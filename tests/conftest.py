@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 
 import psutil
@@ -12,6 +13,14 @@ from rlnb.testing import no_leaks
 
 # scripts/test.sh runs the suite in a network namespace where only loopback exists.
 LOOPBACK_ONLY = set(psutil.net_if_addrs()) <= {"lo"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Many tests press Ctrl-C as the notebook's stop button does. A shell starts a
+    # background job (`cmd &`) with SIGINT ignored, and Python then never installs
+    # its handler: give the suite the handler every interactive Python has.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
