@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2
 def import_vllm() -> Any:
     """Import vllm (its import trips torch's deprecation of ``torch.jit.script_method``)."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "torch.jit.script_method", DeprecationWarning)
+        warnings.filterwarnings("ignore", ".*torch.jit.script_method", DeprecationWarning)
         import vllm
         import vllm.v1.engine.async_llm
     return vllm
@@ -118,6 +119,19 @@ def _check_model(
             f"kv_cache_bytes={kv_cache_bytes} cannot hold one sequence of max_len={max_len} for {file} "
             f"({per_token} bytes a token): give at least kv_cache_bytes={per_token * max_len}"
         )
+
+
+def _checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape in the directory's safetensors files, read from their headers."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with file.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                shapes[name] = tuple(entry["shape"])
+    return shapes
 
 
 # -- starting vLLM --------------------------------------------------------------------
@@ -310,6 +324,17 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
+def _destroy(ctx: Any) -> None:
+    """Close a zmq context's sockets and terminate it. vLLM's asyncio context shadows
+    a plain one, which shares the terminated libzmq context but would still warn,
+    when collected, that it was never closed: it is marked closed too."""
+    ctx.destroy(linger=0)
+    underlying = getattr(ctx, "_shadow_obj", None)
+    if underlying is not None and not isinstance(underlying, int):
+        with contextlib.suppress(AttributeError):
+            underlying.closed = True
+
+
 def _to_safetensors(state: Mapping[str, Any]) -> bytes:
     from safetensors.torch import save
 
@@ -351,6 +376,8 @@ class VLLMEngine:
         self._procs = procs
         self._threads = threads
         self._stats = stats
+        self._shapes: dict[str, tuple[int, ...]] = {}  # the checkpoint's, to vet a sync against
+        self._mp_procs: list[Any] = []  # vLLM's multiprocessing.Process objects for EngineCore
         self._eos = eos_id
         self._max_len = max_len
         self.name = name
@@ -362,6 +389,7 @@ class VLLMEngine:
         self._background: set[asyncio.Task[Any]] = set()
         self._counts = {"finished": 0, "aborted": 0}
         self._closed = False
+        self._loop: Callable[[], asyncio.AbstractEventLoop | None] = weakref.ref(asyncio.get_running_loop())
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -476,7 +504,10 @@ class VLLMEngine:
                 llm.shutdown()
             guard.close(kill=True)
             raise
-        return cls(llm, guard, procs, threads, stats, eos_id=eos_id, max_len=max_len, name=name)
+        engine = cls(llm, guard, procs, threads, stats, eos_id=eos_id, max_len=max_len, name=name)
+        engine._shapes = _checkpoint_shapes(path)
+        engine._mp_procs = list(getattr(manager, "processes", []))
+        return engine
 
     # -- the Engine protocol ----------------------------------------------------------
 
@@ -528,7 +559,11 @@ class VLLMEngine:
         self._paused = None
 
     async def update_weights(self, state: Mapping[str, Any], version: int) -> None:
+        """Load ``state`` (Hugging Face names, as in the model directory); later tokens
+        carry ``version``. Raises ValueError, loading nothing, for a name the
+        checkpoint lacks or a shape that differs: vLLM's worker dies on those."""
         self._check_open()
+        self._vet(state)
         data = _to_safetensors(state)
         async with self._sync:
             # Freeze the engine unless a pause already has, so no step runs between
@@ -584,15 +619,31 @@ class VLLMEngine:
         for task in background:
             _cancel(task.get_loop(), task)
         deadline = time.monotonic() + (10.0 if timeout is None else timeout)
+        ctx = getattr(getattr(self._llm, "engine_core", None), "ctx", None)
         try:
             self._llm.shutdown(timeout=0)
         except Exception:  # what follows kills whatever it left
             pass
-        _, alive = psutil.wait_procs(self._procs, timeout=max(0.0, deadline - time.monotonic()))
-        for proc in alive:
-            with contextlib.suppress(psutil.Error):
+        if ctx is not None:
+            self._destroy_context(ctx, max(0.1, deadline - time.monotonic()))
+        # EngineCore is our child: multiprocessing must reap it (else it keeps its
+        # pipes); the Worker is its child, watched through psutil.
+        for proc in self._mp_procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        ours = {proc.pid for proc in self._mp_procs}
+        others = [p for p in self._procs if p.pid not in ours]
+        _, alive = psutil.wait_procs(others, timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self._mp_procs:
+            if proc.is_alive():
                 proc.kill()
+                proc.join(5.0)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
         psutil.wait_procs(alive, timeout=5.0)
+        for proc in self._mp_procs:
+            with contextlib.suppress(ValueError):  # still running: the guard kills it
+                proc.close()
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         self._guard.close(kill=False)
@@ -600,7 +651,47 @@ class VLLMEngine:
         # exit, when the modules it calls into are already torn down.
         self._llm = _Closed()
 
-    # -- helpers ------------------------------------------------------------------------
+    # -- helpers ---
+
+    def _destroy_context(self, ctx: Any, timeout: float) -> None:
+        """Terminate the client's zmq context (its sockets and I/O threads), which
+        ``AsyncLLM.shutdown`` leaves to the garbage collector. Its sockets belong to
+        the loop, so it is done there, after the socket closes shutdown queued."""
+        loop = self._loop()
+        if loop is None or loop.is_closed():
+            _destroy(ctx)
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            _destroy(ctx)
+            return
+        done = threading.Event()
+
+        def destroy() -> None:
+            try:
+                _destroy(ctx)
+            finally:
+                done.set()
+
+        try:
+            loop.call_soon_threadsafe(destroy)
+        except RuntimeError:  # closed meanwhile
+            _destroy(ctx)
+            return
+        done.wait(timeout)
+
+    def _vet(self, state: Mapping[str, Any]) -> None:
+        if not self._shapes:
+            return  # no safetensors files to compare with
+        for name, value in state.items():
+            want = self._shapes.get(name)
+            if want is None:
+                raise ValueError(f"update_weights: {name!r} is not a tensor of the served checkpoint")
+            if tuple(value.shape) != want:
+                raise ValueError(f"update_weights: {name!r} has shape {tuple(value.shape)}, the checkpoint's is {want}")
 
     def _params(self, request: GenerateRequest, used: int) -> Any:
         from vllm import SamplingParams
