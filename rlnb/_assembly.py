@@ -162,13 +162,26 @@ def make_learner(config: Config, model: ModelConfig, tokenizer: Tokenizer) -> Le
     )
 
 
-def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name: str) -> Engine:
+def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name: str, bridge: AsyncBridge) -> Engine:
+    """The engine ``config`` asks for. vLLM starts on the session's bridge loop, which
+    drives it from then on (its processes are checked and refused before any starts)."""
     from rlnb.rollout import TinyEngine
 
-    e, kind = config.engine, engine_kind(config)
-    if kind == "vllm":
-        raise ConfigError("EngineConfig.kind='vllm' is not available in this build of rlnb; use 'hf'")
+    e, m = config.engine, config.model
+    if engine_kind(config) == "vllm":
+        from rlnb.rollout import VLLMEngine
+
+        assert m.path is not None  # Config refuses kind="vllm" without a path
+        start = VLLMEngine.start(
+            m.path, eos_id=tokenizer.EOS, max_len=m.max_len, max_batch=e.max_batch, seed=config.seed,
+            dtype=m.dtype, name=name,
+        )  # fmt: skip
+        engine: Engine = bridge.run(start, timeout=_VLLM_START_TIMEOUT)
+        return engine
     return TinyEngine(learner.policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name)
+
+
+_VLLM_START_TIMEOUT = 600.0  # seconds: about 15 on an idle CPU, a minute on a busy one
 
 
 def make_rollouter(

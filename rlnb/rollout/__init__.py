@@ -4,6 +4,7 @@ import typing as _typing
 
 from rlnb._samples import PromptItem
 from rlnb.rollout._accounting import RolloutStatistics
+from rlnb.rollout._check import compare_logprobs
 from rlnb.rollout._engine import (
     Engine,
     EngineStatistics,
@@ -18,19 +19,25 @@ from rlnb.rollout._state import RolloutState
 
 if _typing.TYPE_CHECKING:
     from rlnb.rollout._tiny import TinyEngine
+    from rlnb.rollout._vllm import VLLMEngine
 else:
 
     def __getattr__(name: str) -> object:
-        # TinyEngine needs torch: imported when first asked for, so `import rlnb` stays light.
+        # TinyEngine needs torch, VLLMEngine vLLM: imported when first asked for, so
+        # `import rlnb` stays light.
         if name == "TinyEngine":
             from rlnb.rollout._tiny import TinyEngine
 
             return TinyEngine
+        if name == "VLLMEngine":
+            from rlnb.rollout._vllm import VLLMEngine
+
+            return VLLMEngine
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "TinyEngine"})
+    return sorted({*globals(), "TinyEngine", "VLLMEngine"})
 
 
 __all__ = [
@@ -46,4 +53,6 @@ __all__ = [
     "Rollouter",
     "SamplingParams",
     "TinyEngine",
+    "VLLMEngine",
+    "compare_logprobs",
 ]

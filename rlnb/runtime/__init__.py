@@ -7,7 +7,15 @@ This layer never imports torch, wandb, ray or ipywidgets.
 from rlnb.runtime._bridge import AsyncBridge, warm_up_loop_backend
 from rlnb.runtime._interrupts import Deferred, defer_interrupts
 from rlnb.runtime._ipython import notebook_cell
-from rlnb.runtime._probe import ChildInfo, Snapshot, open_runs, register_run, snapshot, unregister_run
+from rlnb.runtime._probe import (
+    ChildInfo,
+    Snapshot,
+    note_process_long,
+    open_runs,
+    register_run,
+    snapshot,
+    unregister_run,
+)
 from rlnb.runtime._registry import (
     close_all,
     install_hooks,
@@ -30,6 +38,7 @@ __all__ = [
     "install_hooks",
     "lookup_session",
     "make_view",
+    "note_process_long",
     "notebook_cell",
     "open_runs",
     "register_run",

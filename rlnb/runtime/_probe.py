@@ -16,7 +16,15 @@ import psutil
 from rlnb import _reprs
 from rlnb.runtime import _bridge
 
-__all__ = ["ChildInfo", "Snapshot", "open_runs", "register_run", "snapshot", "unregister_run"]
+__all__ = [
+    "ChildInfo",
+    "Snapshot",
+    "note_process_long",
+    "open_runs",
+    "register_run",
+    "snapshot",
+    "unregister_run",
+]
 
 _RUNS_LOCK = threading.Lock()
 _RUNS: dict[int, str] = {}
@@ -164,6 +172,18 @@ def _live_children() -> frozenset[ChildInfo]:
     return frozenset(children)
 
 
+_NOTED_FDS: set[int] = set()
+_NOTED_THREADS: set[int] = set()
+
+
+def note_process_long(*, fds: Iterable[int] = (), threads: Iterable[int] = ()) -> None:
+    """Mark FDs and threads (by ident) that a library keeps for the life of the
+    process, such as pyzmq's garbage-collector thread and its context, as nobody's
+    leak: :func:`snapshot` leaves them out from now on."""
+    _NOTED_FDS.update(fds)
+    _NOTED_THREADS.update(threads)
+
+
 def _process_long_helpers() -> tuple[frozenset[int], frozenset[int]]:
     """The pids and FDs of multiprocessing's forkserver and resource tracker: started
     once (by the prompt loader's workers) and kept for the life of the process, like
@@ -184,9 +204,10 @@ def _process_long_helpers() -> tuple[frozenset[int], frozenset[int]]:
 def snapshot() -> Snapshot:
     """Take a :class:`Snapshot` of this process now. Does not block."""
     helper_pids, helper_fds = _process_long_helpers()
+    helper_fds |= _NOTED_FDS
     return Snapshot(
         fds={fd: target for fd, target in _open_fds().items() if fd not in helper_fds},
-        threads={t.ident or 0: t.name for t in threading.enumerate() if t.is_alive()},
+        threads={t.ident or 0: t.name for t in threading.enumerate() if t.is_alive() and t.ident not in _NOTED_THREADS},
         children=frozenset(c for c in _live_children() if c.pid not in helper_pids),
         loops=_bridge.live_loops(),
         runs=open_runs(),

@@ -37,8 +37,8 @@ if importlib.util.find_spec("vllm") is None:
 import torch
 
 import rlnb
-from rlnb.rollout import GenerateRequest, GenerateResult, SamplingParams
-from rlnb.rollout._vllm import VLLMEngine, compare_logprobs
+import rlnb.models
+from rlnb.rollout import GenerateRequest, GenerateResult, SamplingParams, VLLMEngine, compare_logprobs
 from rlnb.runtime import AsyncBridge
 from tests.helpers import wait_until
 
@@ -54,32 +54,7 @@ START = 240.0  # seconds vLLM may take to start on a loaded 2-core machine
 
 def tiny_llama(path: Path, seed: int) -> Path:
     """A random Llama vLLM's CPU build serves (head_dim 32) and its character tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    tk = Tokenizer(models.WordLevel(vocab=VOCAB, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tk.decoder = decoders.Fuse()
-    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
-    )
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(VOCAB),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=MAX_LEN,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return rlnb.models.tiny_llama(path, seed=seed, max_positions=MAX_LEN)
 
 
 def hf_model(path: Path) -> Any:
