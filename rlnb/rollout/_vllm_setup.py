@@ -30,7 +30,13 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2
 
 
 def import_vllm() -> Any:
-    """Import vllm (its import trips torch's deprecation of ``torch.jit.script_method``)."""
+    """Import vllm (its import trips torch's deprecation of ``torch.jit.script_method``).
+
+    vLLM logs every start, pause and weight load at INFO to stdout, from each of
+    its processes: unless the user set them, its warnings and errors go to stderr
+    and the rest is dropped, so a CLI's stdout (``--json``) stays rlnb's."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*torch.jit.script_method", DeprecationWarning)
         import vllm
