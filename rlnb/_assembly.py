@@ -77,7 +77,7 @@ def model_shape(config: Config, task: Task) -> tuple[Tokenizer, ModelConfig]:
     if config.model.path is not None:
         from rlnb.models import load_hf_tokenizer
 
-        tokenizer = load_hf_tokenizer(config.model.path)
+        tokenizer = load_hf_tokenizer(config.model.path, max_len=config.model.max_len)
     else:
         tokenizer = CharTokenizer(task.alphabet)
     # The longest of a sample of prompts, as the model sees it, and the completion.

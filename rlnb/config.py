@@ -167,6 +167,12 @@ class ModelConfig:
             "use None (the built-in policy) or the local directory of a Hugging Face causal LM",
         )
         require(self.dtype in MODEL_DTYPES, "ModelConfig.dtype", self.dtype, f"use one of {MODEL_DTYPES}")
+        require(
+            self.path is not None or self.dtype == "float32",
+            "ModelConfig.dtype",
+            self.dtype,
+            "the built-in policy trains in float32; dtype applies to a Hugging Face model (ModelConfig.path)",
+        )
         check_int("ModelConfig.vocab_size", self.vocab_size, minimum=1, optional=True, example="vocab_size=16")
         for field, example in (("d_model", 128), ("n_layers", 2), ("n_heads", 4), ("max_len", 32), ("mlp_ratio", 4)):
             check_int(f"ModelConfig.{field}", getattr(self, field), minimum=1, example=f"{field}={example}")

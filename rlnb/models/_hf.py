@@ -297,14 +297,18 @@ def _quiet_transformers() -> Any:
     return transformers
 
 
-def check_model_dir(path: str | os.PathLike[str], field: str = "ModelConfig.path") -> dict[str, Any]:
+def check_model_dir(
+    path: str | os.PathLike[str], field: str = "ModelConfig.path", *, max_len: int | None = None
+) -> dict[str, Any]:
     """The model's ``config.json`` of the directory ``path``, read without loading
-    anything; :class:`~rlnb.ConfigError` naming ``field`` and the fix otherwise."""
+    anything; :class:`~rlnb.ConfigError` naming ``field`` and the fix otherwise, or
+    naming ``ModelConfig.max_len`` when it is past the model's positions."""
     directory = Path(path).expanduser()
     if not directory.is_dir():
         raise ConfigError(
             f"{field}={str(path)!r} is invalid: no such directory; pass the local directory of a Hugging Face "
-            "model (its config.json, weights and tokenizer), e.g. one rlnb.models.tiny_llama(path) built"
+            "model (its config.json, weights and tokenizer), e.g. one `rlnb make-tiny-llama DIR` or "
+            "rlnb.models.tiny_llama(path) built"
         )
     config_file = directory / "config.json"
     try:
@@ -325,12 +329,19 @@ def check_model_dir(path: str | os.PathLike[str], field: str = "ModelConfig.path
             f"{field}={str(path)!r} is invalid: its architecture {raw['architectures']} is not a causal language "
             "model; rlnb trains models that AutoModelForCausalLM loads"
         )
+    limit = raw.get("max_position_embeddings") or raw.get("n_positions")
+    if max_len is not None and isinstance(limit, int) and limit < max_len:
+        raise ConfigError(
+            f"ModelConfig.max_len={max_len} is invalid: the model at {str(path)!r} has only {limit} positions; "
+            f"use max_len <= {limit}"
+        )
     return raw
 
 
-def load_hf_tokenizer(path: str | os.PathLike[str]) -> HFTokenizer:
-    """The tokenizer in the local model directory ``path`` (nothing is downloaded)."""
-    check_model_dir(path)
+def load_hf_tokenizer(path: str | os.PathLike[str], *, max_len: int | None = None) -> HFTokenizer:
+    """The tokenizer in the local model directory ``path`` (nothing is downloaded);
+    with ``max_len``, the model's positions are checked first."""
+    check_model_dir(path, max_len=max_len)
     transformers = _quiet_transformers()
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -345,13 +356,7 @@ def load_hf_model(path: str | os.PathLike[str], *, max_len: int, dtype: str = "f
     """The causal LM in the local directory ``path`` as an :class:`HFPolicy` in train
     mode (nothing is downloaded). :class:`~rlnb.ConfigError` for a directory that is
     not a causal LM, a ``max_len`` past its positions, or an architecture rlnb cannot drive."""
-    raw = check_model_dir(path)
-    limit = raw.get("max_position_embeddings") or raw.get("n_positions")
-    if isinstance(limit, int) and limit < max_len:
-        raise ConfigError(
-            f"ModelConfig.max_len={max_len} is invalid: the model at {str(path)!r} has only {limit} positions; "
-            f"use max_len <= {limit}"
-        )
+    check_model_dir(path, max_len=max_len)
     transformers = _quiet_transformers()
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(

@@ -125,9 +125,13 @@ def test_a_directory_that_is_not_a_causal_lm_is_a_config_error(tmp_path: Path, m
         load_hf_model(make(tmp_path), max_len=32)
 
 
-def test_max_len_past_the_models_positions_is_a_config_error(llama_dir: Path) -> None:
+def test_max_len_past_the_models_positions_is_a_config_error_before_anything_is_built(llama_dir: Path) -> None:
     with pytest.raises(ConfigError, match=r"ModelConfig\.max_len=100 is invalid: .* has only 64 positions"):
         load_hf_model(llama_dir, max_len=100)
+    config = rlnb.Config(model=rlnb.ModelConfig(path=str(llama_dir), max_len=100))
+    with pytest.raises(ConfigError, match=r"ModelConfig\.max_len=100 is invalid: .* has only 64 positions"):
+        rlnb.Session(config, name="hf-too-long")
+    assert rlnb.sessions() == []
 
 
 @pytest.mark.parametrize(
@@ -141,6 +145,7 @@ def test_max_len_past_the_models_positions_is_a_config_error(llama_dir: Path) ->
         ({}, {"kind": "hf"}, r"EngineConfig\.kind='hf' is invalid: .*set ModelConfig\(path=\.\.\.\)"),
         ({"path": ""}, {}, r"ModelConfig\.path='' is invalid"),
         ({"path": "/m", "dtype": "float16"}, {}, r"ModelConfig\.dtype='float16' is invalid: use one of"),
+        ({"dtype": "bfloat16"}, {}, r"ModelConfig\.dtype='bfloat16' is invalid: the built-in policy trains in float32"),
     ],
 )
 def test_config_errors_name_the_field(model: dict[str, Any], engine: dict[str, Any], message: str) -> None:
