@@ -265,7 +265,7 @@ class VLLMEngine:
         checkpoint lacks or a shape that differs: vLLM's worker dies on those."""
         self._check_open()
         self._vet(state)
-        data = _to_safetensors(state)
+        data = await asyncio.to_thread(_to_safetensors, state)  # off the loop: megabytes for a real model
         keep_zmq_gc()  # the send below starts it otherwise, for good
         async with self._sync:
             # Freeze the engine unless a pause already has, so no step runs between
