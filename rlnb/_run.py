@@ -5,7 +5,8 @@ the supervised warm-up (when configured), then RL with a held-out evaluation eve
 ``eval_every`` steps until ``steps`` or ``target_accuracy``. The session's tracker
 writes every step's metrics to ``run_dir/metrics.jsonl`` as they happen and the
 reward/accuracy curves to ``run_dir/curves.png`` (and wandb's files under
-``run_dir/wandb`` with the "wandb" backend).
+``run_dir/wandb`` with the "wandb" backend). Stage lines go through ``echo``;
+progress bars go to stderr (see :func:`rlnb.learn.progress_bar`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,17 @@ class RunResult:
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    def summary(self) -> str:
+        """One line for ``--quiet``: steps, time, held-out accuracy and the run dir."""
+        warmup = f" after {self.warmup_steps} warm-up steps" if self.warmup_steps else ""
+        accuracy = f"{self.eval_accuracy_start:.3f} -> {self.eval_accuracy_end:.3f}"
+        if self.warmup_steps:
+            accuracy = f"{self.eval_accuracy_init:.3f} -> {accuracy}"
+        return (
+            f"{self.steps} RL steps{warmup} in {self.seconds:.1f} s; held-out accuracy {accuracy}; "
+            f"run dir {self.run_dir}"
+        )
 
 
 def run(

@@ -4,11 +4,17 @@
 Bad input (a flag's value, an unknown flag, a setting the config refuses) is one
 line on stderr that names the flag and the fix, and exit status 2, before anything
 starts.
+
+Where output goes: results, stage lines and the console tracker's lines on stdout;
+progress on stderr (a bar in a terminal, a plain line every few seconds in a file or
+log). ``--json`` keeps stdout to the one JSON line (the rest goes to stderr);
+``--quiet`` prints nothing but errors and that last line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -152,8 +158,18 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
         help="tracker backends, comma-separated, from console, jsonl, wandb, plot (default: %(default)s); "
         "wandb follows WANDB_MODE (offline by default) and writes under the run dir",
     )
-    parser.add_argument("--json", action="store_true", help="end with one JSON line of results")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON line of results, and nothing else, on stdout (the rest goes to stderr)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print nothing but errors and, at the end, one line of results (JSON with --json); "
+        "no progress and no console tracker",
+    )
 
 
 def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -220,13 +236,31 @@ def _train(args: argparse.Namespace) -> int:
     try:
         config, options = _train_config(args)
         trackers = _trackers(args)
-        result = run(config, run_dir=args.run_dir, progress=not args.no_progress, trackers=trackers, **options)
+        if args.quiet:
+            trackers = tuple(t for t in trackers if t != "console")
+        # with --json, stdout holds the results line only: the rest (stage lines, the
+        # console tracker's) goes to stderr
+        with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+            result = run(
+                config,
+                run_dir=args.run_dir,
+                progress=not (args.no_progress or args.quiet),
+                trackers=trackers,
+                echo=_silent if args.quiet else print,
+                **options,
+            )
     except rlnb.ConfigError as exc:
         print(f"rlnb {args.command}: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(result.to_json())
+    elif args.quiet:
+        print(f"rlnb {args.command}: {result.summary()}")
     return 0
+
+
+def _silent(*args: object, **kwargs: object) -> None:
+    """``--quiet``'s stage lines: none."""
 
 
 def _bench(name: str, as_json: bool, strict: bool, tracker: str | None = None) -> int:
@@ -236,7 +270,8 @@ def _bench(name: str, as_json: bool, strict: bool, tracker: str | None = None) -
         print(f"rlnb bench {name}: error: --tracker applies to 'close' only", file=sys.stderr)
         return 2
     module = importlib.import_module(f"rlnb.bench._{name}")
-    result = module.run(tracker=tracker) if tracker else module.run()
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():  # stdout: the JSON only
+        result = module.run(tracker=tracker) if tracker else module.run()
     print(result.to_json() if as_json else result.report())
     return 1 if strict and not result.ok else 0
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,13 +25,13 @@ def test_train_writes_its_run_dir_and_ends_with_one_json_line(tmp_path: Path) ->
         "--lr", "2e-4", "--lr-decay-steps", "2",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = json.loads(proc.stdout)  # stdout is that one line
     assert result["task"] == "sort" and result["steps"] == 3 and result["warmup_steps"] == 2
     for key in ("eval_accuracy_init", "eval_accuracy_start", "eval_accuracy_end"):
         assert 0.0 <= result[key] <= 1.0
     assert result["seconds"] >= result["warmup_seconds"] + result["rl_seconds"]
     assert result["generated_tokens_per_s"] > 0 and result["peak_rss_mib"] > 0
-    assert "[warm-up] supervised, 2 steps" in proc.stdout  # the warm-up is a stage of its own
+    assert "[warm-up] supervised, 2 steps" in proc.stderr  # the warm-up is a stage of its own (stderr: --json)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert records[0]["event"] == "start" and records[-1] == {**records[-1], "event": "finish", "exit_code": 0}
     assert [r["warmup/steps"] for r in records if "warmup/steps" in r] == [2]
@@ -168,9 +169,9 @@ def test_train_a_hugging_face_model_from_its_directory(tmp_path: Path, tiny_llam
         "--eval-prompts", "20", "--num-workers", "1", "--no-progress", "--json",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert f"Hugging Face model {str(tiny_llama_dir)!r} (float32) on the 'hf' engine" in proc.stdout
-    assert "[warm-up] supervised, 2 steps" in proc.stdout and "[rl] 2 steps in" in proc.stdout
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert f"Hugging Face model {str(tiny_llama_dir)!r} (float32) on the 'hf' engine" in proc.stderr
+    assert "[warm-up] supervised, 2 steps" in proc.stderr and "[rl] 2 steps in" in proc.stderr
+    result = json.loads(proc.stdout)
     assert result["model"] == str(tiny_llama_dir) and result["engine"] == "hf"
     assert result["steps"] == 2 and result["warmup_steps"] == 2 and result["generated_tokens_per_s"] > 0
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -212,9 +213,48 @@ def test_make_tiny_llama_writes_a_model_that_train_accepts(tmp_path: Path, tiny_
         "--eval-prompts", "10", "--num-workers", "1", "--run-dir", str(tmp_path / "run"), "--no-progress", "--json",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert f"Hugging Face model {str(model)!r} (bfloat16) on the 'hf' engine" in proc.stdout
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert f"Hugging Face model {str(model)!r} (bfloat16) on the 'hf' engine" in proc.stderr
+    result = json.loads(proc.stdout)
     assert (result["model"], result["engine"], result["steps"]) == (str(model), "hf", 1)
     again = run_cli("make-tiny-llama", str(model))  # it would overwrite the model
     assert again.returncode == 2
     assert again.stderr.startswith(f"rlnb make-tiny-llama: error: {str(model)!r} is not an empty directory")
+
+
+SHORT_RUN = ("train", "--task", "sort", "--steps", "3", "--warmup-steps", "2", "--eval-every", "2",
+             "--eval-prompts", "20", "--num-workers", "1")  # fmt: skip
+
+
+def test_json_keeps_stdout_to_one_line_and_a_log_gets_plain_progress_lines(tmp_path: Path) -> None:
+    log = tmp_path / "stderr.log"
+    with log.open("w") as stderr:  # a file, as in a CI log: no terminal
+        proc = subprocess.run(
+            [sys.executable, "-m", "rlnb", *SHORT_RUN, "--run-dir", str(tmp_path / "run"), "--json"],
+            stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=300,
+        )  # fmt: skip
+    shown = log.read_text()
+    assert proc.returncode == 0, shown
+    assert len(proc.stdout.splitlines()) == 1 and json.loads(proc.stdout)["steps"] == 3
+    assert "\r" not in shown
+    progress = [line for line in shown.splitlines() if re.match(r"rlnb (run warm-up|rl): ", line)]
+    assert [line.split(" in ")[0] for line in progress] == [
+        "rlnb run warm-up: 2/2 steps (100%)",
+        "rlnb rl: 3/3 steps (100%)",
+    ]  # a short run: the last line of each bar only
+    assert re.search(r", [\d.]+ steps/s, reward [\d.]+, eval_acc [\d.]+$", progress[1]), progress[1]
+    # the stage lines and the console tracker's, all on stderr
+    assert "[rl] 3 steps in" in shown and "step 3 | eval_accuracy" in shown and len(shown.splitlines()) < 20
+
+
+def test_quiet_prints_only_the_results_line(tmp_path: Path) -> None:
+    proc = run_cli(*SHORT_RUN, "--run-dir", str(tmp_path / "run"), "--json", "--quiet")
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    assert len(proc.stdout.splitlines()) == 1 and json.loads(proc.stdout)["steps"] == 3
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()  # it still writes its run dir
+    proc = run_cli(*SHORT_RUN, "--run-dir", str(tmp_path / "run"), "--quiet")
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    assert re.fullmatch(
+        rf"rlnb train: 3 RL steps after 2 warm-up steps in [\d.]+ s; held-out accuracy "
+        rf"[\d.]+ -> [\d.]+ -> [\d.]+; run dir {re.escape(str(tmp_path / 'run'))}\n",
+        proc.stdout,
+    ), proc.stdout
