@@ -361,7 +361,7 @@ def keep_zmq_gc() -> None:
         gc.start()
     gc._push_socket  # noqa: B018 - made on first use: made now, with the rest
     thread = gc.thread
-    note_process_long(fds=_anon_fds() - before, threads=[] if thread is None else [thread.ident or 0])
+    note_process_long(fds=_anon_fds() - before, threads=[] if thread is None else [thread])
 
 
 def _anon_fds() -> set[int]:

@@ -9,6 +9,7 @@ import dataclasses
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Iterable, Mapping
 
 import psutil
@@ -172,15 +173,17 @@ def _live_children() -> frozenset[ChildInfo]:
     return frozenset(children)
 
 
-_NOTED_FDS: set[int] = set()
-_NOTED_THREADS: set[int] = set()
+_NOTED_FDS: dict[int, str] = {}  # fd -> what it pointed to when noted
+_NOTED_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 
-def note_process_long(*, fds: Iterable[int] = (), threads: Iterable[int] = ()) -> None:
-    """Mark FDs and threads (by ident) that a library keeps for the life of the
+def note_process_long(*, fds: Iterable[int] = (), threads: Iterable[threading.Thread] = ()) -> None:
+    """Mark FDs and threads that a library keeps for the life of the
     process, such as pyzmq's garbage-collector thread and its context, as nobody's
-    leak: :func:`snapshot` leaves them out from now on."""
-    _NOTED_FDS.update(fds)
+    leak: :func:`snapshot` leaves them out from now on (an FD while it points where
+    it pointed when noted)."""
+    open_now = _open_fds()
+    _NOTED_FDS.update({fd: open_now[fd] for fd in fds if fd in open_now})
     _NOTED_THREADS.update(threads)
 
 
@@ -204,10 +207,9 @@ def _process_long_helpers() -> tuple[frozenset[int], frozenset[int]]:
 def snapshot() -> Snapshot:
     """Take a :class:`Snapshot` of this process now. Does not block."""
     helper_pids, helper_fds = _process_long_helpers()
-    helper_fds |= _NOTED_FDS
     return Snapshot(
-        fds={fd: target for fd, target in _open_fds().items() if fd not in helper_fds},
-        threads={t.ident or 0: t.name for t in threading.enumerate() if t.is_alive() and t.ident not in _NOTED_THREADS},
+        fds={fd: target for fd, target in _open_fds().items() if fd not in helper_fds and _NOTED_FDS.get(fd) != target},
+        threads={t.ident or 0: t.name for t in threading.enumerate() if t.is_alive() and t not in _NOTED_THREADS},
         children=frozenset(c for c in _live_children() if c.pid not in helper_pids),
         loops=_bridge.live_loops(),
         runs=open_runs(),

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -166,3 +167,28 @@ def test_a_snapshot_renders_as_an_html_table_that_escapes_names() -> None:
     assert "<b>" not in page
     for kind in ("fds", "threads", "children", "loops", "runs"):
         assert f">{kind}</th>" in page
+
+
+def test_fds_and_threads_noted_as_process_long_are_nobodys_leak() -> None:
+    from rlnb.runtime import note_process_long
+
+    before = snapshot()
+    r, w = os.pipe()
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="kept-for-good")
+    thread.start()
+    try:
+        assert snapshot().new_since(before), "a new pipe and thread show before they are noted"
+        note_process_long(fds=[r, w], threads=[thread])
+        assert not snapshot().new_since(before)
+    finally:
+        stop.set()
+        thread.join()
+        os.close(r)
+        os.close(w)
+    r2, w2 = os.pipe()  # the same FD numbers, now another pipe: a leak like any other
+    try:
+        assert {r2, w2} == {r, w} and snapshot().new_since(before)
+    finally:
+        os.close(r2)
+        os.close(w2)
