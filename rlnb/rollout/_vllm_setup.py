@@ -23,6 +23,7 @@ import psutil
 from rlnb._errors import ConfigError
 from rlnb.rollout import _vllm_guard
 from rlnb.rollout._engine import GenerateResult
+from rlnb.rollout._tiny import _deliver
 
 _WORKER_EXTENSION = "rlnb.rollout._vllm_worker.RlnbWorkerExtension"
 _FINISH = {"stop": "stop", "length": "length", "abort": "aborted"}
@@ -290,24 +291,9 @@ def _versions(output: Any, count: int, fallback: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+_settle = _deliver  # resolve an asyncio future from any thread, as TinyEngine does
+
 _Pending = tuple[asyncio.AbstractEventLoop, "asyncio.Future[GenerateResult]", "asyncio.Task[None]"]
-
-
-def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], outcome: Any) -> None:
-    """Resolve ``future`` from any thread (a no-op once it is done or its loop is gone)."""
-
-    def settle() -> None:
-        if future.done():
-            return
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
-
-    try:
-        loop.call_soon_threadsafe(settle)
-    except RuntimeError:  # the loop closed: nobody is waiting any more
-        pass
 
 
 def _cancel(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
