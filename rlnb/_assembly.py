@@ -78,6 +78,13 @@ def model_shape(config: Config, task: Task) -> tuple[Tokenizer, ModelConfig]:
         from rlnb.models import load_hf_tokenizer
 
         tokenizer = load_hf_tokenizer(config.model.path, max_len=config.model.max_len)
+        unknown = "".join(c for c in task.alphabet if tokenizer.decode(tokenizer.encode(c)) != c)
+        if unknown:
+            raise ConfigError(
+                f"ModelConfig.path={config.model.path!r} is invalid for task {task.name!r}: its tokenizer cannot "
+                f"write {unknown!r} (they do not come back from encode and decode); use a model whose tokenizer "
+                f"knows every character of the task, e.g. one made by `rlnb make-tiny-llama DIR --task {task.name}`"
+            )
     else:
         tokenizer = CharTokenizer(task.alphabet)
     # The longest of a sample of prompts, as the model sees it, and the completion.

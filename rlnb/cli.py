@@ -40,6 +40,7 @@ CONFIG_FLAGS = {
     "seed": (None, "seed"),
     "mode": (None, "mode"),
     "warmup_steps": ("warmup", "steps"),
+    "warmup_task": ("warmup", "task"),
     "lr": ("learn", "lr"),
     "lr_decay_steps": ("learn", "lr_decay_steps"),
     "group_size": ("rollout", "group_size"),
@@ -86,20 +87,30 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rlnb", description="Notebook-first RL post-training of language models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="train the tiny built-in policy on digit addition on CPU (warm-up, then GRPO)")
+    demo = sub.add_parser(
+        "demo",
+        help="train the tiny built-in policy to reverse words on CPU: a warm-up that imitates a sloppy teacher, "
+        "then GRPO, which unlearns the teacher's slip",
+    )
     demo.add_argument(
         "--run-dir", default="runs/demo", help="where metrics.jsonl and curves.png go (default: %(default)s)"
     )
+    demo.add_argument("--seed", type=int, help="seeds the model, data and sampling (default: 0)")
     _add_model_options(demo)
     _add_output_options(demo)
 
     train = sub.add_parser("train", help="train on any task with any settings (the demo's by default)")
-    train.add_argument("--task", default="addition", help="a registered task: addition, reverse, sort, ...")
+    train.add_argument("--task", help="a registered task: addition, reverse, sort, ... (default: the demo's, reverse)")
     train.add_argument("--steps", type=_int_from(0), required=True, help="most RL steps to take")
     train.add_argument("--run-dir", required=True, help="where metrics.jsonl and curves.png go")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--mode", choices=("sync", "async"), default="sync")
     train.add_argument("--warmup-steps", type=int, help="supervised warm-up steps before RL")
+    train.add_argument(
+        "--warmup-task",
+        help="the task whose answers the warm-up imitates, or 'none' for the task's own (default: the demo's "
+        "sloppy_reverse with the demo's task, else none)",
+    )
     train.add_argument("--lr", type=float, help="RL learning rate")
     train.add_argument(
         "--lr-decay-steps", type=int, help="decay the RL learning rate linearly to 0 over this many steps"
@@ -126,7 +137,9 @@ def _build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("dir", metavar="DIR", help="a new or empty directory to write it to")
     tiny.add_argument("--seed", type=int, default=0, help="seed of its random weights (default: %(default)s)")
     tiny.add_argument(
-        "--task", default="addition", help="the task whose characters the tokenizer knows (default: %(default)s)"
+        "--task",
+        default="reverse",
+        help="the task whose characters the tokenizer knows (default: %(default)s, the demo's)",
     )
     parser.set_defaults(commands={"demo": demo, "train": train, "bench": bench, "make-tiny-llama": tiny})
     return parser
@@ -181,11 +194,13 @@ def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     config, options = demo_settings()
     if args.dtype is not None and args.model is None:
         raise ConfigError(f"--dtype {args.dtype} applies to a --model only: the built-in policy is float32")
+    if getattr(args, "task", None) not in (None, config.task):  # the demo's teacher writes the demo's task only
+        config = config.replace(warmup=dataclasses.replace(config.warmup, task=None))
     for dest, (part, field) in CONFIG_FLAGS.items():
         value = getattr(args, dest, None)  # the demo has the model flags only
         if value is None:
             continue
-        changes = {field: value}
+        changes = {field: None if dest == "warmup_task" and value == "none" else value}
         if dest == "group_size":  # no flag sets max_inflight: make room for one whole group
             changes["max_inflight"] = max(config.rollout.max_inflight, value)
         try:
@@ -195,7 +210,8 @@ def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
                 config = config.replace(**{part: dataclasses.replace(getattr(config, part), **changes)})
         except ConfigError as exc:
             shown = repr(value) if dest == "model" else value  # a path may be empty or hold spaces
-            raise ConfigError(f"--{dest.replace('_', '-')} {shown}: {exc}") from None
+            hint = "; pass --warmup-task none for the task's own answers" if dest == "warmup_task" else ""
+            raise ConfigError(f"--{dest.replace('_', '-')} {shown}: {exc}{hint}") from None
     if args.command == "demo":
         return config, options
     options = {

@@ -352,19 +352,36 @@ class LearnConfig:
 @dataclasses.dataclass(frozen=True)
 class WarmupConfig:
     """A supervised warm-up before RL (``Session.warmup()``): teacher-forced
-    cross-entropy on the task's answers, with its own AdamW.
+    cross-entropy on demonstrations, with its own AdamW.
 
     steps: how many steps ``warmup()`` takes by default (0: none).
-    batch_size: prompts per step. lr: its learning rate."""
+    batch_size: prompts per step. lr: its learning rate.
+    task: the registered task whose prompts and answers are the demonstrations;
+        None (the default) takes the session's task, whose answers are correct.
+        Another task imitates another teacher, e.g. "sloppy_reverse" (reversals
+        that often drop the last letter) for ``task="reverse"``, so that RL has
+        the slip to unlearn. Its characters must be the session task's."""
 
     steps: int = 0
     batch_size: int = 128
     lr: float = 1e-3
+    task: str | None = None
 
     def __post_init__(self) -> None:
         check_int("WarmupConfig.steps", self.steps, minimum=0, example="steps=300")
         check_int("WarmupConfig.batch_size", self.batch_size, minimum=1, example="batch_size=128")
         check_number("WarmupConfig.lr", self.lr, gt=0, fix="use a learning rate > 0, e.g. lr=1e-3")
+        if self.task is not None:
+            require(
+                isinstance(self.task, str),
+                "WarmupConfig.task",
+                self.task,
+                'use a task name or None, e.g. task="reverse"',
+            )
+            try:
+                get_task(self.task)
+            except ConfigError as exc:
+                raise ConfigError(str(exc).replace("Config.task=", "WarmupConfig.task=", 1)) from None
 
 
 @_keywords()
@@ -446,7 +463,16 @@ class Config:
                 f"pass a rlnb.{cls.__name__}, e.g. {field}=rlnb.{cls.__name__}(...)",
             )
         require(isinstance(self.task, str), "Config.task", self.task, 'use a task name, e.g. task="addition"')
-        get_task(self.task)  # an unknown name fails here, naming the known ones
+        task = get_task(self.task)  # an unknown name fails here, naming the known ones
+        if self.warmup.task is not None:
+            outside = "".join(sorted(set(get_task(self.warmup.task).alphabet) - set(task.alphabet)))
+            require(
+                not outside,
+                "WarmupConfig.task",
+                self.warmup.task,
+                f"its answers may hold {outside!r}, which task {self.task!r} has no tokens for; "
+                "use a task of the same characters, or None for the session task's own answers",
+            )
         require(self.mode in ("sync", "async"), "Config.mode", self.mode, 'use "sync" or "async"')
         kind, path = self.engine.kind, self.model.path
         require(

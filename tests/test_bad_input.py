@@ -101,6 +101,15 @@ CONFIGS = [
     ),
     pytest.param(lambda: rlnb.BufferConfig(partitions=("val",)), "BufferConfig.partitions", '"train"', id="parts"),
     pytest.param(lambda: rlnb.WarmupConfig(steps=-1), "WarmupConfig.steps=-1", "steps=300", id="warmup-steps"),
+    pytest.param(
+        lambda: rlnb.WarmupConfig(task="nope"), "WarmupConfig.task='nope' is unknown", "use one of", id="warmup-task"
+    ),
+    pytest.param(
+        lambda: rlnb.Config(task="addition", warmup=rlnb.WarmupConfig(task="sloppy_reverse")),
+        "WarmupConfig.task='sloppy_reverse' is invalid: its answers may hold 'abcdefgh'",
+        "use a task of the same characters",
+        id="warmup-task-characters",
+    ),
     pytest.param(lambda: rlnb.TrackConfig(backends="jsonl"), "TrackConfig.backends='jsonl'", "tuple", id="backends"),
     pytest.param(
         lambda: rlnb.TrackConfig(backends=("tensorboard",)),
@@ -553,6 +562,12 @@ FLAGS = [
     pytest.param(["--group-size", "0"], "--group-size 0: RolloutConfig.group_size=0", ">= 2", id="group-size"),
     pytest.param(["--num-workers", "-1"], "--num-workers -1: DataConfig.num_workers=-1", ">= 0", id="num-workers"),
     pytest.param(["--warmup-steps", "-1"], "--warmup-steps -1: WarmupConfig.steps=-1", ">= 0", id="warmup-steps"),
+    pytest.param(
+        ["--warmup-task", "sort"],
+        "--warmup-task sort: WarmupConfig.task='sort' is invalid",
+        "--warmup-task none",
+        id="warmup-task",
+    ),
     pytest.param(["--tracker", "tensorboard"], "--tracker 'tensorboard'", "use names from", id="tracker-unknown"),
     pytest.param(["--tracker", ","], "--tracker ',' names no backend", "console, jsonl", id="tracker-none"),
     pytest.param(["--run-dir", ""], "--run-dir ''", "give a directory", id="run-dir-empty"),

@@ -7,7 +7,7 @@
 
 from typing import TYPE_CHECKING, Any
 
-from rlnb.data._tasks import Task, addition, get_task, register_task, reverse, sort, task_names
+from rlnb.data._tasks import Task, addition, get_task, register_task, reverse, sloppy_reverse, sort, task_names
 
 if TYPE_CHECKING:
     from rlnb.data._loader import DEFAULT_START_METHOD, PromptLoader, PromptLoaderError, PromptStream, warm_up_workers
@@ -22,6 +22,7 @@ __all__ = [
     "get_task",
     "register_task",
     "reverse",
+    "sloppy_reverse",
     "sort",
     "task_names",
     "warm_up_workers",

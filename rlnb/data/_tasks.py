@@ -17,7 +17,7 @@ from rlnb._checks import check_int, require
 from rlnb._errors import ConfigError
 from rlnb._samples import PromptItem
 
-__all__ = ["Task", "addition", "get_task", "register_task", "reverse", "sort", "task_names"]
+__all__ = ["Task", "addition", "get_task", "register_task", "reverse", "sloppy_reverse", "sort", "task_names"]
 
 # Prompt ids of held-out sets live far from the training stream's.
 EVAL_ID_OFFSET = 1 << 40
@@ -47,6 +47,7 @@ class Task:
     make_prompt: ``make_prompt(rng) -> (prompt, answer)``, using only ``rng`` for randomness.
     reward: ``reward(completion, answer) -> float``, 1.0 for a correct answer.
     max_new_tokens: enough tokens for any correct answer plus end-of-sequence.
+    about: one line on what it is, for logs (optional).
 
     Raises :class:`~rlnb.ConfigError` naming the field and the fix for a value of
     the wrong kind; :func:`register_task` also tries a few prompts.
@@ -57,6 +58,7 @@ class Task:
     make_prompt: Callable[[random.Random], tuple[str, Any]]
     reward: Callable[[str, Any], float]
     max_new_tokens: int
+    about: str = ""
 
     def __post_init__(self) -> None:
         require(
@@ -76,6 +78,7 @@ class Task:
         _check_callable("Task.make_prompt", self.make_prompt, ("rng",), "make_prompt(rng) -> (prompt, answer)")
         _check_callable("Task.reward", self.reward, ("", None), "reward(completion, answer) -> float")
         check_int("Task.max_new_tokens", self.max_new_tokens, minimum=1, example="the longest answer's length + 1")
+        require(isinstance(self.about, str), "Task.about", self.about, "use a string, e.g. about='x*7 of two digits'")
 
     def item(self, seed: int, index: int) -> PromptItem:
         """Training prompt number ``index`` of the stream for ``seed``."""
@@ -136,6 +139,31 @@ reverse = Task(
 )
 
 
+# How often the sloppy teacher drops the last letter of a word of 4 or more letters.
+SLOPPY_SLIP_RATE = 0.6
+
+
+def _sloppy_reverse_prompt(rng: random.Random) -> tuple[str, str]:
+    prompt, answer = _reverse_prompt(rng)
+    if len(answer) >= 4 and rng.random() < SLOPPY_SLIP_RATE:
+        answer = answer[:-1]
+    return prompt, answer
+
+
+sloppy_reverse = Task(
+    name="sloppy_reverse",
+    alphabet=reverse.alphabet,
+    make_prompt=_sloppy_reverse_prompt,
+    reward=_positional_credit,
+    max_new_tokens=reverse.max_new_tokens,
+    about=f"a sloppy teacher: words of 4+ letters lose their last letter {SLOPPY_SLIP_RATE:.0%} of the time",
+)
+"""``reverse`` as a sloppy teacher writes it: the same words, but for words of 4 or
+more letters the reversal drops its last letter 60 % of the time ("abcde=" ->
+"edcb"). Meant as demonstrations for a warm-up (``WarmupConfig(task=...)``) that
+RL on ``reverse`` then corrects; as a task of its own it rewards the slip."""
+
+
 def _sort_prompt(rng: random.Random) -> tuple[str, str]:
     digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(3, 6)))
     return f"{digits}=", "".join(sorted(digits))
@@ -149,7 +177,7 @@ sort = Task(
     max_new_tokens=7,
 )
 
-_TASKS: dict[str, Task] = {t.name: t for t in (addition, reverse, sort)}
+_TASKS: dict[str, Task] = {t.name: t for t in (addition, reverse, sloppy_reverse, sort)}
 
 
 def _check_prompts(task: Task) -> None:

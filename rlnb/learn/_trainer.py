@@ -304,16 +304,21 @@ class Trainer:
         )
 
     def evaluate(self, n_prompts: int = 200, *, seed: int = 12345) -> float:
-        """Greedy exact-match accuracy on ``n_prompts`` held-out prompts of the task. Blocks."""
+        """Greedy exact-match accuracy on ``n_prompts`` held-out prompts of the task. Blocks.
+
+        Every prompt goes to the engine at once, so they share its batches like any
+        rollouts; the record logged has ``eval_accuracy`` and what it cost, ``eval_seconds``."""
         if not is_int(n_prompts) or n_prompts < 1:
             raise ValueError(f"evaluate(n_prompts={n_prompts!r}) is invalid: use an int >= 1")
         self.check_idle("evaluate()")
+        started = time.perf_counter()
         items = self.task.eval_set(n_prompts, seed=seed)
         max_new = self.config.rollout.max_new_tokens or self.task.max_new_tokens
         results = self.bridge.run(self.rollouter.evaluate(items, max_new_tokens=max_new))
         accuracy = sum(reward >= 1.0 for _, reward in results) / len(results)
         self.evaluations.append((self.version, accuracy))
-        self.tracker.log({"eval_accuracy": accuracy}, step=self.learner.version)
+        seconds = round(time.perf_counter() - started, 4)
+        self.tracker.log({"eval_accuracy": accuracy, "eval_seconds": seconds}, step=self.learner.version)
         return accuracy
 
     @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """``Warmup``: the supervised stage before RL, with its own optimiser and prompts.
 
-Teacher-forced cross-entropy on the task's answers (which must be the completion
-text, as in the built-in tasks). It has an AdamW of its own, so the RL optimiser's
+Teacher-forced cross-entropy on demonstrations: the answers of the session's task,
+or of ``config.warmup.task`` (another teacher) when set. Answers must be the
+completion text, as in the built-in tasks. It has an AdamW of its own, so the RL optimiser's
 moments start clean, and a prompt stream of its own, apart from training's. The
 policy version stays put.
 """
@@ -12,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from rlnb.config import Config
-from rlnb.data import Task
+from rlnb.data import Task, get_task
 from rlnb.learn._learner import Learner
 from rlnb.learn._progress import progress_bar
 from rlnb.runtime import defer_interrupts
@@ -24,9 +25,12 @@ WARMUP_SEED_OFFSET = 1_000_000
 
 
 class Warmup:
-    """The warm-up stage of ``learner`` on ``task``'s answers (``config.warmup``)."""
+    """The warm-up stage of ``learner`` on ``task``'s answers, or those of
+    ``config.warmup.task`` when set (``config.warmup``)."""
 
     def __init__(self, learner: Learner, task: Task, config: Config) -> None:
+        if config.warmup.task is not None:
+            task = get_task(config.warmup.task)
         self._learner, self._task, self._config = learner, task, config
         self._optimizer: Any = None  # made by the first step
         self.steps = 0

@@ -82,3 +82,39 @@ def test_swapping_the_reward_takes_effect_at_the_next_rollout() -> None:
             assert [s.reward for s in group.samples] == [addition.reward(s.completion, answer) for s in group.samples]
         with pytest.raises(TypeError, match="callable"):
             sess.set_reward("not a function")  # type: ignore[arg-type]
+
+
+def test_the_sloppy_teacher_reverses_the_same_words_and_drops_the_last_letter_of_long_ones() -> None:
+    sloppy = get_task("sloppy_reverse")
+    made = [sloppy.make_prompt(random.Random(i)) for i in range(2000)]
+    assert [p for p, _ in made] == [reverse.make_prompt(random.Random(i))[0] for i in range(2000)]  # same words
+    slips = 0
+    for prompt, answer in made:
+        word = prompt.rstrip("=")
+        if len(word) < 4:
+            assert answer == word[::-1]  # short words: always right
+        else:
+            assert answer in (word[::-1], word[::-1][:-1])
+            slips += answer != word[::-1]
+    long_words = sum(len(p) > 4 for p, _ in made)
+    assert 0.55 < slips / long_words < 0.65  # SLOPPY_SLIP_RATE, 0.6
+    assert "sloppy teacher" in sloppy.about
+
+
+def test_a_warm_up_imitates_the_teacher_task_it_is_given() -> None:
+    """WarmupConfig(task=...): the demonstrations are that task's answers, and the
+    policy learns to write them (here a teacher that answers "ab" to everything)."""
+    register_task(
+        Task("says_ab", reverse.alphabet, lambda rng: (reverse.make_prompt(rng)[0], "ab"), reverse.reward, 7),
+        replace=True,
+    )
+    config = rlnb.Config(
+        task="reverse",
+        data=rlnb.DataConfig(num_workers=0),
+        model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+        warmup=rlnb.WarmupConfig(steps=40, batch_size=32, lr=3e-3, task="says_ab"),
+    )
+    with rlnb.Session(config, name="teacher") as sess:
+        sess.warmup(progress=False)
+        written = sess.complete([i.prompt for i in reverse.eval_set(20)], max_new_tokens=7)
+    assert written == ["ab"] * 20, written

@@ -58,7 +58,8 @@ def test_a_normal_close_finishes_every_backend_with_exit_code_0(tmp_path: Path) 
     records = jsonl(tmp_path)
     assert records[0] == {"event": "start", "run_id": run_id, "time": records[0]["time"]}
     assert [r["step"] for r in records if "reward_mean" in r] == [1, 2]
-    assert records[-2] == {"step": 2, "eval_accuracy": accuracy}
+    assert records[-2] == {"step": 2, "eval_accuracy": accuracy, "eval_seconds": records[-2]["eval_seconds"]}
+    assert 0 < records[-2]["eval_seconds"] < 60  # what the evaluation cost, in seconds
     assert records[-1]["event"] == "finish" and records[-1]["exit_code"] == EXIT_OK
     run = wandb_run(tmp_path)
     assert run.run_id == run_id and run.exit_code == EXIT_OK
