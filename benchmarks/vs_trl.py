@@ -1,0 +1,276 @@
+"""The race: rlnb against Hugging Face TRL's ``GRPOTrainer`` on the identical model.
+
+Both train the same warmed-up 332K-parameter Llama (``trl_baseline.py``'s model,
+tokenizer, task and reward; rlnb loads it through its Hugging Face path) with the
+same recipe: GRPO, 16 prompts x 8 completions per step, temperature 1, at most 4
+new tokens, lr 5e-4 decaying linearly to 0 over ``--steps``, AdamW (0.9, 0.999),
+no weight decay, gradient norm clipped at 1, no KL, PPO clip 0.2, one pass per
+batch, advantages centred and scaled by the group's std, the loss averaged over
+every completion token of the batch (TRL's default ``loss_type="dapo"``). Both are
+evaluated the same way, by ``trl_baseline.greedy_accuracy`` on the same 200
+held-out prompts, which no training prompt repeats; evaluation time is left out
+of both clocks.
+
+TRL runs in a venv of its own (it is not an rlnb dependency)::
+
+    python3.11 -m venv /tmp/trlenv
+    /tmp/trlenv/bin/pip install -c .ci/constraints.txt torch "trl==1.16.*" datasets
+
+Then, from the checkout, with rlnb's venv::
+
+    .venv/bin/python benchmarks/vs_trl.py race --trl-python /tmp/trlenv/bin/python --out runs/vs_trl
+
+``race`` warms the model up once (in TRL's venv, as the baseline does) and then
+runs the contenders one after the other, ``--rounds`` times, alternating who goes
+first, so that both see the same machine. It writes ``race.json`` (every curve
+and the figures) and ``race.png`` (held-out accuracy against steps and against
+wall time) into ``--out``, and prints the report. Figures measured here are in
+the note at the end of this docstring when they exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import trl_baseline as base  # noqa: E402  (the model, tokenizer, task, reward and evaluation)
+
+THRESHOLDS = (0.5, 0.7, 0.8)
+GROUPS, GROUP_SIZE, MAX_NEW = 16, 8, 4
+
+
+def _set_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+# -- the contenders: each writes curve.json = {"curve": [[step, accuracy, seconds]], "tokens": N, "seconds": S}
+
+
+def run_trl(out: Path, warm: Path, lr: float, steps: int, eval_every: int) -> dict[str, Any]:
+    """TRL's GRPOTrainer, as in ``trl_baseline.grpo``, timing training apart from evaluation."""
+    from datasets import Dataset
+    from transformers import LlamaForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    model = LlamaForCausalLM.from_pretrained(warm)
+    rng = random.Random(42)
+    rows = []
+    for _ in range(GROUPS * (steps + 5)):
+        a, b = base.training_pair(rng)
+        rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b)})
+    args = GRPOConfig(
+        output_dir=str(out / "trl"),
+        learning_rate=lr,
+        num_generations=GROUP_SIZE,
+        per_device_train_batch_size=GROUPS * GROUP_SIZE,
+        gradient_accumulation_steps=1,
+        max_completion_length=MAX_NEW,
+        temperature=1.0,
+        beta=0.0,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        max_steps=steps,
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+    )
+    curve: list[list[float]] = []
+    clock = {"eval": 0.0, "start": 0.0}
+
+    class Evaluate(TrainerCallback):  # type: ignore[misc]
+        def _evaluate(self, step: int, model: Any) -> None:
+            t = time.perf_counter()
+            accuracy = base.greedy_accuracy(model)
+            clock["eval"] += time.perf_counter() - t
+            elapsed = time.perf_counter() - clock["start"] - clock["eval"]
+            curve.append([step, accuracy, elapsed])
+            print(f"trl step {step}: accuracy {accuracy:.3f}, {elapsed:.1f} s", flush=True)
+
+        def on_train_begin(self, _args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
+            clock["start"] = time.perf_counter()
+            self._evaluate(0, model)
+
+        def on_step_end(self, _args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
+            if state.global_step % eval_every == 0:
+                self._evaluate(state.global_step, model)
+
+    generated = [0]
+
+    def reward(prompts: list[str], completions: list[str], completion_ids: list[list[int]], **kw: Any) -> list[float]:
+        generated[0] += sum(len(ids) for ids in completion_ids)  # every completion token, end-of-sequence too
+        return base.reward(prompts, completions, **kw)
+
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=base.make_tokenizer(),
+        callbacks=[Evaluate()],
+    )
+    trainer.train()
+    seconds = time.perf_counter() - clock["start"] - clock["eval"]
+    return {"curve": curve, "tokens": generated[0], "seconds": seconds, "steps": steps}
+
+
+def run_rlnb(out: Path, warm: Path, lr: float, steps: int, eval_every: int, mode: str) -> dict[str, Any]:
+    """rlnb on the same model directory, through its Hugging Face path."""
+    import rlnb
+    from rlnb.data import Task, addition, register_task
+
+    def make_prompt(rng: random.Random) -> tuple[str, str]:
+        a, b = base.training_pair(rng)  # never a held-out pair, as in TRL's data
+        return f"{a}+{b}=", str(a + b)
+
+    # rlnb's addition reward is the baseline's: 1 for the exact answer, else 0.4 x characters in place
+    register_task(Task("race_addition", addition.alphabet, make_prompt, addition.reward, MAX_NEW + 1), replace=True)
+    config = rlnb.Config(
+        task="race_addition",
+        seed=0,
+        mode=mode,
+        data=rlnb.DataConfig(num_workers=0),  # the task is this script's: the session makes the prompts
+        model=rlnb.ModelConfig(path=str(warm), max_len=32),
+        rollout=rlnb.RolloutConfig(group_size=GROUP_SIZE, groups_per_step=GROUPS, max_new_tokens=MAX_NEW),
+        learn=rlnb.LearnConfig(lr=lr, lr_decay_steps=steps, kl_coef=0.0, max_grad_norm=1.0, clip_eps=0.2),
+    )
+    curve: list[list[float]] = []
+    with rlnb.Session(config, name="race") as sess:
+        model = sess.policy.model  # the learner's transformers model, evaluated as TRL's is
+
+        def evaluate(step: int, elapsed: float) -> None:
+            accuracy = base.greedy_accuracy(model)
+            curve.append([step, accuracy, elapsed])
+            print(f"rlnb step {step}: accuracy {accuracy:.3f}, {elapsed:.1f} s", flush=True)
+
+        evaluate(0, 0.0)
+        tokens_before = sess.statistics().engine.generated_tokens
+        seconds = 0.0
+        for step in range(1, steps + 1):
+            t = time.perf_counter()
+            sess.step()
+            seconds += time.perf_counter() - t
+            if step % eval_every == 0:
+                evaluate(step, seconds)
+        tokens = sess.statistics().engine.generated_tokens - tokens_before
+    return {"curve": curve, "tokens": tokens, "seconds": seconds, "steps": steps}
+
+
+# -- the race ------------------------------------------------------------------------
+
+
+def _time_to(curve: list[list[float]], threshold: float) -> tuple[int, float] | None:
+    """The first (step, seconds) at which held-out accuracy reached ``threshold``."""
+    for step, accuracy, seconds in curve:
+        if accuracy >= threshold:
+            return int(step), seconds
+    return None
+
+
+def _figures(run: dict[str, Any]) -> dict[str, Any]:
+    reached = {f"{t}": _time_to(run["curve"], t) for t in THRESHOLDS}
+    return {
+        "s_per_step": run["seconds"] / run["steps"],
+        "generated_tokens_per_s": run["tokens"] / run["seconds"],
+        "final_accuracy": run["curve"][-1][1],
+        "reached": {t: None if r is None else {"step": r[0], "seconds": round(r[1], 1)} for t, r in reached.items()},
+    }
+
+
+def _plot(runs: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    colors = {"rlnb": "tab:blue", "trl": "tab:orange"}
+    for name, rounds in runs.items():
+        for i, run in enumerate(rounds):
+            steps, accuracy, seconds = zip(*run["curve"], strict=True)
+            label = f"{name}" + (f" (round {i + 1})" if len(rounds) > 1 else "")
+            by_step.plot(steps, accuracy, color=colors[name], alpha=1 - 0.35 * i, label=label)
+            by_time.plot(seconds, accuracy, color=colors[name], alpha=1 - 0.35 * i, label=label)
+    for ax, xlabel in ((by_step, "RL step"), (by_time, "training wall time (s), evaluation excluded")):
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+        for t in THRESHOLDS:
+            ax.axhline(t, color="grey", lw=0.5, ls=":")
+    by_step.set_ylabel("held-out greedy accuracy (200 prompts)")
+    by_step.legend(loc="lower right")
+    fig.suptitle("GRPO on two-digit addition, the same 332K-parameter Llama: rlnb vs TRL")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def race(args: argparse.Namespace) -> int:
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    warm = out / "warm"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if not (warm / "config.json").exists():
+        print("warm-up (TRL's venv, trl_baseline.py)", flush=True)
+        warmup = [args.trl_python, str(HERE / "trl_baseline.py"), "warmup", "--out", str(out)]
+        subprocess.run([*warmup, "--threads", str(args.threads)], check=True, env=env)
+    common = ["--warm", str(warm), "--lr", str(args.lr), "--steps", str(args.steps)]
+    common += ["--eval-every", str(args.eval_every), "--threads", str(args.threads)]
+    commands = {
+        "trl": [args.trl_python, __file__, "trl", "--out", str(out / "trl"), *common],
+        "rlnb": [sys.executable, __file__, "rlnb", "--out", str(out / "rlnb"), "--mode", args.mode, *common],
+    }
+    runs: dict[str, list[dict[str, Any]]] = {"rlnb": [], "trl": []}
+    for r in range(args.rounds):
+        order = ["trl", "rlnb"] if r % 2 == 0 else ["rlnb", "trl"]
+        for name in order:
+            print(f"round {r + 1}: {name}", flush=True)
+            subprocess.run(commands[name], check=True, env=env)
+            runs[name].append(json.loads((out / name / "curve.json").read_text()))
+    figures = {name: [_figures(run) for run in rounds] for name, rounds in runs.items()}
+    report = {"recipe": vars(args) | {"out": str(out), "trl_python": args.trl_python}, "figures": figures, "runs": runs}
+    (out / "race.json").write_text(json.dumps(report, indent=1, default=str))
+    _plot(runs, out / "race.png")
+    print(json.dumps(figures, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("stage", choices=("race", "trl", "rlnb"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--warm", type=Path, help="trl/rlnb: the warmed-up model directory")
+    parser.add_argument("--trl-python", default="/tmp/trlenv/bin/python", help="race: TRL's venv's python")
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--steps", type=int, default=3800, help="RL steps (the lr decays linearly to 0 over them)")
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=1, help="race: runs of each, alternating who goes first")
+    parser.add_argument("--mode", choices=("sync", "async"), default="sync", help="rlnb's mode")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of each contender")
+    args = parser.parse_args(argv)
+    if args.stage == "race":
+        return race(args)
+    _set_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.stage == "trl":
+        result = run_trl(args.out, args.warm, args.lr, args.steps, args.eval_every)
+    else:
+        result = run_rlnb(args.out, args.warm, args.lr, args.steps, args.eval_every, args.mode)
+    (args.out / "curve.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
