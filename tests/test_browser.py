@@ -125,8 +125,8 @@ def test_the_dashboard_pauses_resumes_and_stops_background_training_in_jupyterla
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         board.screenshot(path=str(SCREENSHOTS / "dashboard.png"))  # training in the background
         threads = '.rlnb-dashboard .rlnb-gauge[data-gauge="threads"]'
-        # The most seen over a second: the reward pool's thread comes and goes (it exits
-        # after 0.1 s idle), so one reading may catch the count without it.
+        # The most seen over a second: the reward pool's thread leaves after a second idle,
+        # so a reading on a slow machine may still catch the count without it.
         training_threads = max(gauge(page, "threads") for _ in range(10) if page.wait_for_timeout(100) is None)
         press(page, "stop")  # the trainer's thread ends: the threads gauge shows it
         wait_for(page, "([s, n]) => Number(document.querySelector(s)?.dataset.value) < n", [threads, training_threads])

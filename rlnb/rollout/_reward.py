@@ -33,8 +33,9 @@ REWARD_WORKERS = 1
 # can stop; past this many, new calls fail at once instead of starting more threads.
 MAX_ABANDONED = 64
 # An idle worker leaves after this long: a session that is not rolling out holds no
-# reward thread, and the rewards of one burst of samples share one.
-_IDLE_EXIT_S = 0.1
+# reward thread a second later, while one that trains keeps its thread from step to
+# step (a learner step takes well under a second), so the thread gauge holds still.
+_IDLE_EXIT_S = 1.0
 _thread_ids = itertools.count(1)
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 80
