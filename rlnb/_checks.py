@@ -8,15 +8,20 @@ for a number is a ``ConfigError`` too, never a ``TypeError`` from a comparison.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
 import math
 import os
-from typing import Any, TypeGuard
+from collections.abc import Callable
+from typing import Any, TypeGuard, TypeVar
 
 from rlnb._errors import ConfigError
 
 __all__ = [
     "ENGINE_KINDS",
     "MODEL_DTYPES",
+    "RENAMED",
     "TRACKER_BACKENDS",
     "WANDB_MODES",
     "check_buffer",
@@ -26,6 +31,7 @@ __all__ = [
     "check_tracking",
     "is_int",
     "is_number",
+    "keywords",
     "require",
 ]
 
@@ -164,3 +170,41 @@ def check_tracking(
         "use a non-empty name, e.g. wandb_project='rlnb'",
     )
     check_int(f"{owner}.console_every", console_every, minimum=1, example="console_every=10")
+
+
+_C = TypeVar("_C")
+
+
+def keywords(**renames: str) -> Callable[[type[_C]], type[_C]]:
+    """A config that refuses a keyword it does not have with a ConfigError naming the
+    nearest field, and whose fields ``old=new`` were renamed: the old keyword gives
+    the new name (checkpoints of older versions are migrated by
+    :func:`rlnb.checkpoint.config_from_dict` through ``RENAMED``). For ``rlnb.config``'s classes."""
+
+    def decorate(cls: type[_C]) -> type[_C]:
+        init = cls.__init__
+        fields = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            for key in kwargs:
+                if key in renames:
+                    raise ConfigError(
+                        f"{cls.__name__}.{key} was renamed: use {cls.__name__}({renames[key]}={kwargs[key]!r})"
+                    )
+                if key not in fields:
+                    near = difflib.get_close_matches(key, fields, n=1)
+                    hint = f"did you mean {near[0]}=...? " if near else ""
+                    raise ConfigError(f"{cls.__name__} has no field {key!r}: {hint}its fields are {', '.join(fields)}")
+            init(self, *args, **kwargs)
+
+        cls.__init__ = __init__  # type: ignore[method-assign]
+        if renames:
+            RENAMED[cls.__name__] = dict(renames)
+        return cls
+
+    return decorate
+
+
+# class name -> {old field: new field}, for configs saved by older versions
+RENAMED: dict[str, dict[str, str]] = {}

@@ -33,10 +33,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlnb._checks import is_int, is_number
+from rlnb._checks import RENAMED, is_int, is_number
 from rlnb._errors import CheckpointError, ConfigError
 from rlnb._files import remove_dir, replace_dir
-from rlnb.config import PARTS, RENAMED, Config
+from rlnb.config import PARTS, Config
 from rlnb.runtime import defer_interrupts
 
 if TYPE_CHECKING:

@@ -8,11 +8,8 @@ take them validated and do not check them again.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
 import os
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from rlnb._checks import (
     ENGINE_KINDS,
@@ -25,6 +22,7 @@ from rlnb._checks import (
     is_int,
     require,
 )
+from rlnb._checks import keywords as _keywords
 from rlnb._errors import ConfigError
 from rlnb.data import get_task
 
@@ -39,43 +37,6 @@ __all__ = [
     "TrackConfig",
     "WarmupConfig",
 ]
-
-_C = TypeVar("_C")
-
-
-def _keywords(**renames: str) -> Callable[[type[_C]], type[_C]]:
-    """A config that refuses a keyword it does not have with a ConfigError naming the
-    nearest field, and whose fields ``old=new`` were renamed: the old keyword gives
-    the new name (checkpoints of older versions are migrated by
-    :func:`rlnb.checkpoint.config_from_dict` through ``RENAMED``)."""
-
-    def decorate(cls: type[_C]) -> type[_C]:
-        init = cls.__init__
-        fields = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-
-        @functools.wraps(init)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            for key in kwargs:
-                if key in renames:
-                    raise ConfigError(
-                        f"{cls.__name__}.{key} was renamed: use {cls.__name__}({renames[key]}={kwargs[key]!r})"
-                    )
-                if key not in fields:
-                    near = difflib.get_close_matches(key, fields, n=1)
-                    hint = f"did you mean {near[0]}=...? " if near else ""
-                    raise ConfigError(f"{cls.__name__} has no field {key!r}: {hint}its fields are {', '.join(fields)}")
-            init(self, *args, **kwargs)
-
-        cls.__init__ = __init__  # type: ignore[method-assign]
-        if renames:
-            RENAMED[cls.__name__] = dict(renames)
-        return cls
-
-    return decorate
-
-
-# class name -> {old field: new field}, for configs saved by older versions
-RENAMED: dict[str, dict[str, str]] = {}
 
 
 @_keywords()
