@@ -185,6 +185,12 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
         )  # fmt: skip
         engine: Engine = bridge.run(start, timeout=_VLLM_START_TIMEOUT)
         return engine
+    if config.ray.engine_replicas:
+        from rlnb.rollout import RayEngine
+
+        return RayEngine.start(
+            learner.policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, config=config.ray, name=name
+        )
     return TinyEngine(learner.policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name)
 
 

@@ -26,7 +26,9 @@ __all__ = [
     "WANDB_MODES",
     "check_buffer",
     "check_int",
+    "check_model",
     "check_number",
+    "check_ray",
     "check_sampling",
     "check_tracking",
     "is_int",
@@ -170,6 +172,49 @@ def check_tracking(
         "use a non-empty name, e.g. wandb_project='rlnb'",
     )
     check_int(f"{owner}.console_every", console_every, minimum=1, example="console_every=10")
+
+
+def check_ray(config: Any) -> None:
+    """``RayConfig``'s fields."""
+    require(
+        config.address is None or (isinstance(config.address, str) and config.address.strip() != ""),
+        "RayConfig.address",
+        config.address,
+        'use None (a local cluster of the session\'s own), "auto", "HOST:PORT" or "ray://HOST:PORT"',
+    )
+    check_int("RayConfig.engine_replicas", config.engine_replicas, minimum=0, example="engine_replicas=2")
+    check_number("RayConfig.num_cpus", config.num_cpus, gt=0, fix="use a number of CPUs > 0, e.g. num_cpus=1")
+    check_number("RayConfig.num_gpus", config.num_gpus, ge=0, fix="use a number of GPUs >= 0, e.g. num_gpus=1")
+    strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+    require(config.strategy in strategies, "RayConfig.strategy", config.strategy, f"use one of {strategies}")
+    check_int("RayConfig.max_restarts", config.max_restarts, minimum=0, example="max_restarts=3")
+    check_number("RayConfig.start_timeout", config.start_timeout, gt=0, fix="use seconds > 0, e.g. 120.0")
+
+
+def check_model(config: Any) -> None:
+    """``ModelConfig``'s fields (``path`` already a str or None)."""
+    require(
+        config.path is None or (isinstance(config.path, str) and config.path.strip() != ""),
+        "ModelConfig.path",
+        config.path,
+        "use None (the built-in policy) or the local directory of a Hugging Face causal LM",
+    )
+    require(config.dtype in MODEL_DTYPES, "ModelConfig.dtype", config.dtype, f"use one of {MODEL_DTYPES}")
+    require(
+        config.path is not None or config.dtype == "float32",
+        "ModelConfig.dtype",
+        config.dtype,
+        "the built-in policy trains in float32; dtype applies to a Hugging Face model (ModelConfig.path)",
+    )
+    check_int("ModelConfig.vocab_size", config.vocab_size, minimum=1, optional=True, example="vocab_size=16")
+    for field, example in (("d_model", 128), ("n_layers", 2), ("n_heads", 4), ("max_len", 32), ("mlp_ratio", 4)):
+        check_int(f"ModelConfig.{field}", getattr(config, field), minimum=1, example=f"{field}={example}")
+    require(
+        config.d_model % config.n_heads == 0,
+        "ModelConfig.n_heads",
+        config.n_heads,
+        f"use a divisor of d_model={config.d_model}, e.g. n_heads=4",
+    )
 
 
 _C = TypeVar("_C")

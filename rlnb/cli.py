@@ -47,6 +47,8 @@ CONFIG_FLAGS = {
     "groups_per_step": ("rollout", "groups_per_step"),
     "temperature": ("rollout", "temperature"),
     "num_workers": ("data", "num_workers"),
+    "ray_replicas": ("ray", "engine_replicas"),
+    "ray_address": ("ray", "address"),
 }
 
 
@@ -119,6 +121,10 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--groups-per-step", type=int, help="prompts per RL step")
     train.add_argument("--temperature", type=float, help="sampling temperature of rollouts")
     train.add_argument("--num-workers", type=int, help="prompt-loader worker processes")
+    train.add_argument(
+        "--ray-replicas", type=int, help="engine replicas as Ray actors (a local Ray cluster unless --ray-address)"
+    )
+    train.add_argument("--ray-address", help="attach to this Ray cluster ('auto', HOST:PORT or ray://...)")
     train.add_argument("--eval-every", type=_int_from(1), default=25, help="RL steps between held-out evaluations")
     train.add_argument("--eval-prompts", type=_int_from(1), default=200, help="held-out prompts per evaluation")
     train.add_argument("--target-accuracy", type=_fraction, help="stop once held-out accuracy reaches this")
@@ -209,7 +215,7 @@ def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
             else:
                 config = config.replace(**{part: dataclasses.replace(getattr(config, part), **changes)})
         except ConfigError as exc:
-            shown = repr(value) if dest == "model" else value  # a path may be empty or hold spaces
+            shown = repr(value) if dest in ("model", "ray_address") else value  # may be empty or hold spaces
             hint = "; pass --warmup-task none for the task's own answers" if dest == "warmup_task" else ""
             raise ConfigError(f"--{dest.replace('_', '-')} {shown}: {exc}{hint}") from None
     if args.command == "demo":

@@ -13,10 +13,11 @@ from typing import Any
 
 from rlnb._checks import (
     ENGINE_KINDS,
-    MODEL_DTYPES,
     check_buffer,
     check_int,
+    check_model,
     check_number,
+    check_ray,
     check_sampling,
     check_tracking,
     is_int,
@@ -33,6 +34,7 @@ __all__ = [
     "EngineConfig",
     "LearnConfig",
     "ModelConfig",
+    "RayConfig",
     "RolloutConfig",
     "TrackConfig",
     "WarmupConfig",
@@ -121,28 +123,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if isinstance(self.path, os.PathLike):
             object.__setattr__(self, "path", os.fspath(self.path))
-        require(
-            self.path is None or (isinstance(self.path, str) and self.path.strip() != ""),
-            "ModelConfig.path",
-            self.path,
-            "use None (the built-in policy) or the local directory of a Hugging Face causal LM",
-        )
-        require(self.dtype in MODEL_DTYPES, "ModelConfig.dtype", self.dtype, f"use one of {MODEL_DTYPES}")
-        require(
-            self.path is not None or self.dtype == "float32",
-            "ModelConfig.dtype",
-            self.dtype,
-            "the built-in policy trains in float32; dtype applies to a Hugging Face model (ModelConfig.path)",
-        )
-        check_int("ModelConfig.vocab_size", self.vocab_size, minimum=1, optional=True, example="vocab_size=16")
-        for field, example in (("d_model", 128), ("n_layers", 2), ("n_heads", 4), ("max_len", 32), ("mlp_ratio", 4)):
-            check_int(f"ModelConfig.{field}", getattr(self, field), minimum=1, example=f"{field}={example}")
-        require(
-            self.d_model % self.n_heads == 0,
-            "ModelConfig.n_heads",
-            self.n_heads,
-            f"use a divisor of d_model={self.d_model}, e.g. n_heads=4",
-        )
+        check_model(self)
 
     @property
     def head_dim(self) -> int:
@@ -183,6 +164,33 @@ class EngineConfig:
         )
         check_int("EngineConfig.max_batch", self.max_batch, minimum=1, example="max_batch=128")
         check_int("EngineConfig.threads", self.threads, minimum=1, example="threads=1")
+
+
+@_keywords()
+@dataclasses.dataclass(frozen=True)
+class RayConfig:
+    """Engine replicas as Ray actors (``engine_replicas`` > 0; the default, 0, runs the
+    engine in the session's process). Each replica serves a copy of the policy on the
+    built-in engine ("tiny" or "hf"); rollouts go to the replica with the fewest in flight.
+
+    address: None starts a local Ray cluster that the session owns and shuts down;
+        "auto", "HOST:PORT" or "ray://..." attaches to a running one, which the
+        session never shuts down (it removes only its own actors).
+    engine_replicas, num_cpus, num_gpus: how many replicas, and each one's resources.
+    strategy: how the placement group packs them: "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD".
+    max_restarts: replicas remade after one dies, in all, before the engine gives up.
+    start_timeout: seconds to wait for Ray and the replicas to start."""
+
+    address: str | None = None
+    engine_replicas: int = 0
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    strategy: str = "PACK"
+    max_restarts: int = 3
+    start_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        check_ray(self)
 
 
 @_keywords(max_staleness="max_policy_lag")
@@ -389,7 +397,7 @@ class Config:
 
     task: the name of a registered task (``rlnb.data.task_names()``).
     seed: seeds every random number generator the session owns.
-    data, model, engine, rollout, learn, warmup, buffer, track: the parts (see each class).
+    data, model, engine, rollout, learn, warmup, buffer, track, ray: the parts (see each class).
     mode: "sync" (each step rolls out its batch, then trains on it: deterministic
         for a seed) or "async" (rollouts run in the background within the
         staleness bound and each step takes its batch from the buffer).
@@ -409,6 +417,7 @@ class Config:
     warmup: WarmupConfig = dataclasses.field(default_factory=WarmupConfig)
     buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
     track: TrackConfig = dataclasses.field(default_factory=TrackConfig)
+    ray: RayConfig = dataclasses.field(default_factory=RayConfig)
     mode: str = "sync"
     step_timeout: float = 120.0
     close_timeout: float = 5.0
@@ -450,6 +459,12 @@ class Config:
             f"the {kind!r} engine serves a Hugging Face model: set ModelConfig(path=...) to its local directory, "
             "or use kind=None for the built-in policy",
         )
+        require(
+            not (self.ray.engine_replicas and kind == "vllm"),
+            "RayConfig.engine_replicas",
+            self.ray.engine_replicas,
+            "Ray replicas run the built-in engine ('tiny' or 'hf'); use engine_replicas=0 with kind='vllm'",
+        )
         check_number(
             "Config.step_timeout", self.step_timeout, gt=0, fix="use a number of seconds > 0, e.g. step_timeout=120.0"
         )
@@ -472,4 +487,5 @@ PARTS: dict[str, type] = {
     "warmup": WarmupConfig,
     "buffer": BufferConfig,
     "track": TrackConfig,
+    "ray": RayConfig,
 }

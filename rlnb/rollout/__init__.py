@@ -18,13 +18,18 @@ from rlnb.rollout._rollouter import Rollouter
 from rlnb.rollout._state import RolloutState
 
 if _typing.TYPE_CHECKING:
+    from rlnb.rollout._ray import RayEngine
     from rlnb.rollout._tiny import TinyEngine
     from rlnb.rollout._vllm import VLLMEngine
 else:
 
     def __getattr__(name: str) -> object:
-        # TinyEngine needs torch, VLLMEngine vLLM: imported when first asked for, so
-        # `import rlnb` stays light.
+        # TinyEngine needs torch, VLLMEngine vLLM, RayEngine Ray: imported when first
+        # asked for, so `import rlnb` stays light.
+        if name == "RayEngine":
+            from rlnb.rollout._ray import RayEngine
+
+            return RayEngine
         if name == "TinyEngine":
             from rlnb.rollout._tiny import TinyEngine
 
@@ -37,7 +42,7 @@ else:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "TinyEngine", "VLLMEngine"})
+    return sorted({*globals(), "RayEngine", "TinyEngine", "VLLMEngine"})
 
 
 __all__ = [
@@ -48,6 +53,7 @@ __all__ = [
     "GenerateResult",
     "PauseMode",
     "PromptItem",
+    "RayEngine",
     "RolloutState",
     "RolloutStatistics",
     "Rollouter",

@@ -1,0 +1,447 @@
+"""``RayEngine``: engine replicas as Ray actors, behind the ``Engine`` protocol.
+
+Each replica is an async Ray actor that serves a copy of the policy on a
+``TinyEngine`` (the built-in policy or a Hugging Face model). The session's bridge
+loop drives them all:
+
+* ``generate`` goes to the live replica with the fewest requests in flight; if
+  that replica dies, the request goes again to another one, from the prefix it
+  was given (tokens the dead replica had made are lost with it);
+* ``pause``, ``resume`` and ``abort`` go to every replica, so every mode and the
+  partial rollouts of ``"abort"`` work as on one engine;
+* ``update_weights`` puts the weights in Ray's object store once; every replica
+  loads them and answers with its version, which must be the one sent;
+* a replica that dies is remade (with the latest weights) up to
+  ``RayConfig.max_restarts`` times in all, counted in ``statistics()``.
+
+Ownership (contracts 1 and 8): with ``RayConfig.address=None`` the engine starts
+a local cluster and owns it: ``close()`` kills its actors, removes its placement
+group, shuts Ray down and waits for Ray's processes to exit. Ray's raylet and GCS
+die with their parent if this process is killed, but two of Ray's agents do not,
+so the vLLM engine's guard process watches every process Ray started and kills
+what is left when this process dies. Attached to a running cluster
+(``address="auto"`` or an address), ``close()`` removes only its own actors and
+placement group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import psutil
+
+from rlnb._errors import ClosedError, ConfigError, EngineError
+from rlnb.rollout._engine import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
+
+__all__ = ["RayEngine"]
+
+
+class _Replica:
+    """What runs inside each Ray actor: a ``TinyEngine`` over a copy of the policy."""
+
+    def __init__(self, policy: Any, eos_id: int, max_batch: int, threads: int) -> None:
+        import torch
+
+        from rlnb.rollout._tiny import TinyEngine
+
+        torch.set_num_threads(threads)
+        self.engine = TinyEngine(policy, eos_id=eos_id, max_batch=max_batch, threads=threads, name="rlnb-replica")
+
+    async def ready(self) -> int:
+        return os.getpid()
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        return await self.engine.generate(request)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self.engine.abort(request_ids)
+
+    async def pause(self, mode: str) -> None:
+        await self.engine.pause(mode)
+
+    async def resume(self) -> None:
+        await self.engine.resume()
+
+    async def update_weights(self, state: Mapping[str, Any], version: int) -> int:
+        await self.engine.update_weights(state, version)
+        return self.engine.statistics().version
+
+    async def statistics(self) -> EngineStatistics:
+        return self.engine.statistics()
+
+
+@dataclasses.dataclass
+class _Slot:
+    """One replica as the driver sees it."""
+
+    index: int
+    actor: Any
+    pid: int = 0
+    in_flight: int = 0
+    served: int = 0
+    version: int = 0
+    restarts: int = 0
+    state: str = "starting"  # "running", "restarting", "dead"
+
+
+class RayEngine:
+    """Replicas of the built-in engine as Ray actors; see the module docstring.
+    Made by :meth:`start`; every async method runs on the session's bridge loop."""
+
+    def __init__(self, ray: Any, cluster: _Cluster, placement: Any, factory: Any, policy_ref: Any, config: Any) -> None:
+        self._ray, self._cluster, self._placement = ray, cluster, placement
+        self._factory, self._policy_ref, self._config = factory, policy_ref, config
+        self._slots: list[_Slot] = []
+        self._weights: tuple[Any, int] | None = None  # the latest (object ref, version) sent
+        self._version = 0
+        self._paused: PauseMode | None = None
+        self._closed = False
+        self._restarts = 0
+        self._counts = {"finished": 0, "aborted": 0, "tokens": 0, "requeued": 0}
+        # Requests in flight by arrival number: while paused, those that arrived after
+        # the pause (all of them after an "abort" one) are waiting, not running.
+        self._arrivals, self._cutoff = 0, 0
+        self._in_flight: set[int] = set()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def start(cls, policy: Any, *, eos_id: int, max_batch: int, threads: int, config: Any, name: str) -> RayEngine:
+        """Start (or attach to) Ray and ``config.engine_replicas`` replicas of ``policy``.
+        Blocks until every replica answers; ConfigError if the cluster cannot hold them,
+        EngineError if Ray does not start. Nothing is left running if it fails."""
+        import ray
+        from ray.util.placement_group import placement_group
+
+        cluster = _Cluster.connect(ray, config, name)
+        engine = None
+        try:
+            bundle = {"CPU": float(config.num_cpus), **({"GPU": float(config.num_gpus)} if config.num_gpus else {})}
+            placement = placement_group([bundle] * config.engine_replicas, strategy=config.strategy)
+            cluster.placement = placement
+            try:
+                ray.get(placement.ready(), timeout=config.start_timeout)
+            except ray.exceptions.GetTimeoutError:
+                total = ray.cluster_resources()
+                raise ConfigError(
+                    f"RayConfig.engine_replicas={config.engine_replicas} is invalid: the cluster cannot place "
+                    f"{config.engine_replicas} replicas of {bundle} (it has {total}) within "
+                    f"{config.start_timeout} s; use fewer replicas or smaller num_cpus/num_gpus"
+                ) from None
+            remote, policy_ref = ray.remote(_Replica), ray.put(policy)
+
+            def factory(index: int) -> Any:
+                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                strategy = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=index)
+                return remote.options(
+                    name=None,
+                    num_cpus=config.num_cpus,
+                    num_gpus=config.num_gpus,
+                    scheduling_strategy=strategy,
+                    max_concurrency=4096,
+                ).remote(policy_ref, eos_id, max_batch, threads)
+
+            engine = cls(ray, cluster, placement, factory, policy_ref, config)
+            engine._slots = [_Slot(i, factory(i)) for i in range(config.engine_replicas)]
+            pids = ray.get([s.actor.ready.remote() for s in engine._slots], timeout=config.start_timeout)
+            for slot, pid in zip(engine._slots, pids, strict=True):
+                slot.pid, slot.state = pid, "running"
+            cluster.watch_new()
+            return engine
+        except BaseException:
+            if engine is not None:
+                engine.close()
+            else:
+                cluster.close()
+            raise
+
+    # -- the Engine protocol ------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        self._arrivals += 1
+        arrival = self._arrivals
+        self._in_flight.add(arrival)
+        try:
+            return await self._generate(request)
+        finally:
+            self._in_flight.discard(arrival)
+
+    async def _generate(self, request: GenerateRequest) -> GenerateResult:
+        while True:
+            slot = self._pick()
+            slot.in_flight += 1
+            ref = slot.actor.generate.remote(request)
+            try:
+                result: GenerateResult = await ref
+            except asyncio.CancelledError:
+                self._ray.cancel(ref)
+                raise
+            except self._ray.exceptions.RayActorError as exc:
+                if self._closed:
+                    raise ClosedError("the engine closed") from None
+                await self._replace(slot, exc)
+                self._counts["requeued"] += 1
+                continue
+            except self._ray.exceptions.RayTaskError as exc:
+                raise exc.as_instanceof_cause() from None
+            finally:
+                slot.in_flight -= 1
+            slot.served += 1
+            self._counts["aborted" if result.finish_reason == "aborted" else "finished"] += 1
+            self._counts["tokens"] += len(result.token_ids)
+            return result
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self._each("abort", request_ids)
+
+    async def pause(self, mode: PauseMode | str = PauseMode.KEEP) -> None:
+        mode = PauseMode(mode)
+        self._check_open()
+        self._paused, self._cutoff = mode, self._arrivals
+        await self._each("pause", mode.value)
+
+    async def resume(self) -> None:
+        self._check_open()
+        self._paused = None
+        await self._each("resume")
+
+    async def update_weights(self, state: Mapping[str, Any], version: int) -> None:
+        self._check_open()
+        ref = self._ray.put(dict(state))  # once, for every replica
+        self._weights = (ref, version)
+        running = [s for s in self._slots if s.state == "running"]
+        answers = await asyncio.gather(
+            *(s.actor.update_weights.remote(ref, version) for s in running), return_exceptions=True
+        )
+        for slot, answer in zip(running, answers, strict=True):
+            if isinstance(answer, self._ray.exceptions.RayActorError):
+                await self._replace(slot, answer)  # the new replica starts from these weights
+            elif isinstance(answer, BaseException):
+                raise EngineError(f"replica {slot.index} failed to load weights version {version}") from answer
+            elif answer != version:
+                raise EngineError(f"replica {slot.index} is at weights version {answer} after loading {version}")
+            else:
+                slot.version = answer
+        self._version = version
+
+    def statistics(self) -> EngineStatistics:
+        with self._lock:
+            in_flight = list(self._in_flight)
+            if self._paused is None:
+                running = len(in_flight)
+            elif self._paused is PauseMode.ABORT:
+                running = 0  # every request from before the pause came back
+            else:  # "keep" freezes the earlier ones in place, "wait" lets them finish
+                running = sum(a <= self._cutoff for a in in_flight)
+            return EngineStatistics(
+                version=self._version,
+                paused=None if self._paused is None else self._paused.value,
+                waiting=len(in_flight) - running,
+                running=running,
+                finished=self._counts["finished"],
+                aborted=self._counts["aborted"],
+                generated_tokens=self._counts["tokens"],
+                decode_steps=0,
+                extra={
+                    "replicas": [
+                        {
+                            "index": s.index,
+                            "state": s.state,
+                            "in_flight": s.in_flight,
+                            "served": s.served,
+                            "version": s.version,
+                            "restarts": s.restarts,
+                            "pid": s.pid,
+                        }
+                        for s in self._slots
+                    ],
+                    "restarts": self._restarts,
+                    "requeued": self._counts["requeued"],
+                    "ray_owned": self._cluster.owned,
+                    "died": None,
+                },
+            )
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Kill the replicas, remove the placement group and, when this engine started
+        Ray, shut it down and wait for its processes. Idempotent; blocks."""
+        if self._closed:
+            return
+        self._closed = True
+        for slot in self._slots:
+            slot.state = "dead"
+            try:
+                self._ray.kill(slot.actor)
+            except Exception:  # already gone
+                pass
+        self._cluster.close(timeout=timeout)
+
+    # -- replicas -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the engine is closed")
+
+    def _pick(self) -> _Slot:
+        self._check_open()
+        running = [s for s in self._slots if s.state == "running"]
+        if not running:
+            raise EngineError(
+                f"every Ray replica is dead and the {self._config.max_restarts} restarts "
+                "(RayConfig.max_restarts) are spent; make a new session"
+            )
+        return min(running, key=lambda s: (s.in_flight, s.index))
+
+    async def _each(self, method: str, *args: Any) -> None:
+        running = [s for s in self._slots if s.state == "running"]
+        answers = await asyncio.gather(
+            *(getattr(s.actor, method).remote(*args) for s in running), return_exceptions=True
+        )
+        for slot, answer in zip(running, answers, strict=True):
+            if isinstance(answer, self._ray.exceptions.RayActorError):
+                await self._replace(slot, answer)
+            elif isinstance(answer, BaseException):
+                raise EngineError(f"replica {slot.index}: {method} failed") from answer
+
+    async def _replace(self, slot: _Slot, cause: BaseException) -> None:
+        """``slot``'s actor died: remake it with the latest weights and the current
+        pause, if the restart budget allows; otherwise mark it dead."""
+        if slot.state != "running":  # another caller is on it
+            while slot.state == "restarting":
+                await asyncio.sleep(0.05)
+            return
+        if self._restarts >= self._config.max_restarts:
+            slot.state = "dead"
+            return
+        slot.state, self._restarts, slot.restarts = "restarting", self._restarts + 1, slot.restarts + 1
+        try:
+            actor = self._factory(slot.index)
+            slot.pid = await actor.ready.remote()
+            if self._weights is not None:
+                ref, version = self._weights
+                slot.version = await actor.update_weights.remote(ref, version)
+            if self._paused is not None:
+                await actor.pause.remote(self._paused.value)
+        except Exception:
+            slot.state = "dead"
+            return
+        slot.actor, slot.state = actor, "running"
+        self._cluster.watch_new()
+
+
+class _Cluster:
+    """Ray as this session uses it: started here (owned) or attached to."""
+
+    def __init__(self, ray: Any, *, connected: bool, owned: bool, guard: Any) -> None:
+        self.ray, self.owned, self._guard = ray, owned, guard
+        self.connected = connected  # this session called ray.init (and disconnects at close)
+        self.placement: Any = None
+        self._procs: dict[int, psutil.Process] = {}
+        self._fds_before = _open_fds()
+        self._closed = False
+
+    @classmethod
+    def connect(cls, ray: Any, config: Any, name: str) -> _Cluster:
+        if ray.is_initialized():  # another session's Ray, or the user's: use it, leave it be
+            return cls(ray, connected=False, owned=False, guard=None)
+        options = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
+        if config.address is not None:
+            cluster = cls(ray, connected=True, owned=False, guard=None)
+            try:
+                ray.init(address=config.address, namespace=f"rlnb-{name}", **options)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                cluster.close()
+                raise ConfigError(
+                    f"RayConfig.address={config.address!r} is invalid: no Ray cluster answered there ({exc}); "
+                    "start one with `ray start --head`, or use address=None for a local cluster of the session's own"
+                ) from None
+            return cluster
+        from rlnb.rollout._vllm_setup import _Guard
+
+        guard = _Guard()
+        cluster = cls(ray, connected=True, owned=True, guard=guard)
+        try:
+            needed = int(config.engine_replicas * config.num_cpus + 0.999)
+            # on loopback: nothing to look up, nothing advertised beyond this machine
+            ray.init(
+                num_cpus=max(needed, os.cpu_count() or 1),
+                namespace=f"rlnb-{name}",
+                _node_ip_address="127.0.0.1",
+                **options,
+            )
+        except BaseException:
+            cluster.close()
+            raise
+        cluster.watch_new()
+        return cluster
+
+    def watch_new(self) -> None:
+        """Tell the guard about Ray's processes started since the last look."""
+        if self._guard is None:
+            return
+        for proc in psutil.Process().children(recursive=True):
+            if proc.pid not in self._procs and proc.pid != self._guard.proc.pid:
+                self._procs[proc.pid] = proc
+                self._guard.watch([proc.pid])
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        ray = self.ray
+        if self.placement is not None and ray.is_initialized():
+            try:
+                from ray.util.placement_group import remove_placement_group
+
+                remove_placement_group(self.placement)
+            except Exception:  # the cluster is gone already
+                pass
+        if not self.connected:
+            return
+        self.watch_new()
+        if ray.is_initialized():
+            ray.shutdown()
+        # Ray's core worker keeps its event loops, a socket and its log files open
+        # after shutdown, for the life of the process (one more socket per init): Ray's,
+        # not this session's, so the leak checks leave them out.
+        from rlnb.runtime import note_process_long
+
+        open_now = _open_fds()
+        note_process_long(fds=[fd for fd, where in open_now.items() if self._fds_before.get(fd) != where])
+        if not self.owned:
+            return
+        deadline = time.monotonic() + (timeout or 10.0)
+        alive = [p for p in self._procs.values() if _running(p)]
+        _, alive = psutil.wait_procs(alive, timeout=max(0.0, deadline - time.monotonic()))
+        for proc in alive:  # Ray's agents outlive ray.shutdown() for a while
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=2.0)
+        if self._guard is not None:
+            self._guard.close(kill=False)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _open_fds() -> dict[int, str]:
+    """This process's open FDs and what each points to."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile (or the listing's own)
+            continue
+    return out

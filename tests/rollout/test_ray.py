@@ -1,0 +1,174 @@
+"""Engine replicas as Ray actors (``RayConfig``), on a real local Ray cluster that the
+session starts and owns. Run in the loopback-only namespace (scripts/test.sh)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import ray
+
+import rlnb
+from tests.helpers import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
+
+SMALL = rlnb.Config(
+    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+    data=rlnb.DataConfig(num_workers=0),
+    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
+    ray=rlnb.RayConfig(engine_replicas=2),
+)
+
+
+def ray_processes(root: psutil.Process | None = None) -> list[psutil.Process]:
+    """Ray's processes under ``root`` (this process by default), zombies aside."""
+    found = []
+    for proc in (root or psutil.Process()).children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and (
+                proc.name() in ("raylet", "gcs_server") or "ray" in " ".join(proc.cmdline()[:3])
+            ):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def replicas(sess: rlnb.Session) -> list[dict[str, int | str]]:
+    return sess.statistics().engine.extra["replicas"]
+
+
+def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_process() -> None:
+    with rlnb.Session(SMALL, name="ray") as sess:
+        assert ray.is_initialized() and len(replicas(sess)) == 2
+        assert all(r["state"] == "running" for r in replicas(sess))
+        assert len(ray_processes()) >= 4, "a local cluster of the session's own: GCS, raylet, two replicas"
+
+        # Rollouts spread over both replicas; each learner step's weights reach both.
+        for _ in range(3):
+            sess.step()
+        assert sess.version == 3
+        assert [r["version"] for r in replicas(sess)] == [3, 3]
+        assert all(int(r["served"]) > 0 for r in replicas(sess)), replicas(sess)
+
+        # Pause in every mode across the replicas; "abort" keeps partial rollouts.
+        sess.start_rollouts()
+        wait_until(lambda: sess.statistics().engine.running > 0, "rollouts in flight on the replicas")
+        for mode in ("abort", "keep", "wait"):
+            sess.pause(mode)
+            if mode == "wait":
+                sess.wait_paused()
+            assert sess.statistics().engine.paused == mode
+            if mode != "keep":
+                assert sess.statistics().engine.running == 0, mode  # nothing generating
+            sess.resume()
+        sess.stop_rollouts()
+        assert sess.step()["version"] == 4
+
+        # A replica killed from outside mid-generation: its requests go to the other,
+        # the replica is remade with the current weights, and it is counted.
+        victim = sess._engine._slots[0].actor  # type: ignore[attr-defined]
+
+        def kill_when_busy() -> None:
+            wait_until(lambda: sess.statistics().engine.running > 0, "a step's rollouts in flight", timeout=60)
+            ray.kill(victim)
+
+        killer = threading.Thread(target=kill_when_busy)
+        killer.start()
+        assert sess.step()["version"] == 5
+        killer.join()
+        assert sess.step()["version"] == 6  # training goes on
+        stats = sess.statistics().engine.extra
+        assert stats["restarts"] == 1 and replicas(sess)[0]["restarts"] == 1
+        assert [r["state"] for r in replicas(sess)] == ["running", "running"]
+        assert stats["requeued"] >= 1  # the dead replica's requests ran again on the other
+        assert [r["version"] for r in replicas(sess)] == [6, 6]
+        everyone = ray_processes()
+    assert not ray.is_initialized()
+    assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in everyone)
+    assert ray_processes() == []
+    sess.close()  # idempotent
+
+
+OWNER = """
+import time, rlnb
+config = rlnb.Config(
+    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+    data=rlnb.DataConfig(num_workers=0),
+    ray=rlnb.RayConfig(engine_replicas=2),
+)
+sess = rlnb.Session(config, name="owner")
+sess.step()
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_owner_leaves_no_ray_process(tmp_path: Path) -> None:
+    log = tmp_path / "owner.log"
+    with log.open("w") as err:
+        owner = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(OWNER)], stdout=subprocess.PIPE, stderr=err, text=True
+        )
+    try:
+        assert owner.stdout is not None
+        line = owner.stdout.readline()
+        assert line.startswith("READY"), log.read_text()[-3000:]
+        everyone = ray_processes(psutil.Process(owner.pid))
+        assert len(everyone) >= 4
+        killed = time.monotonic()
+        owner.kill()
+        owner.wait(10)
+        wait_until(
+            lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in everyone),
+            "every Ray process of the killed owner to exit",
+            timeout=10.0,
+        )
+        print(f"Ray's processes gone {time.monotonic() - killed:.2f} s after SIGKILL of their owner")
+    finally:
+        owner.kill()
+        owner.wait()
+        if owner.stdout is not None:
+            owner.stdout.close()
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda: rlnb.RayConfig(engine_replicas=-1), "RayConfig.engine_replicas=-1 is invalid"),
+        (lambda: rlnb.RayConfig(num_cpus=0), "RayConfig.num_cpus=0 is invalid"),
+        (lambda: rlnb.RayConfig(strategy="pack"), "use one of ('PACK'"),
+        (lambda: rlnb.RayConfig(address=""), "RayConfig.address='' is invalid"),
+        (
+            lambda: rlnb.Config(
+                model=rlnb.ModelConfig(path="/nowhere"),
+                engine=rlnb.EngineConfig(kind="vllm"),
+                ray=rlnb.RayConfig(engine_replicas=2),
+            ),
+            "Ray replicas run the built-in engine",
+        ),
+    ],
+)
+def test_bad_ray_settings_are_config_errors_before_anything_starts(make: object, words: str) -> None:
+    with pytest.raises(rlnb.ConfigError, match=None) as caught:
+        make()  # type: ignore[operator]
+    assert words in str(caught.value)
+    assert not ray.is_initialized()
+
+
+def test_train_on_ray_replicas_from_the_command_line(tmp_path: Path) -> None:
+    flags = ["--steps", "2", "--warmup-steps", "0", "--ray-replicas", "2", "--eval-prompts", "8"]
+    flags += ["--num-workers", "0", "--run-dir", str(tmp_path / "run"), "--no-progress", "--json"]
+    proc = subprocess.run([sys.executable, "-m", "rlnb", "train", *flags], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["steps"] == 2 and result["generated_tokens_per_s"] > 0
+    assert ray_processes() == []
