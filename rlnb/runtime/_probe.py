@@ -187,6 +187,13 @@ def note_process_long(*, fds: Iterable[int] = (), threads: Iterable[threading.Th
     _NOTED_THREADS.update(threads)
 
 
+def _noted(fd: int, target: str) -> bool:
+    """``fd`` was noted as process-long and still points where it did (a file deleted
+    since, such as a library's log file, is still the same file)."""
+    noted = _NOTED_FDS.get(fd)
+    return noted is not None and (target == noted or target == f"{noted} (deleted)")
+
+
 def _process_long_helpers() -> tuple[frozenset[int], frozenset[int]]:
     """The pids and FDs of multiprocessing's forkserver and resource tracker: started
     once (by the prompt loader's workers) and kept for the life of the process, like
@@ -208,7 +215,7 @@ def snapshot() -> Snapshot:
     """Take a :class:`Snapshot` of this process now. Does not block."""
     helper_pids, helper_fds = _process_long_helpers()
     return Snapshot(
-        fds={fd: target for fd, target in _open_fds().items() if fd not in helper_fds and _NOTED_FDS.get(fd) != target},
+        fds={fd: target for fd, target in _open_fds().items() if fd not in helper_fds and not _noted(fd, target)},
         threads={t.ident or 0: t.name for t in threading.enumerate() if t.is_alive() and t not in _NOTED_THREADS},
         children=frozenset(c for c in _live_children() if c.pid not in helper_pids),
         loops=_bridge.live_loops(),
