@@ -225,3 +225,32 @@ def _cmdline_has(proc: psutil.Process, text: str) -> bool:
         return any(text in arg for arg in proc.cmdline())
     except psutil.Error:
         return False
+
+
+KERNEL_CELL = """
+import rlnb
+sess = rlnb.Session(rlnb.Config(
+    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+    data=rlnb.DataConfig(num_workers=0),
+    ray=rlnb.RayConfig(engine_replicas=2),
+), name="ray-kernel")
+sess.step()
+"""
+
+
+def test_a_kernel_restart_leaves_no_ray_process_of_the_session(tmp_path: Path) -> None:
+    from tests.runtime.test_kernel import kernel, ok
+
+    with kernel(tmp_path) as (km, kc):
+        ok(kc, KERNEL_CELL)
+        assert km.provisioner is not None
+        everyone = ray_processes(psutil.Process(km.provisioner.process.pid))
+        assert len(everyone) >= 4, everyone  # GCS, raylet, two replicas (and Ray's agents)
+        asked = time.monotonic()
+        km.restart_kernel(now=False)  # rlnb's shutdown hook closes the session, and Ray with it
+        wait_until(
+            lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in everyone),
+            "every Ray process of the old kernel's session to exit",
+            timeout=5.0,
+        )
+        print(f"Ray's processes gone {time.monotonic() - asked:.2f} s after the restart was asked for")
