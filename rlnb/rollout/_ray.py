@@ -382,11 +382,12 @@ class _Cluster:
         return cluster
 
     def watch_new(self) -> None:
-        """Tell the guard about Ray's processes started since the last look."""
+        """Tell the guard about Ray's processes started since the last look (only
+        Ray's: the prompt loader's workers and multiprocessing's forkserver are not)."""
         if self._guard is None:
             return
         for proc in psutil.Process().children(recursive=True):
-            if proc.pid not in self._procs and proc.pid != self._guard.proc.pid:
+            if proc.pid not in self._procs and is_ray_process(proc):
                 self._procs[proc.pid] = proc
                 self._guard.watch([proc.pid])
 
@@ -445,3 +446,17 @@ def _open_fds() -> dict[int, str]:
         except OSError:  # closed meanwhile (or the listing's own)
             continue
     return out
+
+
+def is_ray_process(proc: psutil.Process) -> bool:
+    """One of Ray's own processes: GCS, raylet, a worker or actor (``ray::...``), or
+    one of Ray's Python scripts (its log monitor, agents). Zombies and the gone: no."""
+    try:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        name, cmdline = proc.name(), proc.cmdline()
+    except psutil.Error:
+        return False
+    if name in ("raylet", "gcs_server") or name.startswith("ray::"):
+        return True
+    return len(cmdline) > 1 and f"{os.sep}ray{os.sep}" in cmdline[1] and cmdline[1].endswith(".py")
