@@ -4,11 +4,8 @@ session starts and owns. Run in the loopback-only namespace (scripts/test.sh).""
 from __future__ import annotations
 
 import multiprocessing.forkserver
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -22,7 +19,7 @@ import rlnb
 from rlnb.rollout._ray import is_ray_process
 from tests.helpers import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.netns]
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.ray]
 
 SMALL = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
@@ -174,56 +171,6 @@ def test_the_ray_flags_of_rlnb_train_set_the_ray_config() -> None:
         ["train", "--steps", "1", "--run-dir", "r", "--ray-replicas", "3", "--ray-address", "auto"]
     )
     assert _train_config(args)[0].ray == rlnb.RayConfig(engine_replicas=3, address="auto")
-
-
-def _cluster_cpus(address: str) -> tuple[float, float]:
-    """(CPUs in use, CPUs in all) of the cluster at ``address``, from ``ray status``."""
-    out = subprocess.run(
-        [str(Path(sys.executable).parent / "ray"), "status", "--address", address],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-    ).stdout
-    lines = [x for x in out.splitlines() if x.split()[1:2] == ["CPU"] and "/" in x]  # " 2.0/3.0 CPU (...)"
-    assert lines, out
-    line = lines[0]
-    used, total = line.split()[0].split("/")
-    return float(used), float(total)
-
-
-def test_a_session_attached_to_a_running_cluster_leaves_it_running_and_frees_what_it_took() -> None:
-    ray_bin, address = str(Path(sys.executable).parent / "ray"), "127.0.0.1:6390"
-    temp = Path(tempfile.mkdtemp(prefix="rlnb-ray-"))  # short: Ray's unix sockets live under it
-    subprocess.run(
-        [ray_bin, "start", "--head", "--port", "6390", "--node-ip-address", "127.0.0.1", "--num-cpus", "3",
-         "--include-dashboard", "false", "--temp-dir", str(temp)],
-        capture_output=True, text=True, timeout=120, check=True,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"},  # as the session's own clusters run
-    )  # fmt: skip
-    try:
-        config = SMALL.replace(ray=rlnb.RayConfig(engine_replicas=2, address=address))
-        with rlnb.Session(config, name="attached") as sess:
-            sess.step()
-            assert sess.statistics().engine.extra["ray_owned"] is False
-            assert ray_processes() == []  # the cluster's processes are not the session's
-            assert _cluster_cpus(address)[0] == 2.0  # its two replicas
-        assert not ray.is_initialized()  # disconnected
-        assert _cluster_cpus(address) == (0.0, 3.0)  # still running; the session's actors and bundles are gone
-    finally:  # this cluster only (`ray stop` would stop every Ray cluster of the machine's user)
-        mine = [p for p in psutil.process_iter() if _cmdline_has(p, str(temp))]
-        for proc in mine:
-            proc.kill()
-        psutil.wait_procs(mine, timeout=30)
-        shutil.rmtree(temp, ignore_errors=True)
-
-
-def _cmdline_has(proc: psutil.Process, text: str) -> bool:
-    try:
-        return any(text in arg for arg in proc.cmdline())
-    except psutil.Error:
-        return False
 
 
 KERNEL_CELL = """
