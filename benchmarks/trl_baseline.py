@@ -131,19 +131,23 @@ def warmup(out: Path, target: float, batch_size: int, lr: float) -> None:
     tokenizer.save_pretrained(out / "warm")
 
 
-def grpo(out: Path, lr: float, steps: int, eval_every: int) -> None:
-    from datasets import Dataset
-    from transformers import LlamaForCausalLM, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    model = LlamaForCausalLM.from_pretrained(out / "warm")
+def grpo_rows(steps: int) -> list[dict[str, str]]:
+    """The GRPO prompts: 16 per step (and a few spare), never a held-out pair."""
     rng = random.Random(42)
     rows = []
     for _ in range(16 * (steps + 5)):
         a, b = training_pair(rng)
         rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b)})
-    args = GRPOConfig(
-        output_dir=str(out / "grpo"),
+    return rows
+
+
+def grpo_args(output_dir: Path, lr: float, steps: int) -> Any:
+    """TRL's GRPOConfig for this recipe: 16 prompts x 8 completions per step, lr
+    decaying linearly over ``steps``, no KL, fp32, no gradient checkpointing."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(output_dir),
         learning_rate=lr,
         num_generations=8,
         per_device_train_batch_size=128,  # 16 prompts x 8 completions per optimizer step
@@ -160,6 +164,16 @@ def grpo(out: Path, lr: float, steps: int, eval_every: int) -> None:
         seed=0,
         disable_tqdm=True,
     )
+
+
+def grpo(out: Path, lr: float, steps: int, eval_every: int) -> None:
+    from datasets import Dataset
+    from transformers import LlamaForCausalLM, TrainerCallback
+    from trl import GRPOTrainer
+
+    model = LlamaForCausalLM.from_pretrained(out / "warm")
+    rows = grpo_rows(steps)
+    args = grpo_args(out / "grpo", lr, steps)
     curve: list[tuple[int, float, float]] = []
 
     class Evaluate(TrainerCallback):  # type: ignore[misc]

@@ -86,32 +86,10 @@ def run_trl(out: Path, warm: Path, lr: float, steps: int, eval_every: int) -> di
     """TRL's GRPOTrainer, as in ``trl_baseline.grpo``, timing training apart from evaluation."""
     from datasets import Dataset
     from transformers import LlamaForCausalLM, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     model = LlamaForCausalLM.from_pretrained(warm)
-    rng = random.Random(42)
-    rows = []
-    for _ in range(GROUPS * (steps + 5)):
-        a, b = base.training_pair(rng)
-        rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b)})
-    args = GRPOConfig(
-        output_dir=str(out / "trl"),
-        learning_rate=lr,
-        num_generations=GROUP_SIZE,
-        per_device_train_batch_size=GROUPS * GROUP_SIZE,
-        gradient_accumulation_steps=1,
-        max_completion_length=MAX_NEW,
-        temperature=1.0,
-        beta=0.0,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to="none",
-        max_steps=steps,
-        save_strategy="no",
-        use_cpu=True,
-        seed=0,
-        disable_tqdm=True,
-    )
+    rows, args = base.grpo_rows(steps), base.grpo_args(out / "trl", lr, steps)  # the baseline's recipe
     curve: list[list[float]] = []
     clock = {"eval": 0.0, "start": 0.0}
 
