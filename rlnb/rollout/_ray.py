@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -94,9 +93,8 @@ class RayEngine:
     """Replicas of the built-in engine as Ray actors; see the module docstring.
     Made by :meth:`start`; every async method runs on the session's bridge loop."""
 
-    def __init__(self, ray: Any, cluster: _Cluster, placement: Any, factory: Any, policy_ref: Any, config: Any) -> None:
-        self._ray, self._cluster, self._placement = ray, cluster, placement
-        self._factory, self._policy_ref, self._config = factory, policy_ref, config
+    def __init__(self, ray: Any, cluster: _Cluster, factory: Any, config: Any) -> None:
+        self._ray, self._cluster, self._factory, self._config = ray, cluster, factory, config
         self._slots: list[_Slot] = []
         self._weights: tuple[Any, int] | None = None  # the latest (object ref, version) sent
         self._version = 0
@@ -108,7 +106,6 @@ class RayEngine:
         # the pause (all of them after an "abort" one) are waiting, not running.
         self._arrivals, self._cutoff = 0, 0
         self._in_flight: set[int] = set()
-        self._lock = threading.Lock()
 
     @classmethod
     def start(cls, policy: Any, *, eos_id: int, max_batch: int, threads: int, config: Any, name: str) -> RayEngine:
@@ -147,7 +144,7 @@ class RayEngine:
                     max_concurrency=4096,
                 ).remote(policy_ref, eos_id, max_batch, threads)
 
-            engine = cls(ray, cluster, placement, factory, policy_ref, config)
+            engine = cls(ray, cluster, factory, config)
             engine._slots = [_Slot(i, factory(i)) for i in range(config.engine_replicas)]
             pids = ray.get([s.actor.ready.remote() for s in engine._slots], timeout=config.start_timeout)
             for slot, pid in zip(engine._slots, pids, strict=True):
@@ -231,42 +228,42 @@ class RayEngine:
         self._version = version
 
     def statistics(self) -> EngineStatistics:
-        with self._lock:
-            in_flight = list(self._in_flight)
-            if self._paused is None:
-                running = len(in_flight)
-            elif self._paused is PauseMode.ABORT:
-                running = 0  # every request from before the pause came back
-            else:  # "keep" freezes the earlier ones in place, "wait" lets them finish
-                running = sum(a <= self._cutoff for a in in_flight)
-            return EngineStatistics(
-                version=self._version,
-                paused=None if self._paused is None else self._paused.value,
-                waiting=len(in_flight) - running,
-                running=running,
-                finished=self._counts["finished"],
-                aborted=self._counts["aborted"],
-                generated_tokens=self._counts["tokens"],
-                decode_steps=0,
-                extra={
-                    "replicas": [
-                        {
-                            "index": s.index,
-                            "state": s.state,
-                            "in_flight": s.in_flight,
-                            "served": s.served,
-                            "version": s.version,
-                            "restarts": s.restarts,
-                            "pid": s.pid,
-                        }
-                        for s in self._slots
-                    ],
-                    "restarts": self._restarts,
-                    "requeued": self._counts["requeued"],
-                    "ray_owned": self._cluster.owned,
-                    "died": None,
-                },
-            )
+        # the counters change on the bridge loop only: a copy is a consistent enough view
+        in_flight = list(self._in_flight)
+        if self._paused is None:
+            running = len(in_flight)
+        elif self._paused is PauseMode.ABORT:
+            running = 0  # every request from before the pause came back
+        else:  # "keep" freezes the earlier ones in place, "wait" lets them finish
+            running = sum(a <= self._cutoff for a in in_flight)
+        return EngineStatistics(
+            version=self._version,
+            paused=None if self._paused is None else self._paused.value,
+            waiting=len(in_flight) - running,
+            running=running,
+            finished=self._counts["finished"],
+            aborted=self._counts["aborted"],
+            generated_tokens=self._counts["tokens"],
+            decode_steps=0,
+            extra={
+                "replicas": [
+                    {
+                        "index": s.index,
+                        "state": s.state,
+                        "in_flight": s.in_flight,
+                        "served": s.served,
+                        "version": s.version,
+                        "restarts": s.restarts,
+                        "pid": s.pid,
+                    }
+                    for s in self._slots
+                ],
+                "restarts": self._restarts,
+                "requeued": self._counts["requeued"],
+                "ray_owned": self._cluster.owned,
+                "died": None,
+            },
+        )
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Kill the replicas, remove the placement group and, when this engine started
