@@ -48,7 +48,9 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-_BRIDGES: weakref.WeakSet[AsyncBridge] = weakref.WeakSet()
+# Every bridge, by weak references without callbacks (pruned as they are read): a
+# bridge's collection runs no Python code of ours, where a Ctrl-C would be lost.
+_BRIDGES: list[weakref.ref[AsyncBridge]] = []
 # Loops inherited across fork(): never closed in the child (see _discard_inherited_loop).
 _INHERITED: list[asyncio.AbstractEventLoop] = []
 
@@ -109,7 +111,10 @@ class AsyncBridge:
         self._thread_ident: int | None = None
         # concurrent future -> its task once started on the loop
         self._calls: dict[concurrent.futures.Future[Any], asyncio.Task[None] | None] = {}
-        _BRIDGES.add(self)
+        # No finalizer: a Ctrl-C that lands in one is lost (Python cannot raise its
+        # KeyboardInterrupt there), and collection comes at any moment. A running bridge
+        # is never collected anyway: its loop thread holds it.
+        _BRIDGES[:] = [ref for ref in _BRIDGES if ref() is not None] + [weakref.ref(self)]
 
     # -- public API -------------------------------------------------------------
 
@@ -249,16 +254,6 @@ class AsyncBridge:
 
     def __repr__(self) -> str:
         return f"<AsyncBridge {self._name!r} {self._state.value}>"
-
-    def __del__(self) -> None:
-        # Only warn: closing from a finalizer could run on any thread, at any time.
-        if getattr(self, "_state", _State.CLOSED) is _State.RUNNING:
-            warnings.warn(
-                f"unclosed {self!r}; call close() or use it as a context manager",
-                ResourceWarning,
-                source=self,
-                stacklevel=2,
-            )
 
     # -- internals --------------------------------------------------------------
 
@@ -438,14 +433,18 @@ def _discard_inherited_loop(loop: asyncio.AbstractEventLoop) -> None:
     _INHERITED.append(loop)
 
 
+def _bridges() -> list[AsyncBridge]:
+    return [b for b in (ref() for ref in list(_BRIDGES)) if b is not None]
+
+
 def _after_fork_in_child() -> None:
-    for bridge in list(_BRIDGES):
+    for bridge in _bridges():
         bridge._reset_after_fork()
 
 
 def live_loops() -> tuple[str, ...]:
     """Names of bridges whose event loop exists and is not closed."""
-    return tuple(sorted(b._name for b in list(_BRIDGES) if b._loop is not None and not b._loop.is_closed()))
+    return tuple(sorted(b._name for b in _bridges() if b._loop is not None and not b._loop.is_closed()))
 
 
 if hasattr(os, "register_at_fork"):
