@@ -2,7 +2,7 @@
 
 vLLM runs ``EngineCore`` in a spawned child process and a ``Worker`` under it;
 this process keeps the frontend, driven on the caller's event loop. A guard
-process (``_vllm_guard``) kills both if this process dies without closing the
+process (``_guard``) kills both if this process dies without closing the
 engine. Weights are loaded by a worker extension (``_vllm_worker``) reached with
 ``collective_rpc``, and each finished request reports which weight version
 sampled each token (vLLM's weight-version spans).
@@ -24,6 +24,7 @@ import psutil
 
 from rlnb._errors import ClosedError, EngineError
 from rlnb.rollout._engine import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
+from rlnb.rollout._guard import Guard
 from rlnb.rollout._vllm_setup import (
     _FINISH,
     _WORKER_EXTENSION,
@@ -32,7 +33,6 @@ from rlnb.rollout._vllm_setup import (
     _checkpoint_shapes,
     _Closed,
     _destroy,
-    _Guard,
     _in_thread,
     _Pending,
     _read_config,
@@ -63,7 +63,7 @@ class VLLMEngine:
     def __init__(
         self,
         llm: Any,
-        guard: _Guard,
+        guard: Guard,
         procs: list[psutil.Process],
         threads: list[threading.Thread],
         stats: dict[str, int],
@@ -177,7 +177,7 @@ class VLLMEngine:
                     args.create_engine_config(), stat_loggers=[_stat_logger(stats)], disable_log_stats=True
                 )
 
-        guard = _Guard()
+        guard = Guard()
         guard.send("arm")
 
         def abandon(llm: Any) -> None:  # the caller gave up (Ctrl-C) while vLLM was starting

@@ -1,7 +1,6 @@
 """What :class:`~rlnb.rollout._vllm.VLLMEngine` needs around vLLM itself: importing it
 quietly, checking a model directory before any process starts, starting vLLM
-without the caller's ``__main__``, the guard process that outlives a killed owner,
-a thread whose result an event loop awaits, and the per-token weight versions."""
+without the caller's ``__main__``, a thread whose result an event loop awaits, and the per-token weight versions."""
 
 from __future__ import annotations
 
@@ -10,18 +9,13 @@ import contextlib
 import json
 import multiprocessing.spawn
 import os
-import subprocess
-import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from rlnb._errors import ConfigError
-from rlnb.rollout import _vllm_guard
 from rlnb.rollout._engine import GenerateResult
 from rlnb.rollout._tiny import _deliver
 
@@ -159,55 +153,6 @@ def _spawn_without_main() -> Iterator[None]:
         yield
     finally:
         multiprocessing.spawn.get_preparation_data = original
-
-
-class _Guard:
-    """The orphan-killing watchdog: a subprocess told which pids to kill if we die."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, _vllm_guard.__file__, str(os.getpid())],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,  # a Ctrl-C to our process group must not reach it
-        )
-        self._lock = threading.Lock()
-
-    def send(self, line: str) -> None:
-        with self._lock:
-            stdin = self.proc.stdin
-            if stdin is None or stdin.closed:
-                return
-            try:
-                stdin.write(line.encode() + b"\n")
-                stdin.flush()
-            except OSError:  # it died: nothing to tell
-                pass
-
-    def watch(self, pids: Sequence[int]) -> list[psutil.Process]:
-        procs = []
-        for pid in pids:
-            try:
-                proc = psutil.Process(pid)
-                self.send(f"watch {pid} {proc.create_time()!r}")
-                procs.append(proc)
-            except psutil.NoSuchProcess:
-                continue
-        return procs
-
-    def close(self, *, kill: bool, timeout: float = 5.0) -> None:
-        """Let it go (``kill``: after it kills what it watches)."""
-        if not kill:
-            self.send("bye")
-        with self._lock:
-            if self.proc.stdin is not None and not self.proc.stdin.closed:
-                with contextlib.suppress(OSError):
-                    self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 async def _in_thread(fn: Callable[[], Any], on_abandon: Callable[[Any], None], name: str) -> Any:

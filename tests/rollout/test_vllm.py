@@ -358,7 +358,7 @@ def gone(proc: psutil.Process) -> bool:
 
 
 def guards() -> set[int]:
-    return {p.pid for p in psutil.Process().children() if "_vllm_guard" in " ".join(p.cmdline())}
+    return {p.pid for p in psutil.Process().children() if "_guard.py" in " ".join(p.cmdline())}
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
-"""A watchdog that kills vLLM's engine processes when the process that owns them dies.
+"""A watchdog that kills an engine's processes when the process that owns them dies.
 
 vLLM's ``AsyncLLM`` runs ``EngineCore`` in a child process and a ``Worker`` under
-that. If the owner is killed (SIGKILL, SIGTERM, an OOM kill), neither notices, and
-both keep running, holding memory and cores. ``VLLMEngine`` starts this guard as a
-plain subprocess in a session of its own (a Ctrl-C meant for the owner's process
-group does not reach it). The guard:
+that; a local Ray cluster runs its agents beside the raylet. If the owner is
+killed (SIGKILL, SIGTERM, an OOM kill), they do not notice and keep running,
+holding memory and cores. ``VLLMEngine`` and ``RayEngine`` start this guard
+(:class:`Guard`) as a plain subprocess in a session of its own (a Ctrl-C meant for
+the owner's process group does not reach it). The guard:
 
 * waits for the owner's death on a pidfd (so a forked child holding a copy of the
   command pipe cannot hide it), and treats the command pipe closing without
@@ -12,23 +13,28 @@ group does not reach it). The guard:
 * learns whom to kill from lines on stdin: ``watch PID START`` (a pid and its
   start time, so a reused pid is never hit), ``arm`` / ``disarm`` (while armed,
   every new spawned child of the owner is watched: the window in which
-  ``EngineCore`` exists but its pid is not yet known), ``bye`` (the engine closed:
-  exit without killing); and also watches any descendant of the owner whose
-  process title vLLM set to ``VLLM::...``;
+  ``EngineCore`` exists but its pid is not yet known), ``remove PATH`` (a link to
+  delete once the processes are gone), ``bye`` (the engine closed: exit without
+  killing); and also watches any descendant of the owner whose process title vLLM
+  set to ``VLLM::...``;
 * on the owner's death, SIGKILLs every watched process still alive and its
-  descendants, waits for them, and exits.
+  descendants, waits for them, removes the paths, and exits.
 
-It runs as a script (``python _vllm_guard.py OWNER_PID``) and imports nothing from
-rlnb, so it starts in a fraction of a second.
+It runs as a script (``python _guard.py OWNER_PID``) and its script part imports
+nothing from rlnb, so it starts in a fraction of a second.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
+import subprocess
 import sys
+import threading
 import time
+from collections.abc import Sequence
 
 import psutil
 
@@ -51,10 +57,11 @@ def _gone(proc: psutil.Process) -> bool:
         return True
 
 
-class Guard:
+class _Watch:
     def __init__(self, owner: int) -> None:
         self.owner = owner
         self.watched: set[tuple[int, float]] = set()
+        self.remove: list[str] = []
         self.armed = False
         try:
             self.owner_proc: psutil.Process | None = psutil.Process(owner)
@@ -102,6 +109,8 @@ class Guard:
             return False
         if words[0] == "watch" and len(words) == 3:
             self.watched.add((int(words[1]), float(words[2])))
+        elif words[0] == "remove" and len(words) == 2:
+            self.remove.append(words[1])
         elif words[0] == "arm":
             self.scan()
             self.armed = True
@@ -139,6 +148,56 @@ class Guard:
         return len(targets)
 
 
+class Guard:
+    """The watchdog as its owner drives it: a subprocess told which pids to kill (and
+    which paths to remove) if this process dies."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C to our process group must not reach it
+        )
+        self._lock = threading.Lock()
+
+    def send(self, line: str) -> None:
+        with self._lock:
+            stdin = self.proc.stdin
+            if stdin is None or stdin.closed:
+                return
+            try:
+                stdin.write(line.encode() + b"\n")
+                stdin.flush()
+            except OSError:  # it died: nothing to tell
+                pass
+
+    def watch(self, pids: Sequence[int]) -> list[psutil.Process]:
+        procs = []
+        for pid in pids:
+            try:
+                proc = psutil.Process(pid)
+                self.send(f"watch {pid} {proc.create_time()!r}")
+                procs.append(proc)
+            except psutil.NoSuchProcess:
+                continue
+        return procs
+
+    def close(self, *, kill: bool, timeout: float = 5.0) -> None:
+        """Let it go (``kill``: after it kills what it watches)."""
+        if not kill:
+            self.send("bye")
+        with self._lock:
+            if self.proc.stdin is not None and not self.proc.stdin.closed:
+                with contextlib.suppress(OSError):
+                    self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def _pidfd(pid: int) -> int | None:
     try:
         return os.pidfd_open(pid)
@@ -149,7 +208,7 @@ def _pidfd(pid: int) -> int | None:
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     owner = int(argv[1])
-    guard = Guard(owner)
+    guard = _Watch(owner)
     pidfd = _pidfd(owner)
     stdin = sys.stdin.fileno()
     buffered = b""
@@ -169,8 +228,11 @@ def main(argv: list[str]) -> int:
         guard.scan()
     started = time.monotonic()
     killed = guard.kill()
+    for path in guard.remove:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
     print(
-        f"rlnb vLLM guard: owner {owner} died; killed {killed} engine processes in {time.monotonic() - started:.2f}s",
+        f"rlnb guard: owner {owner} died; killed {killed} engine processes in {time.monotonic() - started:.2f}s",
         file=sys.stderr,
     )
     return 0
