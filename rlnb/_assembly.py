@@ -188,9 +188,13 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
     if config.ray.engine_replicas:
         from rlnb.rollout import RayEngine
 
+        log_dir = config.ray.log_dir
+        if log_dir is None and config.track.run_dir is not None:
+            log_dir = str(Path(config.track.run_dir) / "ray")
         return RayEngine.start(
-            learner.policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, config=config.ray, name=name
-        )
+            learner.policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, config=config.ray,
+            name=name, log_dir=log_dir,
+        )  # fmt: skip
     return TinyEngine(learner.policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name)
 
 

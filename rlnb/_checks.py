@@ -189,6 +189,18 @@ def check_ray(config: Any) -> None:
     require(config.strategy in strategies, "RayConfig.strategy", config.strategy, f"use one of {strategies}")
     check_int("RayConfig.max_restarts", config.max_restarts, minimum=0, example="max_restarts=3")
     check_number("RayConfig.start_timeout", config.start_timeout, gt=0, fix="use seconds > 0, e.g. 120.0")
+    require(
+        config.log_dir is None or (isinstance(config.log_dir, str) and config.log_dir.strip() != ""),
+        "RayConfig.log_dir",
+        config.log_dir,
+        "use None (under the run dir) or a directory path",
+    )
+    require(
+        config.log_dir is None or config.address is None,
+        "RayConfig.log_dir",
+        config.log_dir,
+        "it applies to a local cluster (address=None); an attached cluster keeps its logs where it was started",
+    )
 
 
 def check_model(config: Any) -> None:

@@ -18,7 +18,7 @@ Ownership (contracts 1 and 8): with ``RayConfig.address=None`` the engine starts
 a local cluster and owns it: ``close()`` kills its actors, removes its placement
 group, shuts Ray down and waits for Ray's processes to exit. Ray's raylet and GCS
 die with their parent if this process is killed, but two of Ray's agents do not,
-so the vLLM engine's guard process watches every process Ray started and kills
+so a guard process (``_guard``) watches every process Ray started and kills
 what is left when this process dies. Attached to a running cluster
 (``address="auto"`` or an address), ``close()`` removes only its own actors and
 placement group.
@@ -29,14 +29,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
-import psutil
-
 from rlnb._errors import ClosedError, ConfigError, EngineError
 from rlnb.rollout._engine import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
+from rlnb.rollout._ray_cluster import Cluster
 
 __all__ = ["RayEngine"]
 
@@ -93,7 +91,7 @@ class RayEngine:
     """Replicas of the built-in engine as Ray actors; see the module docstring.
     Made by :meth:`start`; every async method runs on the session's bridge loop."""
 
-    def __init__(self, ray: Any, cluster: _Cluster, factory: Any, config: Any) -> None:
+    def __init__(self, ray: Any, cluster: Cluster, factory: Any, config: Any) -> None:
         self._ray, self._cluster, self._factory, self._config = ray, cluster, factory, config
         self._slots: list[_Slot] = []
         self._weights: tuple[Any, int] | None = None  # the latest (object ref, version) sent
@@ -108,14 +106,25 @@ class RayEngine:
         self._in_flight: set[int] = set()
 
     @classmethod
-    def start(cls, policy: Any, *, eos_id: int, max_batch: int, threads: int, config: Any, name: str) -> RayEngine:
+    def start(
+        cls,
+        policy: Any,
+        *,
+        eos_id: int,
+        max_batch: int,
+        threads: int,
+        config: Any,
+        name: str,
+        log_dir: str | None = None,
+    ) -> RayEngine:
         """Start (or attach to) Ray and ``config.engine_replicas`` replicas of ``policy``.
-        Blocks until every replica answers; ConfigError if the cluster cannot hold them,
+        A local cluster keeps its logs in ``log_dir`` (None: Ray's default). Blocks
+        until every replica answers; ConfigError if the cluster cannot hold them,
         EngineError if Ray does not start. Nothing is left running if it fails."""
         import ray
         from ray.util.placement_group import placement_group
 
-        cluster = _Cluster.connect(ray, config, name)
+        cluster = Cluster.connect(ray, config, name, log_dir)
         engine = None
         try:
             bundle = {"CPU": float(config.num_cpus), **({"GPU": float(config.num_gpus)} if config.num_gpus else {})}
@@ -330,130 +339,3 @@ class RayEngine:
             return
         slot.actor, slot.state = actor, "running"
         self._cluster.watch_new()
-
-
-class _Cluster:
-    """Ray as this session uses it: started here (owned) or attached to."""
-
-    def __init__(self, ray: Any, *, connected: bool, owned: bool, guard: Any) -> None:
-        self.ray, self.owned, self._guard = ray, owned, guard
-        self.connected = connected  # this session called ray.init (and disconnects at close)
-        self.placement: Any = None
-        self._procs: dict[int, psutil.Process] = {}
-        self._fds_before = _open_fds()
-        self._closed = False
-
-    @classmethod
-    def connect(cls, ray: Any, config: Any, name: str) -> _Cluster:
-        if ray.is_initialized():  # another session's Ray, or the user's: use it, leave it be
-            return cls(ray, connected=False, owned=False, guard=None)
-        options = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
-        if config.address is not None:
-            cluster = cls(ray, connected=True, owned=False, guard=None)
-            try:
-                ray.init(address=config.address, namespace=f"rlnb-{name}", **options)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                cluster.close()
-                raise ConfigError(
-                    f"RayConfig.address={config.address!r} is invalid: no Ray cluster answered there ({exc}); "
-                    "start one with `ray start --head`, or use address=None for a local cluster of the session's own"
-                ) from None
-            return cluster
-        from rlnb.rollout._vllm_setup import _Guard
-
-        guard = _Guard()
-        cluster = cls(ray, connected=True, owned=True, guard=guard)
-        try:
-            needed = int(config.engine_replicas * config.num_cpus + 0.999)
-            # on loopback: nothing to look up, nothing advertised beyond this machine
-            ray.init(
-                num_cpus=max(needed, os.cpu_count() or 1),
-                namespace=f"rlnb-{name}",
-                _node_ip_address="127.0.0.1",
-                **options,
-            )
-        except BaseException:
-            cluster.close()
-            raise
-        cluster.watch_new()
-        return cluster
-
-    def watch_new(self) -> None:
-        """Tell the guard about Ray's processes started since the last look (only
-        Ray's: the prompt loader's workers and multiprocessing's forkserver are not)."""
-        if self._guard is None:
-            return
-        for proc in psutil.Process().children(recursive=True):
-            if proc.pid not in self._procs and is_ray_process(proc):
-                self._procs[proc.pid] = proc
-                self._guard.watch([proc.pid])
-
-    def close(self, timeout: float | None = 10.0) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        ray = self.ray
-        if self.placement is not None and ray.is_initialized():
-            try:
-                from ray.util.placement_group import remove_placement_group
-
-                remove_placement_group(self.placement)
-            except Exception:  # the cluster is gone already
-                pass
-        if not self.connected:
-            return
-        self.watch_new()
-        if ray.is_initialized():
-            ray.shutdown()
-        # Ray's core worker keeps its event loops, a socket and its log files open
-        # after shutdown, for the life of the process (one more socket per init): Ray's,
-        # not this session's, so the leak checks leave them out.
-        from rlnb.runtime import note_process_long
-
-        open_now = _open_fds()
-        note_process_long(fds=[fd for fd, where in open_now.items() if self._fds_before.get(fd) != where])
-        if not self.owned:
-            return
-        deadline = time.monotonic() + (timeout or 10.0)
-        alive = [p for p in self._procs.values() if _running(p)]
-        _, alive = psutil.wait_procs(alive, timeout=max(0.0, deadline - time.monotonic()))
-        for proc in alive:  # Ray's agents outlive ray.shutdown() for a while
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=2.0)
-        if self._guard is not None:
-            self._guard.close(kill=False)
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _open_fds() -> dict[int, str]:
-    """This process's open FDs and what each points to."""
-    out = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            out[int(name)] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:  # closed meanwhile (or the listing's own)
-            continue
-    return out
-
-
-def is_ray_process(proc: psutil.Process) -> bool:
-    """One of Ray's own processes: GCS, raylet, a worker or actor (``ray::...``), or
-    one of Ray's Python scripts (its log monitor, agents). Zombies and the gone: no."""
-    try:
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        name, cmdline = proc.name(), proc.cmdline()
-    except psutil.Error:
-        return False
-    if name in ("raylet", "gcs_server") or name.startswith("ray::"):
-        return True
-    return len(cmdline) > 1 and f"{os.sep}ray{os.sep}" in cmdline[1] and cmdline[1].endswith(".py")

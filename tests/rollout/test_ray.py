@@ -3,12 +3,18 @@ session starts and owns. Run in the loopback-only namespace (scripts/test.sh).""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.forkserver
+import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -16,7 +22,7 @@ import pytest
 import ray
 
 import rlnb
-from rlnb.rollout._ray import is_ray_process
+from rlnb.rollout._ray_cluster import is_ray_process
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.ray]
@@ -38,9 +44,18 @@ def replicas(sess: rlnb.Session) -> list[dict[str, int | str]]:
     return sess.statistics().engine.extra["replicas"]
 
 
-def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_process() -> None:
-    with rlnb.Session(SMALL, name="ray") as sess:
+def ray_links() -> set[Path]:
+    """The short links to long log dirs that Ray's sockets are reached through."""
+    return set(Path(tempfile.gettempdir()).glob("rlnb-ray-*"))
+
+
+def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_process(tmp_path: Path) -> None:
+    links = ray_links()
+    run_dir = tmp_path / "a-run-dir-too-long-for-the-sockets-of-ray"
+    with rlnb.Session(SMALL.replace(track=rlnb.TrackConfig(run_dir=str(run_dir))), name="ray") as sess:
         assert ray.is_initialized() and len(replicas(sess)) == 2
+        assert list(run_dir.glob("ray/session_*/logs/raylet.out")), "Ray's logs go under the run dir"
+        assert len(ray_links() - links) == 1, "its sockets, through a link with a short path"
         assert all(r["state"] == "running" for r in replicas(sess))
         assert len(ray_processes()) >= 4, "a local cluster of the session's own: GCS, raylet, two replicas"
 
@@ -83,6 +98,10 @@ def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_p
         assert [r["state"] for r in replicas(sess)] == ["running", "running"]
         assert stats["requeued"] >= 1  # the dead replica's requests ran again on the other
         assert [r["version"] for r in replicas(sess)] == [6, 6]
+        dash = sess.dashboard()  # one row per replica, and the restart
+        dash.tick()
+        assert dash.state.value.count('<tr class="rlnb-replica" data-state="running">') == 2
+        assert "restarts 1, re-queued requests" in dash.state.value
         everyone = ray_processes()
         forkserver = multiprocessing.forkserver._forkserver._forkserver_pid
         assert forkserver is not None
@@ -90,15 +109,16 @@ def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_p
     assert psutil.Process(forkserver).is_running(), "close killed a process that is not Ray's"
     assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in everyone)
     assert ray_processes() == []
+    assert ray_links() == links
     sess.close()  # idempotent
 
 
 OWNER = """
-import time, rlnb
+import sys, time, rlnb
 config = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
     data=rlnb.DataConfig(num_workers=0),
-    ray=rlnb.RayConfig(engine_replicas=2),
+    ray=rlnb.RayConfig(engine_replicas=2, log_dir=sys.argv[1]),
 )
 sess = rlnb.Session(config, name="owner")
 sess.step()
@@ -108,10 +128,13 @@ time.sleep(600)
 
 
 def test_a_sigkilled_owner_leaves_no_ray_process(tmp_path: Path) -> None:
-    log = tmp_path / "owner.log"
+    log, links = tmp_path / "owner.log", ray_links()
     with log.open("w") as err:
         owner = subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(OWNER)], stdout=subprocess.PIPE, stderr=err, text=True
+            [sys.executable, "-c", textwrap.dedent(OWNER), str(tmp_path / "ray-logs-of-the-process-to-be-killed")],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
         )
     try:
         assert owner.stdout is not None
@@ -128,6 +151,7 @@ def test_a_sigkilled_owner_leaves_no_ray_process(tmp_path: Path) -> None:
             timeout=10.0,
         )
         print(f"Ray's processes gone {time.monotonic() - killed:.2f} s after SIGKILL of their owner")
+        wait_until(lambda: ray_links() == links, "the guard to remove the link to Ray's log dir", timeout=5.0)
     finally:
         owner.kill()
         owner.wait()
@@ -142,6 +166,7 @@ def test_a_sigkilled_owner_leaves_no_ray_process(tmp_path: Path) -> None:
         (lambda: rlnb.RayConfig(num_cpus=0), "RayConfig.num_cpus=0 is invalid"),
         (lambda: rlnb.RayConfig(strategy="pack"), "use one of ('PACK'"),
         (lambda: rlnb.RayConfig(address=""), "RayConfig.address='' is invalid"),
+        (lambda: rlnb.RayConfig(address="auto", log_dir="logs"), "RayConfig.log_dir='logs' is invalid: it applies"),
         (
             lambda: rlnb.Config(
                 model=rlnb.ModelConfig(path="/nowhere"),
@@ -200,3 +225,70 @@ def test_a_kernel_restart_leaves_no_ray_process_of_the_session(tmp_path: Path) -
             timeout=5.0,
         )
         print(f"Ray's processes gone {time.monotonic() - asked:.2f} s after the restart was asked for")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def head_node(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A Ray cluster that is not the session's: ``ray start --head --block`` (its
+    processes die with it), on loopback, with its temp dir short enough for sockets."""
+    temp = Path(tempfile.mkdtemp(prefix="rlnb-head-"))
+    port = free_port()
+    command = [
+        str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}",
+        "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+        f"--temp-dir={temp}",
+    ]  # fmt: skip
+    env = {**os.environ}  # the caller set RAY_AUTH_MODE
+    with (tmp_path / "head.log").open("wb") as log:
+        head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    try:
+        address = f"127.0.0.1:{port}"
+        wait_until(
+            lambda: {p.name() for p in ray_processes(psutil.Process(head.pid))} >= {"gcs_server", "raylet"},
+            "the head node's GCS and raylet",
+            timeout=60.0,
+        )
+        yield address, head
+    finally:
+        everyone = [psutil.Process(head.pid), *ray_processes(psutil.Process(head.pid))]
+        for proc in everyone:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(everyone, timeout=10.0)
+        head.wait()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_a_session_attached_to_a_running_cluster_leaves_it_running_without_its_actors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The head and this driver agree on token authentication: a driver given an explicit
+    # address sends a token only when RAY_AUTH_MODE says "token" (Ray's rule), and a local
+    # cluster started earlier in this process turned it on, for the life of the process.
+    monkeypatch.setenv("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE") or "disabled")
+    with head_node(tmp_path) as (address, head):
+        cluster = {p.pid for p in ray_processes(psutil.Process(head.pid)) if p.name() in ("gcs_server", "raylet")}
+        config = SMALL.replace(ray=rlnb.RayConfig(engine_replicas=2, address=address, num_cpus=1))
+        for run in range(2):  # the cell run twice: the second attaches as the first did
+            with rlnb.Session(config, name="attached") as sess:
+                assert sess.statistics().engine.extra["ray_owned"] is False
+                assert sess.step()["version"] == 1
+                assert all(int(r["served"]) > 0 for r in replicas(sess)), replicas(sess)
+                actors = [p for p in ray_processes(psutil.Process(head.pid)) if p.name().startswith("ray::_Replica")]
+                assert len(actors) == 2, (run, actors)
+                theirs = {p.pid for p in [psutil.Process(head.pid), *ray_processes(psutil.Process(head.pid))]}
+                assert [p for p in ray_processes() if p.pid not in theirs] == [], "an attached session starts none"
+            assert not ray.is_initialized()
+            wait_until(
+                lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in actors),  # noqa: B023
+                "the session's replicas to exit",
+                timeout=10.0,
+            )
+            alive = {p.pid for p in ray_processes(psutil.Process(head.pid)) if p.name() in ("gcs_server", "raylet")}
+            assert alive == cluster, "the cluster that was there before is still running"

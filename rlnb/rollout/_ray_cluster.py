@@ -1,0 +1,173 @@
+"""Ray as a :class:`~rlnb.rollout._ray.RayEngine` uses it: a local cluster that the
+session starts and owns (its processes watched by a guard, its logs in the run
+dir), or a running cluster it attaches to and leaves be."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from rlnb._errors import ConfigError
+
+__all__ = ["Cluster", "is_ray_process"]
+
+
+class Cluster:
+    """Ray as this session uses it: started here (owned) or attached to."""
+
+    def __init__(self, ray: Any, *, connected: bool, owned: bool, guard: Any) -> None:
+        self.ray, self.owned, self._guard = ray, owned, guard
+        self.connected = connected  # this session called ray.init (and disconnects at close)
+        self.placement: Any = None
+        self.link: str | None = None  # a short path to the log dir, for Ray's sockets
+        self._procs: dict[int, psutil.Process] = {}
+        self._fds_before = _open_fds()
+        self._closed = False
+
+    @classmethod
+    def connect(cls, ray: Any, config: Any, name: str, log_dir: str | None) -> Cluster:
+        if ray.is_initialized():  # another session's Ray, or the user's: use it, leave it be
+            return cls(ray, connected=False, owned=False, guard=None)
+        options = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
+        if config.address is not None:
+            cluster = cls(ray, connected=True, owned=False, guard=None)
+            try:
+                ray.init(address=config.address, namespace=f"rlnb-{name}", **options)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                cluster.close()
+                raise ConfigError(
+                    f"RayConfig.address={config.address!r} is invalid: no Ray cluster answered there ({exc}); "
+                    "start one with `ray start --head`, or use address=None for a local cluster of the session's own "
+                    "(a cluster with token authentication also needs RAY_AUTH_MODE=token in this process's environment)"
+                ) from None
+            return cluster
+        from rlnb.rollout._guard import Guard
+
+        guard = Guard()
+        cluster = cls(ray, connected=True, owned=True, guard=guard)
+        try:
+            if log_dir is not None:
+                options["_temp_dir"] = cluster.temp_dir(log_dir)
+            needed = int(config.engine_replicas * config.num_cpus + 0.999)
+            # on loopback: nothing to look up, nothing advertised beyond this machine
+            ray.init(
+                num_cpus=max(needed, os.cpu_count() or 1),
+                namespace=f"rlnb-{name}",
+                _node_ip_address="127.0.0.1",
+                **options,
+            )
+        except BaseException:
+            cluster.close()
+            raise
+        cluster.watch_new()
+        return cluster
+
+    def temp_dir(self, log_dir: str) -> str:
+        """Ray's temp dir for logs in ``log_dir``. Ray makes its Unix sockets in there,
+        and a socket's path must be short (108 bytes): a long ``log_dir`` is reached
+        through a link in the system's temp dir, which close (or the guard) removes."""
+        real = Path(log_dir).resolve()
+        real.mkdir(parents=True, exist_ok=True)
+        if len(str(real)) <= _SHORT_DIR:
+            return str(real)
+        link = os.path.join(tempfile.gettempdir(), f"rlnb-ray-{secrets.token_hex(4)}")
+        os.symlink(real, link)
+        self.link = link
+        if self._guard is not None:
+            self._guard.send(f"remove {link}")
+        return link
+
+    def watch_new(self) -> None:
+        """Tell the guard about Ray's processes started since the last look (only
+        Ray's: the prompt loader's workers and multiprocessing's forkserver are not)."""
+        if self._guard is None:
+            return
+        for proc in psutil.Process().children(recursive=True):
+            if proc.pid not in self._procs and is_ray_process(proc):
+                self._procs[proc.pid] = proc
+                self._guard.watch([proc.pid])
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        ray = self.ray
+        if self.placement is not None and ray.is_initialized():
+            try:
+                from ray.util.placement_group import remove_placement_group
+
+                remove_placement_group(self.placement)
+            except Exception:  # the cluster is gone already
+                pass
+        if not self.connected:
+            return
+        self.watch_new()
+        if ray.is_initialized():
+            ray.shutdown()
+        # Ray's core worker keeps its event loops, a socket and its log files open
+        # after shutdown, for the life of the process (one more socket per init): Ray's,
+        # not this session's, so the leak checks leave them out.
+        from rlnb.runtime import note_process_long
+
+        open_now = _open_fds()
+        note_process_long(fds=[fd for fd, where in open_now.items() if self._fds_before.get(fd) != where])
+        if not self.owned:
+            return
+        deadline = time.monotonic() + (timeout or 10.0)
+        alive = [p for p in self._procs.values() if _running(p)]
+        _, alive = psutil.wait_procs(alive, timeout=max(0.0, deadline - time.monotonic()))
+        for proc in alive:  # Ray's agents outlive ray.shutdown() for a while
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=2.0)
+        if self.link is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.link)
+        if self._guard is not None:
+            self._guard.close(kill=False)
+
+
+# Ray's sockets are <temp dir>/session_<date>_<time>_<pid>/sockets/plasma_store, 64
+# bytes past the temp dir; a Unix socket's path has 107.
+_SHORT_DIR = 40
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _open_fds() -> dict[int, str]:
+    """This process's open FDs and what each points to."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile (or the listing's own)
+            continue
+    return out
+
+
+def is_ray_process(proc: psutil.Process) -> bool:
+    """One of Ray's own processes: GCS, raylet, a worker or actor (``ray::...``), or
+    one of Ray's Python scripts (its log monitor, agents). Zombies and the gone: no."""
+    try:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        name, cmdline = proc.name(), proc.cmdline()
+    except psutil.Error:
+        return False
+    if name in ("raylet", "gcs_server") or name.startswith("ray::"):
+        return True
+    return len(cmdline) > 1 and f"{os.sep}ray{os.sep}" in cmdline[1] and cmdline[1].endswith(".py")
