@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from rlnb._statistics import SessionStatistics
     from rlnb.session import Session
 
-__all__ = ["Curves", "LastBatch", "call", "gauges_html", "rollouts_html", "state_html"]
+__all__ = ["Curves", "LastBatch", "call", "gauges_html", "replicas_html", "rollouts_html", "state_html"]
 
 SHOWN_GROUPS = 2  # groups of the last batch in the rollouts table
 _MAX_POINTS = 400  # per curve; longer histories are thinned evenly
@@ -147,9 +147,37 @@ def state_html(
     rows.append(("buffer", html.escape(_buffer(stats))))
     rate = "-" if tokens_per_s is None or closed else f"{tokens_per_s:,.0f}"
     rows.append(("generated", f"{rate} tokens/s, {stats.engine.generated_tokens:,} in all"))
+    replicas = stats.engine.extra.get("replicas")
+    if replicas:
+        rows.append(("engine replicas", replicas_html(replicas, stats.engine.extra)))
     if closed:
         head += f' <span style="{_MUTED}">(figures as last seen open)</span>'
     return f"<div>{head}</div>{_table(rows)}"
+
+
+def replicas_html(replicas: Sequence[Mapping[str, Any]], extra: Mapping[str, Any]) -> str:
+    """One row per engine replica (Ray): state, requests in flight, weight version,
+    restarts and requests served; under it the restarts and re-queued requests in all."""
+    head = "".join(f'<th style="{_LEFT};padding-right:1em">{h}</th>' for h in _REPLICA_COLUMNS)
+    body = ""
+    for r in replicas:
+        state = str(r["state"])
+        colour = "#b00020" if state == "dead" else "#000"
+        cells = [str(r["index"]), f'<span style="color:{colour}">{html.escape(state)}</span>']
+        cells += [str(r[k]) for k in ("in_flight", "version", "restarts", "served")]
+        body += (
+            f'<tr class="rlnb-replica" data-state="{html.escape(state)}">'
+            + "".join(f'<td style="{_LEFT};padding-right:1em">{c}</td>' for c in cells)
+            + "</tr>"
+        )
+    total = _reprs.pairs(("restarts", extra.get("restarts", 0)), ("re-queued requests", extra.get("requeued", 0)))
+    return (
+        f'<table style="border-collapse:collapse"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        f'<div style="{_MUTED}">{html.escape(total)}</div>'
+    )
+
+
+_REPLICA_COLUMNS = ("replica", "state", "in flight", "version", "restarts", "served")
 
 
 def _training(t: Any, closed: bool) -> str:

@@ -226,6 +226,31 @@ def test_state_and_gauges_follow_the_session() -> None:
         assert dash.curves.value.count("data:image/svg+xml;base64,") == 3
 
 
+def test_the_state_shows_one_row_per_engine_replica() -> None:
+    """With Ray replicas the engine reports each one; the state panel lists them
+    (a live cluster's rows are checked in tests/rollout/test_ray.py)."""
+    import dataclasses
+
+    from rlnb.notebook import _panels
+
+    with rlnb.Session(CONFIG, name="dash-replicas") as sess:
+        stats = sess.statistics()
+    assert "engine replicas" not in _panels.state_html("s", stats, None)  # one in-process engine
+    replicas = [
+        {"index": 0, "state": "running", "in_flight": 3, "served": 40, "version": 7, "restarts": 1, "pid": 11},
+        {"index": 1, "state": "dead", "in_flight": 0, "served": 9, "version": 5, "restarts": 2, "pid": 12},
+    ]
+    extra = {"replicas": replicas, "restarts": 3, "requeued": 4}
+    shown = _panels.state_html(
+        "s", dataclasses.replace(stats, engine=dataclasses.replace(stats.engine, extra=extra)), None
+    )
+    rows = re.findall(r'<tr class="rlnb-replica" data-state="(\w+)">(.*?)</tr>', shown)
+    assert [state for state, _ in rows] == ["running", "dead"]
+    cells = [re.findall(r"<td[^>]*>(?:<span[^>]*>)?([^<]*)", row) for _, row in rows]
+    assert cells == [["0", "running", "3", "7", "1", "40"], ["1", "dead", "0", "5", "2", "9"]]
+    assert "restarts 3, re-queued requests 4" in shown
+
+
 def test_no_rollouts_table_before_the_first_step() -> None:
     with rlnb.Session(CONFIG, name="dash-empty") as sess:
         dash = sess.dashboard()
