@@ -9,6 +9,7 @@ import os
 import secrets
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +57,13 @@ class Cluster:
             if log_dir is not None:
                 options["_temp_dir"] = cluster.temp_dir(log_dir)
             needed = int(config.engine_replicas * config.num_cpus + 0.999)
-            # on loopback: nothing to look up, nothing advertised beyond this machine
-            ray.init(
-                num_cpus=max(needed, os.cpu_count() or 1),
-                namespace=f"rlnb-{name}",
-                _node_ip_address="127.0.0.1",
-                **options,
-            )
+            with _single_node(ray):
+                ray.init(
+                    num_cpus=max(needed, os.cpu_count() or 1),
+                    namespace=f"rlnb-{name}",
+                    _node_ip_address="127.0.0.1",
+                    **options,
+                )
         except BaseException:
             cluster.close()
             raise
@@ -134,6 +135,25 @@ class Cluster:
                 os.unlink(self.link)
         if self._guard is not None:
             self._guard.close(kill=False)
+
+
+@contextlib.contextmanager
+def _single_node(ray: Any) -> Iterator[None]:
+    """Keep a session's own cluster on loopback. Ray turns ``_node_ip_address="127.0.0.1"``
+    into "this machine's address" by probing a route to 8.8.8.8 (a C++ warning on stderr
+    where there is none: a red box in a notebook). It skips that and keeps loopback when
+    it is not to form a multi-node cluster, as on macOS and Windows
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``); a cluster of the session's own never is."""
+    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    if constants is None or not hasattr(constants, "ENABLE_RAY_CLUSTER"):
+        yield  # another Ray version: its own way
+        return
+    before = constants.ENABLE_RAY_CLUSTER
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = before
 
 
 # Ray's sockets are <temp dir>/session_<date>_<time>_<pid>/sockets/plasma_store, 64

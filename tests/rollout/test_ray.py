@@ -140,6 +140,7 @@ def test_a_sigkilled_owner_leaves_no_ray_process(tmp_path: Path) -> None:
         assert owner.stdout is not None
         line = owner.stdout.readline()
         assert line.startswith("READY"), log.read_text()[-3000:]
+        assert log.read_text() == "", "Ray writes nothing on stderr (a red box in a notebook)"
         everyone = ray_processes(psutil.Process(owner.pid))
         assert len(everyone) >= 4
         killed = time.monotonic()
