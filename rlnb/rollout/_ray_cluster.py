@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ class Cluster:
             return cls(ray, connected=False, owned=False, guard=None)
         options = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
         if config.address is not None:
+            _check_reachable(config.address)
             cluster = cls(ray, connected=True, owned=False, guard=None)
             try:
                 ray.init(address=config.address, namespace=f"rlnb-{name}", **options)
@@ -135,6 +137,22 @@ class Cluster:
                 os.unlink(self.link)
         if self._guard is not None:
             self._guard.close(kill=False)
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """ConfigError at once if nothing listens at a ``HOST:PORT`` (or ``ray://HOST:PORT``)
+    address: Ray itself retries for over a minute, warning on stderr all the while."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto", or a form Ray checks itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"RayConfig.address={address!r} is invalid: nothing answers at {host}:{port} ({exc.strerror or exc}); "
+            f"start a cluster there with `ray start --head --port={port}`, or use address=None for a local "
+            "cluster of the session's own"
+        ) from None
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ import pytest
 import ray
 
 import rlnb
+import rlnb.models
 from rlnb.rollout._ray_cluster import is_ray_process
 from tests.helpers import wait_until
 
@@ -185,6 +186,15 @@ def test_bad_ray_settings_are_config_errors_before_anything_starts(make: object,
     assert not ray.is_initialized()
 
 
+def test_an_address_where_nothing_listens_is_a_config_error_at_once() -> None:
+    port = free_port()  # closed again: nothing listens there
+    config = SMALL.replace(ray=rlnb.RayConfig(engine_replicas=2, address=f"127.0.0.1:{port}"))
+    # the check's own message, at once: not Ray's minute of retries
+    with pytest.raises(rlnb.ConfigError, match=rf"RayConfig.address='127.0.0.1:{port}' is invalid: nothing answers"):
+        rlnb.Session(config, name="nowhere")
+    assert not ray.is_initialized()
+
+
 def test_the_ray_flags_of_rlnb_train_set_the_ray_config() -> None:
     """``--ray-replicas``/``--ray-address`` reach ``RayConfig``; a whole run on replicas
     is the session test above (a cluster start more here would cost a minute)."""
@@ -275,10 +285,14 @@ def test_a_session_attached_to_a_running_cluster_leaves_it_running_without_its_a
     monkeypatch.setenv("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE") or "disabled")
     with head_node(tmp_path) as (address, head):
         cluster = {p.pid for p in ray_processes(psutil.Process(head.pid)) if p.name() in ("gcs_server", "raylet")}
-        config = SMALL.replace(ray=rlnb.RayConfig(engine_replicas=2, address=address, num_cpus=1))
-        for run in range(2):  # the cell run twice: the second attaches as the first did
+        ray_config = rlnb.RayConfig(engine_replicas=2, address=address, num_cpus=1)
+        llama = rlnb.ModelConfig(path=str(rlnb.models.tiny_llama(tmp_path / "llama")), max_len=32)
+        # The cell run twice: the second attaches as the first did, and its replicas
+        # serve a Hugging Face model (the "hf" engine) instead of the built-in policy.
+        for run, config in enumerate([SMALL.replace(ray=ray_config), SMALL.replace(ray=ray_config, model=llama)]):
             with rlnb.Session(config, name="attached") as sess:
                 assert sess.statistics().engine.extra["ray_owned"] is False
+                assert isinstance(sess.policy, (rlnb.models.TinyPolicy, rlnb.models.HFPolicy)[run])
                 assert sess.step()["version"] == 1
                 assert all(int(r["served"]) > 0 for r in replicas(sess)), replicas(sess)
                 actors = [p for p in ray_processes(psutil.Process(head.pid)) if p.name().startswith("ray::_Replica")]
