@@ -66,7 +66,7 @@ def read_records(path: str | Path) -> Iterator[Any]:
             whole, pending = pending + chunk, b""
         else:
             raise ValueError(f"{path}: unknown chunk type {kind} at byte {pos}")
-        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+        record = wandb_internal_pb2.Record()
         record.ParseFromString(whole)
         yield record
 
