@@ -16,8 +16,13 @@ fi
 # ray.shutdown(), which the leak checks of later tests in the same process would
 # see; the tests that start Ray (marker "ray") run in a process of their own.
 # Exit 5 (nothing collected) from one of them is fine when the other ran tests.
+#
+# The first runs on RLNB_TEST_WORKERS pytest-xdist workers (default 2), a test module
+# per worker at a time (module fixtures, such as the shared vLLM engine, stay whole);
+# most of the suite's time is spent waiting on kernels, browsers and engines, so two
+# workers on 2 cores take ~12 minutes where one takes ~21. `-n 0` runs it in one process.
 set +e
-.venv/bin/python -m pytest -m "not ray" "$@"
+.venv/bin/python -m pytest -m "not ray" -n "${RLNB_TEST_WORKERS:-2}" --dist loadfile "$@"
 first=$?
 .venv/bin/python -m pytest -m ray -p no:randomly "$@"
 second=$?
