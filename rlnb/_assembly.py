@@ -175,7 +175,7 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
     from rlnb.rollout import TinyEngine
 
     e, m = config.engine, config.model
-    if engine_kind(config) == "vllm":
+    if engine_kind(config) == "vllm" and not config.ray.engine_replicas:
         from rlnb.rollout import VLLMEngine
 
         assert m.path is not None  # Config refuses kind="vllm" without a path
@@ -191,9 +191,13 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
         log_dir = config.ray.log_dir
         if log_dir is None and config.track.run_dir is not None:
             log_dir = str(Path(config.track.run_dir) / "ray")
+        vllm = None
+        if engine_kind(config) == "vllm":  # each replica starts vLLM on the model's directory
+            vllm = {"model_dir": m.path, "eos_id": tokenizer.EOS, "max_len": m.max_len, "max_batch": e.max_batch,
+                    "seed": config.seed, "dtype": m.dtype, "name": f"{name}-replica"}  # fmt: skip
         return RayEngine.start(
             learner.policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, config=config.ray,
-            name=name, log_dir=log_dir,
+            name=name, log_dir=log_dir, vllm=vllm,
         )  # fmt: skip
     return TinyEngine(learner.policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name)
 

@@ -170,8 +170,9 @@ class EngineConfig:
 @dataclasses.dataclass(frozen=True)
 class RayConfig:
     """Engine replicas as Ray actors (``engine_replicas`` > 0; the default, 0, runs the
-    engine in the session's process). Each replica serves a copy of the policy on the
-    built-in engine ("tiny" or "hf"); rollouts go to the replica with the fewest in flight.
+    engine in the session's process). Each replica runs the engine ``EngineConfig.kind``
+    names ("tiny", "hf" or "vllm") on a copy of the policy; rollouts go to the replica
+    with the fewest in flight.
 
     address: None starts a local Ray cluster that the session owns and shuts down;
         "auto", "HOST:PORT" or "ray://..." attaches to a running one, which the
@@ -462,12 +463,6 @@ class Config:
             kind,
             f"the {kind!r} engine serves a Hugging Face model: set ModelConfig(path=...) to its local directory, "
             "or use kind=None for the built-in policy",
-        )
-        require(
-            not (self.ray.engine_replicas and kind == "vllm"),
-            "RayConfig.engine_replicas",
-            self.ray.engine_replicas,
-            "Ray replicas run the built-in engine ('tiny' or 'hf'); use engine_replicas=0 with kind='vllm'",
         )
         check_number(
             "Config.step_timeout", self.step_timeout, gt=0, fix="use a number of seconds > 0, e.g. step_timeout=120.0"

@@ -1,8 +1,9 @@
 """``RayEngine``: engine replicas as Ray actors, behind the ``Engine`` protocol.
 
 Each replica is an async Ray actor that serves a copy of the policy on a
-``TinyEngine`` (the built-in policy or a Hugging Face model). The session's bridge
-loop drives them all:
+``TinyEngine`` (the built-in policy or a Hugging Face model), or the model's
+directory on a ``VLLMEngine`` (whose EngineCore and Worker run under the actor, and
+whose guard kills them if the actor dies). The session's bridge loop drives them all:
 
 * ``generate`` goes to the live replica with the fewest requests in flight; if
   that replica dies, the request goes again to another one, from the prefix it
@@ -27,6 +28,7 @@ placement group.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 from collections.abc import Mapping
@@ -42,16 +44,29 @@ __all__ = ["RayEngine"]
 class _Replica:
     """What runs inside each Ray actor: a ``TinyEngine`` over a copy of the policy."""
 
-    def __init__(self, policy: Any, eos_id: int, max_batch: int, threads: int) -> None:
+    def __init__(self, policy: Any, eos_id: int, max_batch: int, threads: int, vllm: Mapping[str, Any] | None) -> None:
         import torch
 
         from rlnb.rollout._tiny import TinyEngine
 
         torch.set_num_threads(threads)
-        self.engine = TinyEngine(policy, eos_id=eos_id, max_batch=max_batch, threads=threads, name="rlnb-replica")
+        self._vllm = vllm  # VLLMEngine.start's arguments: it starts in ready(), on this actor's loop
+        self.engine: Any = None
+        if vllm is None:
+            self.engine = TinyEngine(policy, eos_id=eos_id, max_batch=max_batch, threads=threads, name="rlnb-replica")
 
     async def ready(self) -> int:
+        if self.engine is None and self._vllm is not None:
+            from rlnb.rollout._vllm import VLLMEngine
+
+            self.engine = await VLLMEngine.start(**self._vllm)
         return os.getpid()
+
+    async def close(self) -> None:
+        """vLLM's EngineCore and Worker are this actor's children: shut them down
+        before the actor is killed (its guard would kill them, but not gracefully)."""
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.close)
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         return await self.engine.generate(request)
@@ -116,9 +131,12 @@ class RayEngine:
         config: Any,
         name: str,
         log_dir: str | None = None,
+        vllm: Mapping[str, Any] | None = None,
     ) -> RayEngine:
-        """Start (or attach to) Ray and ``config.engine_replicas`` replicas of ``policy``.
-        A local cluster keeps its logs in ``log_dir`` (None: Ray's default). Blocks
+        """Start (or attach to) Ray and ``config.engine_replicas`` replicas of ``policy``
+        on the built-in engine, or, with ``vllm`` (:meth:`VLLMEngine.start`'s arguments),
+        of a vLLM engine each. A local cluster keeps its logs in ``log_dir`` (None:
+        Ray's default). Blocks
         until every replica answers; ConfigError if the cluster cannot hold them,
         EngineError if Ray does not start. Nothing is left running if it fails."""
         import ray
@@ -139,7 +157,7 @@ class RayEngine:
                     f"{config.engine_replicas} replicas of {bundle} (it has {total}) within "
                     f"{config.start_timeout} s; use fewer replicas or smaller num_cpus/num_gpus"
                 ) from None
-            remote, policy_ref = ray.remote(_Replica), ray.put(policy)
+            remote, policy_ref = ray.remote(_Replica), (ray.put(policy) if vllm is None else None)
 
             def factory(index: int) -> Any:
                 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -151,7 +169,7 @@ class RayEngine:
                     num_gpus=config.num_gpus,
                     scheduling_strategy=strategy,
                     max_concurrency=4096,
-                ).remote(policy_ref, eos_id, max_batch, threads)
+                ).remote(policy_ref, eos_id, max_batch, threads, None if vllm is None else dict(vllm))
 
             engine = cls(ray, cluster, factory, config)
             engine._slots = [_Slot(i, factory(i)) for i in range(config.engine_replicas)]
@@ -280,6 +298,10 @@ class RayEngine:
         if self._closed:
             return
         self._closed = True
+        live = [s.actor for s in self._slots if s.state == "running"]
+        if live and self._ray.is_initialized():  # a vLLM replica shuts its engine down first
+            with contextlib.suppress(Exception):
+                self._ray.wait([a.close.remote() for a in live], num_returns=len(live), timeout=timeout or 10.0)
         for slot in self._slots:
             slot.state = "dead"
             try:
