@@ -199,10 +199,15 @@ def _teacher(config: Config) -> str:
 def _describe_model(config: Config) -> str:
     from rlnb._assembly import engine_kind
 
-    m = config.model
+    m, r = config.model, config.ray
     if m.path is None:
-        return f"tiny policy (d_model {m.d_model}, {m.n_layers} layers) on CPU"
-    return f"Hugging Face model {m.path!r} ({m.dtype}) on the {engine_kind(config)!r} engine"
+        text = f"tiny policy (d_model {m.d_model}, {m.n_layers} layers) on CPU"
+    else:
+        text = f"Hugging Face model {m.path!r} ({m.dtype}) on the {engine_kind(config)!r} engine"
+    if r.engine_replicas:
+        where = "a local Ray cluster of its own" if r.address is None else f"the Ray cluster at {r.address}"
+        text += f", {r.engine_replicas} engine replicas on {where}"
+    return text
 
 
 def _peak_rss_mib() -> float:
