@@ -42,7 +42,8 @@ __all__ = ["RayEngine"]
 
 
 class _Replica:
-    """What runs inside each Ray actor: a ``TinyEngine`` over a copy of the policy."""
+    """What runs inside each Ray actor: a ``TinyEngine`` over a copy of the policy, or
+    a ``VLLMEngine`` on the model's directory."""
 
     def __init__(self, policy: Any, eos_id: int, max_batch: int, threads: int, vllm: Mapping[str, Any] | None) -> None:
         import torch
@@ -103,7 +104,7 @@ class _Slot:
 
 
 class RayEngine:
-    """Replicas of the built-in engine as Ray actors; see the module docstring.
+    """Engine replicas as Ray actors; see the module docstring.
     Made by :meth:`start`; every async method runs on the session's bridge loop."""
 
     def __init__(self, ray: Any, cluster: Cluster, factory: Any, config: Any) -> None:
@@ -136,9 +137,9 @@ class RayEngine:
         """Start (or attach to) Ray and ``config.engine_replicas`` replicas of ``policy``
         on the built-in engine, or, with ``vllm`` (:meth:`VLLMEngine.start`'s arguments),
         of a vLLM engine each. A local cluster keeps its logs in ``log_dir`` (None:
-        Ray's default). Blocks
-        until every replica answers; ConfigError if the cluster cannot hold them,
-        EngineError if Ray does not start. Nothing is left running if it fails."""
+        Ray's default). Blocks until every replica answers; ConfigError if the cluster
+        cannot hold them, EngineError if Ray does not start. Nothing is left running
+        if it fails."""
         import ray
         from ray.util.placement_group import placement_group
 
