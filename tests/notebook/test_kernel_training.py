@@ -41,7 +41,9 @@ def value(kc: BlockingKernelClient, expression: str) -> str:
 def interrupt_when(km: KernelManager, kc: BlockingKernelClient, code: str, ready: str) -> dict[str, Any]:
     """Run ``code`` and press the interrupt button once it has created the file
     ``ready``; return the execute reply's content."""
-    msg_id = kc.execute(code)
+    # stop_on_error=False: after an error reply ipykernel aborts requests that reach it
+    # before its own "stop aborting" message, and the next cell here can (a race).
+    msg_id = kc.execute(code, stop_on_error=False)
     deadline = time.monotonic() + TIMEOUT
     while not Path(ready).exists():  # the shell is busy with ``code``: the file says it has started
         assert time.monotonic() < deadline, f"{ready} never appeared"
