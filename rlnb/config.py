@@ -180,7 +180,8 @@ class RayConfig:
     engine_replicas, num_cpus, num_gpus: how many replicas, and each one's resources.
     strategy: how the placement group packs them: "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD".
     max_restarts: replicas remade after one dies, in all, before the engine gives up.
-    start_timeout: seconds to wait for Ray and the replicas to start.
+    start_timeout: seconds to wait for Ray and the replicas to start (vLLM replicas start
+        their engines in it: allow a few minutes on a busy CPU).
     log_dir: where a local cluster keeps its logs (Ray's temp dir). None:
         ``<TrackConfig.run_dir>/ray`` when the session has a run dir, else Ray's
         default, ``/tmp/ray``. An attached cluster keeps its own."""
