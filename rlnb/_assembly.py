@@ -174,27 +174,23 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
     drives it from then on (its processes are checked and refused before any starts)."""
     from rlnb.rollout import TinyEngine
 
-    e, m = config.engine, config.model
-    if engine_kind(config) == "vllm" and not config.ray.engine_replicas:
+    e, m, replicas = config.engine, config.model, config.ray.engine_replicas
+    vllm: dict[str, Any] | None = None  # VLLMEngine.start's arguments, here or in each Ray replica
+    if engine_kind(config) == "vllm":
+        assert m.path is not None  # Config refuses kind="vllm" without a path
+        vllm = {"model_dir": m.path, "eos_id": tokenizer.EOS, "max_len": m.max_len, "max_batch": e.max_batch,
+                "seed": config.seed, "dtype": m.dtype, "name": f"{name}-replica" if replicas else name}  # fmt: skip
+    if vllm is not None and not replicas:
         from rlnb.rollout import VLLMEngine
 
-        assert m.path is not None  # Config refuses kind="vllm" without a path
-        start = VLLMEngine.start(
-            m.path, eos_id=tokenizer.EOS, max_len=m.max_len, max_batch=e.max_batch, seed=config.seed,
-            dtype=m.dtype, name=name,
-        )  # fmt: skip
-        engine: Engine = bridge.run(start, timeout=_VLLM_START_TIMEOUT)
+        engine: Engine = bridge.run(VLLMEngine.start(**vllm), timeout=_VLLM_START_TIMEOUT)
         return engine
-    if config.ray.engine_replicas:
+    if replicas:
         from rlnb.rollout import RayEngine
 
         log_dir = config.ray.log_dir
         if log_dir is None and config.track.run_dir is not None:
             log_dir = str(Path(config.track.run_dir) / "ray")
-        vllm = None
-        if engine_kind(config) == "vllm":  # each replica starts vLLM on the model's directory
-            vllm = {"model_dir": m.path, "eos_id": tokenizer.EOS, "max_len": m.max_len, "max_batch": e.max_batch,
-                    "seed": config.seed, "dtype": m.dtype, "name": f"{name}-replica"}  # fmt: skip
         return RayEngine.start(
             learner.policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, config=config.ray,
             name=name, log_dir=log_dir, vllm=vllm,
