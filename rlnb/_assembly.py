@@ -7,6 +7,7 @@ composition root reads as a list of stages.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "check_session_args",
     "engine_kind",
+    "loaded_config",
     "make_buffer",
     "make_engine",
     "make_learner",
@@ -50,6 +52,10 @@ def check_session_args(config: Config | None, name: Any, engine: Any, callbacks:
         )
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"Session(name={name!r}) is invalid: use a non-empty string, e.g. name='demo'")
+    if config.model.path is not None:  # a config is checked without torch: the device is checked here
+        from rlnb.models import check_device
+
+        check_device(config.model.device)
     if engine is not None and not isinstance(engine, Engine):
         raise ConfigError(
             f"Session(engine={type(engine).__name__}) is invalid: pass an object with the rlnb.rollout.Engine "
@@ -63,6 +69,27 @@ def check_session_args(config: Config | None, name: Any, engine: Any, callbacks:
                 f"Session(callbacks=[..., {callback!r}, ...]) is invalid: each callback needs on_batch(groups) "
                 "and on_step_end(metrics) methods; subclass rlnb.learn.Callback and override the ones you need"
             )
+    return config
+
+
+def loaded_config(manifest: dict[str, Any], path: str | os.PathLike[str], *, device: str | None) -> Config:
+    """The config a checkpoint holds, on ``device`` if given (``Session.load``'s)."""
+    from rlnb import checkpoint
+
+    config = checkpoint.saved_config(manifest, path)
+    if device is not None:
+        try:
+            return config.replace(model=config.model.replace(device=device))
+        except ConfigError as exc:
+            raise ConfigError(f"Session.load(device={device!r}): {exc}") from None
+    if config.model.path is not None:
+        from rlnb.models import check_device
+
+        try:
+            check_device(config.model.device)
+        except ConfigError as exc:
+            hint = f"to load it on this machine's CPU: rlnb.Session.load({str(path)!r}, device='cpu')"
+            raise ConfigError(f"{path}: {exc}; {hint}") from None
     return config
 
 
@@ -157,7 +184,7 @@ def make_learner(config: Config, model: ModelConfig, tokenizer: Tokenizer) -> Le
     policy = (
         TinyPolicy(model, seed=config.seed)
         if model.path is None
-        else load_hf_model(model.path, max_len=model.max_len, dtype=model.dtype)
+        else load_hf_model(model.path, max_len=model.max_len, dtype=model.dtype, device=model.device)
     )
     return Learner(
         policy,
@@ -179,7 +206,8 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
     if engine_kind(config) == "vllm":
         assert m.path is not None  # Config refuses kind="vllm" without a path
         vllm = {"model_dir": m.path, "eos_id": tokenizer.EOS, "max_len": m.max_len, "max_batch": e.max_batch,
-                "seed": config.seed, "dtype": m.dtype, "name": f"{name}-replica" if replicas else name}  # fmt: skip
+                "seed": config.seed, "dtype": m.dtype, "gpu_memory_utilization": e.gpu_memory_utilization,
+                "name": f"{name}-replica" if replicas else name}  # fmt: skip
     if vllm is not None and not replicas:
         from rlnb.rollout import VLLMEngine
 

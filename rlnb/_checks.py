@@ -13,6 +13,7 @@ import difflib
 import functools
 import math
 import os
+import re
 from collections.abc import Callable
 from typing import Any, TypeGuard, TypeVar
 
@@ -25,6 +26,7 @@ __all__ = [
     "TRACKER_BACKENDS",
     "WANDB_MODES",
     "check_buffer",
+    "check_engine",
     "check_int",
     "check_model",
     "check_number",
@@ -203,6 +205,16 @@ def check_ray(config: Any) -> None:
     )
 
 
+def check_engine(config: Any) -> None:
+    """``EngineConfig``'s fields."""
+    require(config.kind is None or config.kind in ENGINE_KINDS, "EngineConfig.kind", config.kind,
+            f"use None or one of {ENGINE_KINDS}")  # fmt: skip
+    check_int("EngineConfig.max_batch", config.max_batch, minimum=1, example="max_batch=128")
+    check_int("EngineConfig.threads", config.threads, minimum=1, example="threads=1")
+    check_number("EngineConfig.gpu_memory_utilization", config.gpu_memory_utilization, gt=0, le=1,
+                 fix="use a fraction in (0, 1], e.g. gpu_memory_utilization=0.3")  # fmt: skip
+
+
 def check_model(config: Any) -> None:
     """``ModelConfig``'s fields (``path`` already a str or None)."""
     require(
@@ -217,6 +229,18 @@ def check_model(config: Any) -> None:
         "ModelConfig.dtype",
         config.dtype,
         "the built-in policy trains in float32; dtype applies to a Hugging Face model (ModelConfig.path)",
+    )
+    require(
+        isinstance(config.device, str) and re.fullmatch(r"cpu|cuda(:\d+)?", config.device) is not None,
+        "ModelConfig.device",
+        config.device,
+        'use "cpu", "cuda" or "cuda:N" (GPU N)',
+    )
+    require(
+        config.path is not None or config.device == "cpu",
+        "ModelConfig.device",
+        config.device,
+        "the built-in policy runs on the CPU; device applies to a Hugging Face model (ModelConfig.path)",
     )
     check_int("ModelConfig.vocab_size", config.vocab_size, minimum=1, optional=True, example="vocab_size=16")
     for field, example in (("d_model", 128), ("n_layers", 2), ("n_heads", 4), ("max_len", 32), ("mlp_ratio", 4)):

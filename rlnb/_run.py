@@ -85,7 +85,7 @@ def run(
     ``trackers`` are the session's tracker backends ("wandb" follows ``WANDB_MODE``,
     offline by default); they all write under ``run_dir``."""
     import rlnb
-    from rlnb._assembly import engine_kind, model_shape
+    from rlnb._assembly import check_session_args, engine_kind, model_shape
     from rlnb.config import TrackConfig
     from rlnb.data import get_task
     from rlnb.learn import progress_bar
@@ -103,7 +103,9 @@ def run(
             backends=trackers, run_dir=str(root), wandb_mode=wandb_mode_from_env(), console_every=eval_every
         )
     )  # validated here, before anything starts
-    model_shape(config, get_task(config.task))  # a model directory and max_len too (a Session checks them again)
+    # The device, a model directory and max_len, before the run dir is made (a Session checks them again).
+    check_session_args(config, "run", None)
+    model_shape(config, get_task(config.task))
     root.mkdir(parents=True, exist_ok=True)
     (root / "metrics.jsonl").unlink(missing_ok=True)  # this run's records only
     started = time.perf_counter()
@@ -203,7 +205,7 @@ def _describe_model(config: Config) -> str:
     if m.path is None:
         text = f"tiny policy (d_model {m.d_model}, {m.n_layers} layers) on CPU"
     else:
-        text = f"Hugging Face model {m.path!r} ({m.dtype}) on the {engine_kind(config)!r} engine"
+        text = f"Hugging Face model {m.path!r} ({m.dtype}, learner on {m.device}) on the {engine_kind(config)!r} engine"
     if r.engine_replicas:
         where = "a local Ray cluster of its own" if r.address is None else f"the Ray cluster at {r.address}"
         text += f", {r.engine_replicas} engine replicas on {where}"

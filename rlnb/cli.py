@@ -34,6 +34,7 @@ BENCHES = ("bridge", "close", "engines", "notebook", "ray", "rollout", "soak", "
 CONFIG_FLAGS = {
     "model": ("model", "path"),
     "dtype": ("model", "dtype"),
+    "device": ("model", "device"),
     "max_len": ("model", "max_len"),
     "engine": ("engine", "kind"),
     "task": (None, "task"),
@@ -161,12 +162,13 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine",
         choices=ENGINE_KINDS,
-        help="the generation engine: tiny (the built-in policy's), hf (a --model's, on CPU) or vllm "
+        help="the generation engine: tiny (the built-in policy's), hf (a --model's, on its --device) or vllm "
         "(default: the model's own)",
     )
     parser.add_argument(
         "--dtype", choices=MODEL_DTYPES, help="the --model's weights: float32 (for CPUs) or bfloat16 (for GPUs)"
     )
+    parser.add_argument("--device", help="where the --model learns (and the hf engine runs): cpu, cuda or cuda:N")
     parser.add_argument("--max-len", type=_int_from(1), help="context length in tokens, prompt and completion")
 
 
@@ -200,6 +202,8 @@ def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     config, options = demo_settings()
     if args.dtype is not None and args.model is None:
         raise ConfigError(f"--dtype {args.dtype} applies to a --model only: the built-in policy is float32")
+    if args.device is not None and args.model is None:
+        raise ConfigError(f"--device {args.device} applies to a --model only: the built-in policy runs on the CPU")
     if getattr(args, "task", None) not in (None, config.task):  # the demo's teacher writes the demo's task only
         config = config.replace(warmup=dataclasses.replace(config.warmup, task=None))
     for dest, (part, field) in CONFIG_FLAGS.items():

@@ -12,8 +12,8 @@ import os
 from typing import Any
 
 from rlnb._checks import (
-    ENGINE_KINDS,
     check_buffer,
+    check_engine,
     check_int,
     check_model,
     check_number,
@@ -102,8 +102,8 @@ class ModelConfig:
     path: a local directory of a causal LM that transformers loads (config.json,
         weights, tokenizer), e.g. one :func:`rlnb.models.tiny_llama` built; nothing
         is downloaded. None (the default): the built-in policy, of the shape below.
-    dtype: the weights' dtype for a ``path`` model: "float32" (for CPUs) or
-        "bfloat16" (for GPUs).
+    dtype, device: a ``path`` model's weights: "float32" or "bfloat16" (for GPUs),
+        on "cpu" or "cuda" ("cuda:N" for GPU N); the engine's copy shares the device.
     vocab_size: token ids; ``None`` (the default) takes the task's tokenizer's.
     d_model, n_layers, n_heads: width, depth and attention heads (``d_model`` a
         multiple of ``n_heads``); the built-in policy only.
@@ -119,6 +119,7 @@ class ModelConfig:
     mlp_ratio: int = 4
     path: str | None = None
     dtype: str = "float32"
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if isinstance(self.path, os.PathLike):
@@ -149,21 +150,17 @@ class EngineConfig:
         per thread: the learner keeps the process's). Decoding a tiny model is
         bound by per-op overhead, not arithmetic, so one thread decodes about as
         fast as two and leaves the other core to the learner in async mode.
+    gpu_memory_utilization: the share of a GPU vLLM may take, leaving the rest
+        to a learner on the same GPU (unused on a CPU).
     """
 
     kind: str | None = None
     max_batch: int = 128
     threads: int = 1
+    gpu_memory_utilization: float = 0.3
 
     def __post_init__(self) -> None:
-        require(
-            self.kind is None or self.kind in ENGINE_KINDS,
-            "EngineConfig.kind",
-            self.kind,
-            f"use None or one of {ENGINE_KINDS}",
-        )
-        check_int("EngineConfig.max_batch", self.max_batch, minimum=1, example="max_batch=128")
-        check_int("EngineConfig.threads", self.threads, minimum=1, example="threads=1")
+        check_engine(self)
 
 
 @_keywords()

@@ -24,15 +24,23 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if LOOPBACK_ONLY:
-        return
-    skip = pytest.mark.skip(
-        reason="starts a server or cluster, which may only listen inside a loopback-only network "
-        "namespace; run the suite through scripts/test.sh (it could not make one here)"
-    )
+    skips = {}
+    if not LOOPBACK_ONLY:
+        skips["netns"] = pytest.mark.skip(
+            reason="starts a server or cluster, which may only listen inside a loopback-only network "
+            "namespace; run the suite through scripts/test.sh (it could not make one here)"
+        )
+    if any("gpu" in item.keywords for item in items):
+        import torch
+
+        if not torch.cuda.is_available():
+            skips["gpu"] = pytest.mark.skip(
+                reason=f"needs a CUDA device; torch {torch.__version__} sees none here (see scripts/gpu-check.sh)"
+            )
     for item in items:
-        if "netns" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

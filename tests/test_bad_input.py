@@ -99,6 +99,24 @@ CONFIGS = [
         "bfloat16",
         id="dtype",
     ),
+    pytest.param(
+        lambda: rlnb.ModelConfig(path="/nowhere", device="gpu"),
+        "ModelConfig.device='gpu'",
+        '"cpu", "cuda" or "cuda:N"',
+        id="device",
+    ),
+    pytest.param(
+        lambda: rlnb.ModelConfig(device="cuda"),
+        "ModelConfig.device='cuda'",
+        "the built-in policy runs on the CPU",
+        id="device-built-in",
+    ),
+    pytest.param(
+        lambda: rlnb.EngineConfig(gpu_memory_utilization=1.5),
+        "EngineConfig.gpu_memory_utilization=1.5",
+        "use a fraction in (0, 1]",
+        id="gpu-memory",
+    ),
     pytest.param(lambda: rlnb.BufferConfig(partitions=("val",)), "BufferConfig.partitions", '"train"', id="parts"),
     pytest.param(lambda: rlnb.WarmupConfig(steps=-1), "WarmupConfig.steps=-1", "steps=300", id="warmup-steps"),
     pytest.param(

@@ -195,7 +195,7 @@ def test_train_a_hugging_face_model_from_its_directory(tmp_path: Path, tiny_llam
         "--eval-prompts", "20", "--num-workers", "1", "--no-progress", "--json",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert f"Hugging Face model {str(tiny_llama_dir)!r} (float32) on the 'hf' engine" in proc.stderr
+    assert f"Hugging Face model {str(tiny_llama_dir)!r} (float32, learner on cpu) on the 'hf' engine" in proc.stderr
     assert "[warm-up] supervised, 2 steps" in proc.stderr and "[rl] 2 steps in" in proc.stderr
     result = json.loads(proc.stdout)
     assert result["model"] == str(tiny_llama_dir) and result["engine"] == "hf"
@@ -220,6 +220,12 @@ def test_model_flags_the_config_refuses_fail_before_starting(tmp_path: Path, tin
         ),
         ("--dtype", "bfloat16"): "--dtype bfloat16 applies to a --model only",
         ("--dtype", "float16"): "argument --dtype: invalid choice: 'float16' (choose from 'float32', 'bfloat16')",
+        ("--device", "cuda"): "--device cuda applies to a --model only",
+        ("--model", str(tiny_llama_dir), "--device", "gpu"): "--device gpu: ModelConfig.device='gpu' is invalid",
+        # this machine has no GPU: refused before the model is loaded or a run dir made
+        ("--model", str(tiny_llama_dir), "--device", "cuda"): (
+            "ModelConfig.device='cuda' is invalid: torch sees no CUDA device here"
+        ),
         ("--engine", "sglang"): "argument --engine: invalid choice: 'sglang' (choose from 'tiny', 'hf', 'vllm')",
     }
     for flags, message in refused.items():
@@ -243,7 +249,7 @@ def test_make_tiny_llama_writes_a_model_that_train_accepts(tmp_path: Path, tiny_
         "--eval-prompts", "10", "--num-workers", "1", "--run-dir", str(tmp_path / "run"), "--no-progress", "--json",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert f"Hugging Face model {str(model)!r} (bfloat16) on the 'hf' engine" in proc.stderr
+    assert f"Hugging Face model {str(model)!r} (bfloat16, learner on cpu) on the 'hf' engine" in proc.stderr
     result = json.loads(proc.stdout)
     assert (result["model"], result["engine"], result["steps"]) == (str(model), "hf", 1)
     again = run_cli("make-tiny-llama", str(model))  # it would overwrite the model

@@ -44,6 +44,11 @@ class TrainBatch:
     min_versions: torch.Tensor
     group_of: torch.Tensor
 
+    def to(self, device: torch.device) -> TrainBatch:
+        """This batch with every tensor on ``device`` (itself when they are there)."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, **moved)
+
 
 def _padded(rows: list[list[Any]], width: int, fill: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     # One tensor per field from padded Python lists: far cheaper than a copy per row.
@@ -158,15 +163,16 @@ class Learner:
             raise ValueError("Learner.step() needs at least one group")
         cfg = self.config
         start = time.perf_counter()
-        batch = collate(groups, self._encode, self._pad, scale_advantages=cfg.scale_advantages)
+        dev = self.policy.device
+        batch = collate(groups, self._encode, self._pad, scale_advantages=cfg.scale_advantages).to(dev)
         lr = self.lr_at(self.version)
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = lr
-        parts = torch.arange(len(groups)).chunk(max(1, min(cfg.minibatches, len(groups))))
+        parts = torch.arange(len(groups), device=dev).chunk(max(1, min(cfg.minibatches, len(groups))))
         # With one update per batch the proximal policy is the current one: its
         # log-probs are the first (only) forward pass's, detached; no extra pass.
         single_update = cfg.epochs == 1 and len(parts) == 1
-        every, width = torch.arange(len(batch.group_of)), batch.targets.shape[1]
+        every, width = torch.arange(len(batch.group_of), device=dev), batch.targets.shape[1]
         with torch.no_grad():
             prox = None if single_update else self._token_logp(self.policy, batch, every, width)[0]
             ref = self._token_logp(self.reference, batch, every, width)[0] if self.reference is not None else None
@@ -254,6 +260,7 @@ class Learner:
         for i, (row, (start, count)) in enumerate(zip(rows, spans, strict=True)):
             ids[i, : len(row)] = torch.tensor(row)
             mask[i, start - 1 : start - 1 + count] = True
+        ids, mask = ids.to(self.policy.device), mask.to(self.policy.device)
         logp = self.policy(ids[:, :-1]).float().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         loss = -(logp * mask).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)

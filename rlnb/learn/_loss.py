@@ -89,7 +89,7 @@ def policy_loss(
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv
     pg = -weight * torch.minimum(unclipped, clipped)
     total = pg
-    kl_value = torch.zeros((), dtype=logp.dtype)
+    kl_value = torch.zeros((), dtype=logp.dtype, device=logp.device)
     if ref_logp is not None:
         diff = ref_logp.detach() - logp
         kl_tok = torch.exp(diff) - diff - 1

@@ -8,7 +8,15 @@ nothing of sessions, loops or notebooks. A ``TinyPolicy``'s shape is a :class:`r
 
 import typing as _typing
 
-from rlnb.models._hf import HFPolicy, HFTokenizer, hf_model_on_meta, load_hf_model, load_hf_tokenizer, tiny_llama
+from rlnb.models._hf import (
+    HFPolicy,
+    HFTokenizer,
+    check_device,
+    hf_model_on_meta,
+    load_hf_model,
+    load_hf_tokenizer,
+    tiny_llama,
+)
 from rlnb.models._kvcache import KVCache
 from rlnb.models._policy import TinyPolicy
 from rlnb.models._tokenizer import CharTokenizer
@@ -19,6 +27,7 @@ __all__ = [
     "HFTokenizer",
     "KVCache",
     "TinyPolicy",
+    "check_device",
     "hf_model_on_meta",
     "load_hf_model",
     "load_hf_tokenizer",

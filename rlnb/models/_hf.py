@@ -30,6 +30,7 @@ from rlnb._errors import ConfigError
 __all__ = [
     "HFPolicy",
     "HFTokenizer",
+    "check_device",
     "check_model_dir",
     "hf_model_on_meta",
     "load_hf_model",
@@ -132,6 +133,11 @@ class HFPolicy(nn.Module):
     def _dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are."""
+        return next(self.model.parameters()).device
+
     def _run(
         self,
         ids: torch.Tensor,
@@ -196,7 +202,7 @@ class HFPolicy(nn.Module):
         """An empty :class:`HFSlotCache` with ``slots`` sequence slots."""
         if not isinstance(slots, int) or slots < 1:
             raise ValueError(f"HFPolicy.new_cache needs slots >= 1, got {slots!r}")
-        return HFSlotCache(slots, self.max_len, self._dtype, next(self.model.parameters()).device)
+        return HFSlotCache(slots, self.max_len, self._dtype, self.device)
 
     @torch.inference_mode()
     def prefill(
@@ -352,11 +358,36 @@ def load_hf_tokenizer(path: str | os.PathLike[str], *, max_len: int | None = Non
     return HFTokenizer(tokenizer)
 
 
-def load_hf_model(path: str | os.PathLike[str], *, max_len: int, dtype: str = "float32") -> HFPolicy:
+def check_device(device: str, field: str = "ModelConfig.device") -> torch.device:
+    """``device`` ("cpu", "cuda" or "cuda:N") as a torch device, once torch has been
+    found to have it; :class:`~rlnb.ConfigError` naming ``field`` otherwise."""
+    where = torch.device(device)
+    if where.type != "cuda":
+        return where
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ConfigError(
+            f"{field}={device!r} is invalid: torch sees no CUDA device here (torch {torch.__version__}, {build}); "
+            'use device="cpu", or a machine with an NVIDIA GPU and a CUDA build of torch'
+        )
+    count = torch.cuda.device_count()
+    if where.index is not None and where.index >= count:
+        raise ConfigError(
+            f"{field}={device!r} is invalid: torch sees {count} CUDA device(s) here; "
+            f'use "cuda" or one of cuda:0 to cuda:{count - 1}'
+        )
+    return torch.device("cuda", torch.cuda.current_device() if where.index is None else where.index)
+
+
+def load_hf_model(
+    path: str | os.PathLike[str], *, max_len: int, dtype: str = "float32", device: str = "cpu"
+) -> HFPolicy:
     """The causal LM in the local directory ``path`` as an :class:`HFPolicy` in train
-    mode (nothing is downloaded). :class:`~rlnb.ConfigError` for a directory that is
-    not a causal LM, a ``max_len`` past its positions, or an architecture rlnb cannot drive."""
+    mode on ``device`` (nothing is downloaded). :class:`~rlnb.ConfigError` for a
+    directory that is not a causal LM, a ``max_len`` past its positions, a device
+    torch does not have, or an architecture rlnb cannot drive."""
     check_model_dir(path, max_len=max_len)
+    where = check_device(device)
     transformers = _quiet_transformers()
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -364,7 +395,7 @@ def load_hf_model(path: str | os.PathLike[str], *, max_len: int, dtype: str = "f
         )  # with torch's scaled_dot_product_attention where the model has it
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(f"ModelConfig.path={str(path)!r} is invalid: transformers cannot load it: {exc}") from exc
-    policy = HFPolicy(model, max_len=max_len, source=str(path))
+    policy = HFPolicy(model.to(where), max_len=max_len, source=str(path))
     _check_hooks(policy, str(path))
     return policy.train()
 
@@ -381,12 +412,14 @@ def hf_model_on_meta(path: str | os.PathLike[str]) -> nn.Module:
 def _check_hooks(policy: HFPolicy, path: str) -> None:
     """One shared forward pass against the plain one: a model whose attention does not
     go through ``past_key_values.update()`` gets a clear error, not wrong gradients."""
-    ids = torch.tensor([[1, 4, 5, 6], [1, 7, 8, 0]]) % max(2, policy.model.config.vocab_size)
+    dev = policy.device
+    ids = torch.tensor([[1, 4, 5, 6], [1, 7, 8, 0]], device=dev) % max(2, policy.model.config.vocab_size)
     with torch.no_grad():
         plain = policy.forward(ids)
         error: Exception | None = None
         try:
-            shared = policy.forward_shared(ids[:, :2], torch.tensor([2, 2]), ids[:, 2:], torch.tensor([0, 1]))
+            two, groups = torch.tensor([2, 2], device=dev), torch.tensor([0, 1], device=dev)
+            shared = policy.forward_shared(ids[:, :2], two, ids[:, 2:], groups)
         except Exception as exc:
             shared, error = None, exc
     if shared is None or not torch.allclose(shared, plain[:, 1:], atol=1e-3, rtol=1e-3):

@@ -27,7 +27,7 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 
-# The ModelConfig fields of the built-in policy's shape (path and dtype are a Hugging Face model's).
+# The ModelConfig fields of the built-in policy's shape (path, dtype and device are a Hugging Face model's).
 _SHAPE = ("vocab_size", "d_model", "n_layers", "n_heads", "max_len", "mlp_ratio")
 
 

@@ -217,6 +217,11 @@ class TinyPolicy(nn.Module):
             y = block.extend(y, k, v, visible)
         return self._head(torch.cat([last[:, None], y], dim=1))
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are."""
+        return self.tok_emb.weight.device
+
     def new_cache(self, slots: int) -> KVCache:
         """An all-zero :class:`KVCache` with ``slots`` sequence slots, in the weights' dtype and device.
 

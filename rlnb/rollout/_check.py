@@ -31,10 +31,10 @@ async def compare_logprobs(engine: Engine, model: Any, requests: Sequence[Genera
         if not result.token_ids:
             continue
         context = [*request.prompt_ids, *request.prefix_ids]
-        ids = torch.tensor([[*context, *result.token_ids]])
+        ids = torch.tensor([[*context, *result.token_ids]], device=next(model.parameters()).device)
         with torch.no_grad():
             out = model(ids)
-        logits = getattr(out, "logits", out)[0, len(context) - 1 : -1].float()
+        logits = getattr(out, "logits", out)[0, len(context) - 1 : -1].float().cpu()
         temperature = request.sampling.temperature or 1.0
         reference = (logits / temperature).log_softmax(-1).gather(-1, torch.tensor(result.token_ids)[:, None])[:, 0]
         worst = max(worst, float((reference - torch.tensor(result.logprobs)).abs().max()))

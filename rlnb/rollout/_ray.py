@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import os
 from collections.abc import Mapping
@@ -41,11 +42,18 @@ from rlnb.rollout._ray_cluster import Cluster
 __all__ = ["RayEngine"]
 
 
+def _on_cpu(policy: Any) -> Any:
+    """``policy``, or a copy of it on the CPU: a replica without a GPU cannot unpickle CUDA tensors."""
+    return policy if policy.device.type == "cpu" else copy.deepcopy(policy).cpu()
+
+
 class _Replica:
     """What runs inside each Ray actor: a ``TinyEngine`` over a copy of the policy, or
     a ``VLLMEngine`` on the model's directory."""
 
-    def __init__(self, policy: Any, eos_id: int, max_batch: int, threads: int, vllm: Mapping[str, Any] | None) -> None:
+    def __init__(
+        self, policy: Any, eos_id: int, max_batch: int, threads: int, vllm: Mapping[str, Any] | None, device: str
+    ) -> None:
         import torch
 
         from rlnb.rollout._tiny import TinyEngine
@@ -53,7 +61,8 @@ class _Replica:
         torch.set_num_threads(threads)
         self._vllm = vllm  # VLLMEngine.start's arguments: it starts in ready(), on this actor's loop
         self.engine: Any = None
-        if vllm is None:
+        if vllm is None:  # the policy comes on the CPU; "cuda" is the GPU Ray gave this actor
+            policy = policy.to(device)
             self.engine = TinyEngine(policy, eos_id=eos_id, max_batch=max_batch, threads=threads, name="rlnb-replica")
 
     async def ready(self) -> int:
@@ -158,7 +167,8 @@ class RayEngine:
                     f"{config.engine_replicas} replicas of {bundle} (it has {total}) within "
                     f"{config.start_timeout} s; use fewer replicas or smaller num_cpus/num_gpus"
                 ) from None
-            remote, policy_ref = ray.remote(_Replica), (ray.put(policy) if vllm is None else None)
+            remote, policy_ref = ray.remote(_Replica), (ray.put(_on_cpu(policy)) if vllm is None else None)
+            device = "cuda" if config.num_gpus > 0 else "cpu"
 
             def factory(index: int) -> Any:
                 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -170,7 +180,7 @@ class RayEngine:
                     num_gpus=config.num_gpus,
                     scheduling_strategy=strategy,
                     max_concurrency=4096,
-                ).remote(policy_ref, eos_id, max_batch, threads, None if vllm is None else dict(vllm))
+                ).remote(policy_ref, eos_id, max_batch, threads, None if vllm is None else dict(vllm), device)
 
             engine = cls(ray, cluster, factory, config)
             engine._slots = [_Slot(i, factory(i)) for i in range(config.engine_replicas)]
@@ -238,7 +248,7 @@ class RayEngine:
 
     async def update_weights(self, state: Mapping[str, Any], version: int) -> None:
         self._check_open()
-        ref = self._ray.put(dict(state))  # once, for every replica
+        ref = self._ray.put({k: v.detach().cpu() for k, v in state.items()})  # once, for every replica
         self._weights = (ref, version)
         running = [s for s in self._slots if s.state == "running"]
         answers = await asyncio.gather(

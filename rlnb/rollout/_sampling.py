@@ -21,29 +21,30 @@ def sample_next(
 ) -> tuple[list[int], list[float]]:
     """One token per row of ``logits`` [A, V]; returns token ids and their log-probs."""
     logits = logits.float()
+    dev = logits.device
     params = [r.sampling for r in requests]
     if any(p.ignore_eos for p in params):
-        mask = torch.tensor([p.ignore_eos for p in params])
+        mask = torch.tensor([p.ignore_eos for p in params], device=dev)
         logits = logits.clone()
         logits[mask, eos_id] = float("-inf")
-    temps = torch.tensor([p.temperature for p in params])
+    temps = torch.tensor([p.temperature for p in params], device=dev)
     greedy = temps == 0
     scaled = logits / torch.where(greedy, 1.0, temps)[:, None]
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
     probs = sorted_logits.softmax(dim=-1)
     keep = torch.ones_like(probs, dtype=torch.bool)
-    top_k = torch.tensor([p.top_k for p in params])
+    top_k = torch.tensor([p.top_k for p in params], device=dev)
     if bool((top_k > 0).any()):
-        ranks = torch.arange(probs.shape[-1])[None, :]
+        ranks = torch.arange(probs.shape[-1], device=dev)[None, :]
         keep &= (top_k[:, None] == 0) | (ranks < top_k[:, None])
-    top_p = torch.tensor([p.top_p for p in params])
+    top_p = torch.tensor([p.top_p for p in params], device=dev)
     if bool((top_p < 1).any()):
         before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely tokens
         keep &= before < top_p[:, None]
     probs = torch.where(keep, probs, 0.0)
     probs = probs / probs.sum(dim=-1, keepdim=True)
     cdf = probs.cumsum(dim=-1)
-    u = torch.tensor([rng.random() for rng in rngs], dtype=cdf.dtype)
+    u = torch.tensor([rng.random() for rng in rngs], dtype=cdf.dtype, device=dev)
     choice = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp_max(probs.shape[-1] - 1)
     choice = torch.where(greedy[:, None], 0, choice)
     tokens = order.gather(-1, choice).squeeze(-1)

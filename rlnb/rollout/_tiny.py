@@ -91,6 +91,7 @@ class TinyEngine:
         self._eos = eos_id
         self._continuous = continuous
         self._threads = threads
+        self._device = self._model.device  # where the copy's weights, cache and inputs live
         self._cache = self._model.new_cache(max_batch)
         self._free = list(range(max_batch))  # a heap: the lowest free slot goes first
         self._admit_chunk = max(1, max_batch // 8)
@@ -334,23 +335,25 @@ class TinyEngine:
         for seq, x in zip(seqs, inputs, strict=True):
             first.setdefault(x, seq)
         row = {x: r for r, x in enumerate(first)}
-        lengths = torch.tensor([len(x) for x in first])
-        ids = torch.zeros(len(first), int(lengths.max()), dtype=torch.long)
-        for x, r in row.items():
-            ids[r, : len(x)] = torch.tensor(x)
-        logits = self._model.prefill(self._cache, torch.tensor([s.slot for s in first.values()]), ids, lengths)
+        width = max(len(x) for x in first)
+        dev = self._device
+        ids = torch.tensor([[*x, *(0,) * (width - len(x))] for x in first], device=dev)
+        lengths = torch.tensor([len(x) for x in first], device=dev)
+        slots = torch.tensor([s.slot for s in first.values()], device=dev)
+        logits = self._model.prefill(self._cache, slots, ids, lengths)
         copies = [(first[x].slot, seq.slot) for seq, x in zip(seqs, inputs, strict=True) if first[x] is not seq]
         if copies:  # positions past an input's length hold padding, as prefill leaves them
-            src, dst = torch.tensor(copies).unbind(1)
-            self._cache.copy_slots(src, dst, ids.shape[1])
+            src, dst = torch.tensor(copies, device=dev).unbind(1)
+            self._cache.copy_slots(src, dst, width)
         for seq, x in zip(seqs, inputs, strict=True):
             seq.position = len(x)
-        self._advance(seqs, logits[torch.tensor([row[x] for x in inputs])])
+        self._advance(seqs, logits[torch.tensor([row[x] for x in inputs], device=dev)])
 
     def _decode(self, seqs: list[_Seq]) -> None:
-        slots = torch.tensor([s.slot for s in seqs])
-        ids = torch.tensor([s.tokens[-1] for s in seqs])
-        positions = torch.tensor([s.position for s in seqs])
+        dev = self._device
+        slots = torch.tensor([s.slot for s in seqs], device=dev)
+        ids = torch.tensor([s.tokens[-1] for s in seqs], device=dev)
+        positions = torch.tensor([s.position for s in seqs], device=dev)
         logits = self._model.decode(self._cache, slots, ids, positions)
         for seq in seqs:
             seq.position += 1

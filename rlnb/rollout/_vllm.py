@@ -106,18 +106,21 @@ class VLLMEngine:
         max_len: int,
         max_batch: int,
         seed: int = 0,
-        kv_cache_bytes: int = 64 << 20,
+        kv_cache_bytes: int | None = None,
+        gpu_memory_utilization: float = 0.3,
         dtype: str | None = None,
         enforce_eager: bool = True,
         name: str = "rlnb-engine",
     ) -> VLLMEngine:
         """Start vLLM on ``model_dir``; returns once it can generate (about 15 s on a CPU).
 
-        ``dtype`` None serves the checkpoint's own dtype (vLLM's "auto" would halve
-        a float32 one). Raises :class:`~rlnb.ConfigError` naming the path and field before any
+        ``kv_cache_bytes`` None: 64 MiB on a CPU; on a GPU vLLM sizes the cache
+        within ``gpu_memory_utilization`` (its share of the GPU). ``dtype`` None
+        serves the checkpoint's own dtype (vLLM's "auto" would halve a float32 one).
+        Raises :class:`~rlnb.ConfigError` naming the path and field before any
         process starts when the directory, its ``config.json`` or the sizes do not
-        fit, and :class:`~rlnb.EngineError` if vLLM fails to start (nothing is
-        left running). Blocks only a thread of its own, not the loop.
+        fit, and :class:`~rlnb.EngineError` if vLLM fails to start (nothing is left
+        running). Blocks only a thread of its own, not the loop.
         """
         path = Path(model_dir).expanduser().resolve()
         config = _read_config(path)
@@ -125,7 +128,7 @@ class VLLMEngine:
             text = config.get("text_config", config)
             dtype = str(text.get("dtype") or text.get("torch_dtype") or "auto")
         vllm = import_vllm()
-        _check_model(
+        kv_cache_bytes = _check_model(
             path,
             config,
             vllm,
@@ -137,7 +140,8 @@ class VLLMEngine:
         )
         # vllm's import keeps the frames it ran under alive (an exception it stores):
         # this frame is one of them, so vLLM is launched from another.
-        return await cls._launch(path, dtype, seed, max_len, max_batch, kv_cache_bytes, enforce_eager, eos_id, name)
+        sizes = (max_len, max_batch, kv_cache_bytes, gpu_memory_utilization)
+        return await cls._launch(path, dtype, seed, sizes, enforce_eager, eos_id, name)
 
     @classmethod
     async def _launch(
@@ -145,9 +149,7 @@ class VLLMEngine:
         path: Path,
         dtype: str,
         seed: int,
-        max_len: int,
-        max_batch: int,
-        kv_cache_bytes: int,
+        sizes: tuple[int, int, int | None, float],
         enforce_eager: bool,
         eos_id: int,
         name: str,
@@ -155,6 +157,7 @@ class VLLMEngine:
         vllm = import_vllm()
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        max_len, max_batch, kv_cache_bytes, gpu_memory_utilization = sizes
         args = vllm.AsyncEngineArgs(
             model=str(path),
             dtype=dtype,
@@ -162,6 +165,7 @@ class VLLMEngine:
             max_model_len=max_len,
             max_num_seqs=max_batch,
             kv_cache_memory_bytes=kv_cache_bytes,
+            gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,
             enable_prefix_caching=True,  # salted by weight version: see _run
             logprobs_mode="processed_logprobs",

@@ -67,12 +67,19 @@ def _check_model(
     eos_id: int,
     max_len: int,
     max_batch: int,
-    kv_cache_bytes: int,
+    kv_cache_bytes: int | None,
     dtype: str,
-) -> None:
-    """Raise ConfigError naming the file and field that vLLM would fail on later."""
+) -> int | None:
+    """Raise ConfigError naming the file and field that vLLM would fail on later.
+    Returns the KV cache's size in bytes: ``kv_cache_bytes``, or for None 64 MiB on
+    a CPU and None on a GPU (where vLLM sizes it from ``gpu_memory_utilization``)."""
     file = path / "config.json"
-    for field, value in (("max_len", max_len), ("max_batch", max_batch), ("kv_cache_bytes", kv_cache_bytes)):
+    from vllm.platforms import current_platform
+
+    if kv_cache_bytes is None and current_platform.is_cpu():
+        kv_cache_bytes = 64 << 20  # vLLM would take a share of the machine's memory
+    sizes = {"max_len": max_len, "max_batch": max_batch}
+    for field, value in {**sizes, **({} if kv_cache_bytes is None else {"kv_cache_bytes": kv_cache_bytes})}.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"VLLMEngine.start({field}={value!r}): must be a positive int")
     archs = config.get("architectures")
@@ -96,8 +103,6 @@ def _check_model(
         layers = int(text["num_hidden_layers"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{file}: lacks or garbles {exc} (needed to size the KV cache)") from None
-    from vllm.platforms import current_platform
-
     if current_platform.is_cpu():
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
@@ -106,11 +111,12 @@ def _check_model(
             raise ConfigError(f"{file}: head_dim={head_dim} is not one vLLM's CPU attention supports ({sizes})")
     width = _DTYPE_BYTES.get(dtype, 4)
     per_token = 2 * layers * kv_heads * head_dim * width
-    if per_token * max_len > kv_cache_bytes:
+    if kv_cache_bytes is not None and per_token * max_len > kv_cache_bytes:
         raise ConfigError(
             f"kv_cache_bytes={kv_cache_bytes} cannot hold one sequence of max_len={max_len} for {file} "
             f"({per_token} bytes a token): give at least kv_cache_bytes={per_token * max_len}"
         )
+    return kv_cache_bytes
 
 
 def _checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:

@@ -4,6 +4,7 @@ forward pass, the checks on a model directory, and sessions that train one."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -197,6 +198,33 @@ def test_an_hf_session_saves_and_loads_exactly(llama_dir: Path, tmp_path: Path) 
     assert again["version"] == expected["version"] == 2
     assert again["loss"] == pytest.approx(expected["loss"], abs=1e-6)
     assert again["reward_mean"] == expected["reward_mean"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: tests/test_gpu.py uses it")
+def test_a_device_torch_lacks_is_refused_before_anything_is_built_and_a_gpu_checkpoint_loads_on_the_cpu(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    on_gpu = _config(llama_dir).replace(model=rlnb.ModelConfig(path=str(llama_dir), max_len=32, device="cuda"))
+    with rlnb.Session(_config(llama_dir), name="hf-device") as live:
+        with pytest.raises(ConfigError, match=r"ModelConfig\.device='cuda' is invalid: torch sees no CUDA device here"):
+            rlnb.Session(on_gpu, name="hf-device")
+        assert not live.closed  # refused before the live session of that name was replaced
+        live.step()
+        live.save(tmp_path / "ckpt")
+    # As if saved on a GPU machine: the checkpoint's config says device="cuda".
+    manifest_file = tmp_path / "ckpt" / "checkpoint.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["config"]["model"]["device"] = "cuda"
+    manifest_file.write_text(json.dumps(manifest))
+    hint = re.escape(f"to load it on this machine's CPU: rlnb.Session.load({str(tmp_path / 'ckpt')!r}, device='cpu')")
+    with pytest.raises(ConfigError, match=hint):
+        rlnb.Session.load(tmp_path / "ckpt", name="hf-device")
+    with pytest.raises(ConfigError, match=r"Session\.load\(device='gpu'\): ModelConfig\.device='gpu' is invalid"):
+        rlnb.Session.load(tmp_path / "ckpt", name="hf-device", device="gpu")
+    assert rlnb.sessions() == []
+    with rlnb.Session.load(tmp_path / "ckpt", name="hf-device", device="cpu") as loaded:
+        assert loaded.config.model.device == "cpu" and loaded.version == 1
+        assert loaded.step()["version"] == 2
 
 
 def test_a_model_with_tied_embeddings_saves_a_checkpoint(tmp_path: Path, llama_dir: Path) -> None:
