@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import sys
 import threading
@@ -146,26 +147,41 @@ class PlotBackend:
         if time.monotonic() >= self._next_draw:
             self._draw()
 
-    def render(self) -> bytes:
-        """The current curves as PNG bytes (empty before the first step)."""
+    def figure(self) -> Any:
+        """The current curves as a matplotlib ``Figure`` (None before the first step).
+
+        A curve has one point per step, its latest value: an evaluation before the
+        warm-up and one after it share step 0 (the warm-up does not change the
+        policy's version), and the earlier one is a hollow marker, not a vertical jump."""
         from matplotlib.figure import Figure  # Agg: no GUI, safe from any thread
 
         with self._lock:
             series = {k: list(v) for k, v in self.series.items()}
         if not series:
-            return b""
+            return None
         fig = Figure(figsize=(6, 3), dpi=90)
         ax = fig.add_subplot()
         labels = {"reward_mean": "train reward", "accuracy": "train accuracy", "eval_accuracy": "held-out accuracy"}
         for key, points in series.items():
-            steps, values = zip(*points, strict=True)
+            latest = dict(points)  # step -> its last value, in step order
             style = "o-" if key == "eval_accuracy" else "-"
-            ax.plot(steps, values, style, lw=1.2, ms=3, label=labels[key])
+            (line,) = ax.plot(list(latest), list(latest.values()), style, lw=1.2, ms=3, label=labels[key])
+            earlier = [p for p, after in itertools.pairwise(points) if after[0] == p[0]]
+            if earlier:
+                steps, values = zip(*earlier, strict=True)
+                ax.plot(steps, values, "o", ms=4, mfc="none", color=line.get_color())
         ax.set_xlabel("step")
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
         fig.tight_layout()
+        return fig
+
+    def render(self) -> bytes:
+        """The current curves as PNG bytes (empty before the first step)."""
+        fig = self.figure()
+        if fig is None:
+            return b""
         out = io.BytesIO()
         fig.savefig(out, format="png")
         return out.getvalue()

@@ -218,6 +218,25 @@ def test_the_plot_backend_draws_a_png_for_a_widget_and_the_run_dir(tmp_path: Pat
     widget.close()
 
 
+def test_evaluations_at_one_step_are_one_point_on_the_curve_and_the_earlier_a_hollow_marker(tmp_path: Path) -> None:
+    from rlnb.track._backends import PlotBackend
+
+    plot = PlotBackend(tmp_path / "curves.png")
+    plot.log({"eval_accuracy": 0.0}, 0)  # the initial policy
+    plot.log({"eval_accuracy": 0.3}, 0)  # after the warm-up: still version 0
+    for step in (1, 2):
+        plot.log({"reward_mean": 0.2 * step}, step)
+    plot.log({"eval_accuracy": 0.5}, 2)
+    lines = plot.figure().axes[0].get_lines()
+    curve = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in lines}
+    assert curve["held-out accuracy"] == ([0, 2], [0.3, 0.5])  # no vertical jump at step 0
+    assert curve["train reward"] == ([1, 2], [0.2, 0.4])
+    (marker,) = [line for line in lines if line.get_label().startswith("_")]  # not in the legend
+    assert (list(marker.get_xdata()), list(marker.get_ydata())) == ([0], [0.0])
+    assert marker.get_markerfacecolor() == "none" and marker.get_linestyle() == "None"
+    plot.finish(0)
+
+
 def test_a_slow_plot_is_redrawn_less_often_so_drawing_stays_a_small_share_of_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
