@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from rlnb._errors import ConfigError
+from rlnb._errors import CheckpointError, ConfigError
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config, ModelConfig
 from rlnb.data import Task
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "check_session_args",
     "engine_kind",
-    "loaded_config",
+    "load_checkpoint",
     "make_buffer",
     "make_engine",
     "make_learner",
@@ -72,17 +72,33 @@ def check_session_args(config: Config | None, name: Any, engine: Any, callbacks:
     return config
 
 
-def loaded_config(manifest: dict[str, Any], path: str | os.PathLike[str], *, device: str | None) -> Config:
-    """The config a checkpoint holds, on ``device`` if given (``Session.load``'s)."""
+def load_checkpoint(
+    path: str | os.PathLike[str], *, reward: Any, model_path: str | os.PathLike[str] | None, device: str | None
+) -> tuple[Config, tuple[dict[str, Any], dict[str, Any], Path]]:
+    """``Session.load``'s checkpoint: its config, with ``model_path`` and ``device`` in
+    place of the model's saved ones, and what the session restores; all checked first."""
     from rlnb import checkpoint
 
-    config = checkpoint.saved_config(manifest, path)
-    if device is not None:
+    changes: dict[str, Any] = {"path": None if model_path is None else os.fspath(model_path), "device": device}
+    changes = {field: value for field, value in changes.items() if value is not None}
+    for field, value in changes.items():  # each value alone, before anything is read
         try:
-            return config.replace(model=config.model.replace(device=device))
+            ModelConfig(path="DIR").replace(**{field: value})
         except ConfigError as exc:
-            raise ConfigError(f"Session.load(device={device!r}): {exc}") from None
-    if config.model.path is not None:
+            raise ConfigError(f"Session.load({'model_path' if field == 'path' else field}={value!r}): {exc}") from None
+    if reward is not None and not callable(reward):
+        raise CheckpointError(
+            f"Session.load(reward={reward!r}): pass the reward function, (completion, answer) -> float"
+        )
+    manifest, tensors = checkpoint.read(path, model=changes)
+    saved = manifest.get("reward")
+    if saved is not None and reward is None:
+        raise CheckpointError(
+            f"{path} was saved with a custom reward function ({saved}, from set_reward()); a checkpoint "
+            f"holds no code: pass it again, rlnb.Session.load({str(path)!r}, reward={saved.split('.')[-1]})"
+        )
+    config = checkpoint.saved_config(manifest, path)
+    if config.model.path is not None and device is None:
         from rlnb.models import check_device
 
         try:
@@ -90,7 +106,7 @@ def loaded_config(manifest: dict[str, Any], path: str | os.PathLike[str], *, dev
         except ConfigError as exc:
             hint = f"to load it on this machine's CPU: rlnb.Session.load({str(path)!r}, device='cpu')"
             raise ConfigError(f"{path}: {exc}; {hint}") from None
-    return config
+    return config, (manifest, tensors, Path(path))
 
 
 def model_shape(config: Config, task: Task) -> tuple[Tokenizer, ModelConfig]:

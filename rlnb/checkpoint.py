@@ -48,7 +48,6 @@ __all__ = [
     "FORMAT_VERSION",
     "capture",
     "check",
-    "check_reward",
     "config_from_dict",
     "config_to_dict",
     "read",
@@ -199,10 +198,13 @@ def _target(path: Any) -> Path:
     return target
 
 
-def read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+def read(
+    path: str | os.PathLike[str], *, model: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The manifest and tensors of the checkpoint at ``path``, every file verified and
-    everything :func:`restore` applies checked against the saved config (:func:`check`).
-    Never unpickles: the tensors are read with safetensors only."""
+    everything :func:`restore` applies checked against the saved config (:func:`check`),
+    its ``ModelConfig`` fields replaced by ``model``'s first (``Session.load``'s
+    ``model_path`` and ``device``). Never unpickles: tensors are read with safetensors only."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -224,6 +226,13 @@ def read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, dict[s
             f"reads version {FORMAT_VERSION}: load it with the rlnb version that saved it "
             f"({manifest.get('rlnb', 'unknown')})"
         )
+    saved = manifest.get("config")
+    if model and isinstance(saved, dict) and isinstance(saved.get("model"), dict):
+        if "path" in model and saved["model"].get("path") is None:
+            raise ConfigError(
+                f"Session.load(model_path=...): {root} holds the built-in policy, not a Hugging Face model"
+            )
+        manifest["config"] = {**saved, "model": {**saved["model"], **model}}
     files, known = manifest.get("files") or {}, [f"{stem}.safetensors" for stem in STEMS]
     _expect(
         isinstance(files, dict) and set(known[:3]) <= set(files) <= set(known),
@@ -320,6 +329,11 @@ def _model_shapes(config: Config, root: Path) -> tuple[dict[str, tuple[int, ...]
     from rlnb.data import get_task
     from rlnb.models import TinyPolicy, hf_model_on_meta
 
+    if config.model.path is not None and not Path(config.model.path).expanduser().is_dir():
+        raise CheckpointError(
+            f"{root}: its model's directory {config.model.path!r} is not here; pass a copy of it (its config, "
+            f"tokenizer and weights) with rlnb.Session.load({str(root)!r}, model_path=DIR)"
+        )
     try:
         _, model = model_shape(config, get_task(config.task))
         if model.path is not None:
@@ -444,21 +458,6 @@ def save(
     with trainer.quiesced():
         manifest, tensors = capture(trainer, prompts=prompts, name=name, run_id=run_id, reward=reward)
         return write(path, manifest, tensors)
-
-
-def check_reward(manifest: dict[str, Any], path: str | os.PathLike[str], *, given: Any) -> None:
-    """A checkpoint saved with a custom reward loads only with a reward given again:
-    otherwise the loaded session would silently score with the task's."""
-    saved = manifest.get("reward")
-    if saved is not None and given is None:
-        raise CheckpointError(
-            f"{path} was saved with a custom reward function ({saved}, from set_reward()); a checkpoint "
-            f"holds no code: pass it again, rlnb.Session.load({str(path)!r}, reward={saved.split('.')[-1]})"
-        )
-    if given is not None and not callable(given):
-        raise CheckpointError(
-            f"Session.load(reward={given!r}): pass the reward function, (completion, answer) -> float"
-        )
 
 
 def saved_config(manifest: dict[str, Any], path: str | os.PathLike[str]) -> Config:

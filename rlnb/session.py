@@ -270,20 +270,19 @@ class Session(RolloutCells, TrainingCells):
         *,
         name: str = "default",
         reward: Callable[[str, Any], float] | None = None,
+        model_path: str | os.PathLike[str] | None = None,
         device: str | None = None,
     ) -> Session:
         """A new session that goes on exactly where the one saved at ``path`` stopped.
 
         ``reward``: the function given to :meth:`set_reward` before saving (code is
-        not saved; a checkpoint that had one refuses to load without it). ``device``:
-        a Hugging Face model's ``ModelConfig.device`` from now on (None: the saved
-        one). Raises :class:`~rlnb.CheckpointError` for a missing, damaged or
-        mismatched checkpoint before anything is built. Replaces a live session
-        called ``name``. Restores the process's Python and torch random states too."""
-        manifest, tensors = checkpoint.read(path)
-        checkpoint.check_reward(manifest, path, given=reward)
-        config = parts.loaded_config(manifest, path, device=device)
-        sess = cls(config, name=name, _restore=(manifest, tensors, Path(path)))
+        not saved; a checkpoint that had one refuses to load without it). For a Hugging
+        Face model, ``model_path`` and ``device`` replace its saved directory and device
+        (on another machine, say). Raises :class:`~rlnb.CheckpointError` for a missing,
+        damaged or mismatched checkpoint before anything is built. Replaces a live
+        session called ``name``. Restores the process's Python and torch random states too."""
+        config, restore = parts.load_checkpoint(path, reward=reward, model_path=model_path, device=device)
+        sess = cls(config, name=name, _restore=restore)
         if reward is not None:
             sess.set_reward(reward)
         return sess

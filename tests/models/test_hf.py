@@ -211,20 +211,42 @@ def test_a_device_torch_lacks_is_refused_before_anything_is_built_and_a_gpu_chec
         assert not live.closed  # refused before the live session of that name was replaced
         live.step()
         live.save(tmp_path / "ckpt")
-    # As if saved on a GPU machine: the checkpoint's config says device="cuda".
-    manifest_file = tmp_path / "ckpt" / "checkpoint.json"
-    manifest = json.loads(manifest_file.read_text())
-    manifest["config"]["model"]["device"] = "cuda"
-    manifest_file.write_text(json.dumps(manifest))
-    hint = re.escape(f"to load it on this machine's CPU: rlnb.Session.load({str(tmp_path / 'ckpt')!r}, device='cpu')")
+    # As if saved on a GPU machine: the checkpoint's config says device="cuda", and
+    # the model's directory there is not on this machine.
+    ckpt, moved = tmp_path / "ckpt", shutil.copytree(llama_dir, tmp_path / "copy-of-the-model")
+    manifest = json.loads((ckpt / "checkpoint.json").read_text())
+    manifest["config"]["model"].update(device="cuda", path="/gpu-machine/tiny-llama")
+    (ckpt / "checkpoint.json").write_text(json.dumps(manifest))
+    with pytest.raises(rlnb.CheckpointError) as moved_dir:
+        rlnb.Session.load(ckpt, name="hf-device")
+    assert str(moved_dir.value) == (
+        f"{ckpt}: its model's directory '/gpu-machine/tiny-llama' is not here; pass a copy of it (its config, "
+        f"tokenizer and weights) with rlnb.Session.load({str(ckpt)!r}, model_path=DIR)"
+    )
+    hint = re.escape(f"to load it on this machine's CPU: rlnb.Session.load({str(ckpt)!r}, device='cpu')")
     with pytest.raises(ConfigError, match=hint):
-        rlnb.Session.load(tmp_path / "ckpt", name="hf-device")
+        rlnb.Session.load(ckpt, name="hf-device", model_path=moved)
     with pytest.raises(ConfigError, match=r"Session\.load\(device='gpu'\): ModelConfig\.device='gpu' is invalid"):
-        rlnb.Session.load(tmp_path / "ckpt", name="hf-device", device="gpu")
+        rlnb.Session.load(ckpt, name="hf-device", model_path=moved, device="gpu")
+    with pytest.raises(ConfigError, match=r"Session\.load\(model_path=''\): ModelConfig\.path='' is invalid"):
+        rlnb.Session.load(ckpt, name="hf-device", model_path="", device="cpu")
     assert rlnb.sessions() == []
-    with rlnb.Session.load(tmp_path / "ckpt", name="hf-device", device="cpu") as loaded:
-        assert loaded.config.model.device == "cpu" and loaded.version == 1
+    with rlnb.Session.load(ckpt, name="hf-device", model_path=moved, device="cpu") as loaded:
+        assert (loaded.config.model.path, loaded.config.model.device) == (str(moved), "cpu")
+        assert loaded.version == 1
         assert loaded.step()["version"] == 2
+
+
+def test_model_path_is_refused_for_a_checkpoint_of_the_built_in_policy(tmp_path: Path, llama_dir: Path) -> None:
+    config = rlnb.Config(
+        rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=2), data=rlnb.DataConfig(num_workers=0)
+    )
+    with rlnb.Session(config, name="tiny-ckpt") as sess:
+        sess.step()
+        sess.save(tmp_path / "ckpt")
+    message = re.escape(f"Session.load(model_path=...): {tmp_path / 'ckpt'} holds the built-in policy, not a Hugging")
+    with pytest.raises(ConfigError, match=message):
+        rlnb.Session.load(tmp_path / "ckpt", model_path=llama_dir)
 
 
 def test_a_model_with_tied_embeddings_saves_a_checkpoint(tmp_path: Path, llama_dir: Path) -> None:
