@@ -1,22 +1,15 @@
 """Engine replicas as Ray actors (``RayConfig``), on a real local Ray cluster that the
-session starts and owns. Run in the loopback-only namespace (scripts/test.sh)."""
+session starts and owns. Run in the loopback-only namespace (scripts/test.sh);
+test_ray_attach.py attaches to one it did not start."""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import importlib.util
 import multiprocessing.forkserver
-import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -25,31 +18,10 @@ import ray
 
 import rlnb
 import rlnb.models
-from rlnb.rollout._ray_cluster import is_ray_process
 from tests.helpers import wait_until
+from tests.rollout.ray_helpers import SMALL, free_port, ray_links, ray_processes, replicas
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.ray]
-
-SMALL = rlnb.Config(
-    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
-    data=rlnb.DataConfig(num_workers=1),  # multiprocessing's forkserver runs beside Ray: close leaves it be
-    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
-    ray=rlnb.RayConfig(engine_replicas=2),
-)
-
-
-def ray_processes(root: psutil.Process | None = None) -> list[psutil.Process]:
-    """Ray's processes under ``root`` (this process by default)."""
-    return [p for p in (root or psutil.Process()).children(recursive=True) if is_ray_process(p)]
-
-
-def replicas(sess: rlnb.Session) -> list[dict[str, int | str]]:
-    return sess.statistics().engine.extra["replicas"]
-
-
-def ray_links() -> set[Path]:
-    """The short links to long log dirs that Ray's sockets are reached through."""
-    return set(Path(tempfile.gettempdir()).glob("rlnb-ray-*"))
 
 
 def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_process(tmp_path: Path) -> None:
@@ -232,96 +204,3 @@ def test_a_kernel_restart_leaves_no_ray_process_of_the_session(tmp_path: Path) -
             timeout=5.0,
         )
         print(f"Ray's processes gone {time.monotonic() - asked:.2f} s after the restart was asked for")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def answers(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
-    except OSError:
-        return False
-    return True
-
-
-@contextlib.contextmanager
-def head_node(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A Ray cluster that is not the session's: ``ray start --head --block`` (its
-    processes die with it), on loopback, with its temp dir short enough for sockets."""
-    temp = Path(tempfile.mkdtemp(prefix="rlnb-head-"))
-    port = free_port()
-    command = [
-        str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}",
-        "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
-        f"--temp-dir={temp}",
-    ]  # fmt: skip
-    env = {**os.environ}  # the caller set RAY_AUTH_MODE
-    with (tmp_path / "head.log").open("wb") as log:
-        head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    try:
-        address = f"127.0.0.1:{port}"
-        wait_until(
-            lambda: {p.name() for p in ray_processes(psutil.Process(head.pid))} >= {"gcs_server", "raylet"},
-            "the head node's GCS and raylet",
-            timeout=60.0,
-        )
-        wait_until(lambda: answers(port), "the head node's GCS to listen", timeout=60.0)
-        yield address, head
-    finally:
-        everyone = [psutil.Process(head.pid), *ray_processes(psutil.Process(head.pid))]
-        for proc in everyone:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(everyone, timeout=10.0)
-        head.wait()
-        shutil.rmtree(temp, ignore_errors=True)
-
-
-def test_a_session_attached_to_a_running_cluster_leaves_it_running_without_its_actors(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The head and this driver agree on token authentication: a driver given an explicit
-    # address sends a token only when RAY_AUTH_MODE says "token" (Ray's rule), and a local
-    # cluster started earlier in this process turned it on, for the life of the process.
-    monkeypatch.setenv("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE") or "disabled")
-    with head_node(tmp_path) as (address, head):
-        cluster = {p.pid for p in ray_processes(psutil.Process(head.pid)) if p.name() in ("gcs_server", "raylet")}
-        ray_config = rlnb.RayConfig(engine_replicas=2, address=address, num_cpus=1, start_timeout=600)
-        llama = rlnb.ModelConfig(path=str(rlnb.models.tiny_llama(tmp_path / "llama")), max_len=32)
-        vllm = rlnb.EngineConfig(kind="vllm", max_batch=64)
-        # The cell run again and again, attaching as the first run did; the replicas serve
-        # the built-in policy, then a Hugging Face model on the "hf" engine, then the same
-        # model on vLLM (one replica: a vLLM start is the costly part).
-        runs = [
-            ("tiny", SMALL.replace(ray=ray_config)),
-            ("hf", SMALL.replace(ray=ray_config, model=llama)),
-            ("vllm", SMALL.replace(ray=dataclasses.replace(ray_config, engine_replicas=1), model=llama, engine=vllm)),
-        ]
-        if importlib.util.find_spec("vllm") is None and os.environ.get("RLNB_REQUIRE_VLLM") != "1":
-            runs.pop()  # test_vllm.py says why vLLM's tests skip
-        for kind, config in runs:
-            with rlnb.Session(config, name="attached") as sess:
-                assert sess.statistics().engine.extra["ray_owned"] is False
-                assert isinstance(sess.policy, rlnb.models.TinyPolicy if kind == "tiny" else rlnb.models.HFPolicy)
-                assert sess.step()["version"] == 1
-                assert all(int(r["served"]) > 0 for r in replicas(sess)), replicas(sess)
-                assert {v for g in sess.rollout(2) for s in g.samples for v in s.versions} == {1}
-                under_head = psutil.Process(head.pid).children(recursive=True)
-                actors = [p for p in under_head if p.name().startswith("ray::_Replica")]
-                assert len(actors) == config.ray.engine_replicas, (kind, actors)
-                engine = [p for p in under_head if p.name().startswith("VLLM::")]
-                assert len(engine) == (2 if kind == "vllm" else 0), engine  # EngineCore and its Worker
-                theirs = {p.pid for p in [psutil.Process(head.pid), *under_head]}
-                assert [p for p in ray_processes() if p.pid not in theirs] == [], "an attached session starts none"
-            assert not ray.is_initialized()
-            wait_until(
-                lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in actors + engine),  # noqa: B023
-                "the session's replicas (and their vLLM engines) to exit",
-                timeout=10.0,
-            )
-            alive = {p.pid for p in ray_processes(psutil.Process(head.pid)) if p.name() in ("gcs_server", "raylet")}
-            assert alive == cluster, "the cluster that was there before is still running"
