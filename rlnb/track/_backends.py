@@ -169,7 +169,7 @@ class PlotBackend:
             earlier = [p for p, after in itertools.pairwise(points) if after[0] == p[0]]
             if earlier:
                 steps, values = zip(*earlier, strict=True)
-                ax.plot(steps, values, "o", ms=4, mfc="none", color=line.get_color())
+                ax.plot(steps, values, "o", ms=4, mfc="none", color=line.get_color(), clip_on=False)
         ax.set_xlabel("step")
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
