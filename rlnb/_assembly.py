@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_session_args",
+    "describe_model",
     "engine_kind",
     "load_checkpoint",
     "make_buffer",
@@ -148,6 +149,20 @@ def model_shape(config: Config, task: Task) -> tuple[Tokenizer, ModelConfig]:
             "token ids; use None (the task's) or a larger size"
         )
     return tokenizer, model
+
+
+def describe_model(config: Config) -> str:
+    """The model, where it learns and what serves it, in words (``rlnb train``'s header,
+    the dashboard's "model" row)."""
+    m, r = config.model, config.ray
+    if m.path is None:
+        text = f"tiny policy (d_model {m.d_model}, {m.n_layers} layer{'s' * (m.n_layers != 1)}) on CPU"
+    else:
+        text = f"Hugging Face model {m.path!r} ({m.dtype}, learner on {m.device}) on the {engine_kind(config)!r} engine"
+    if r.engine_replicas:
+        where = "a local Ray cluster of its own" if r.address is None else f"the Ray cluster at {r.address}"
+        text += f", {r.engine_replicas} engine replicas on {where}"
+    return text
 
 
 def engine_kind(config: Config) -> str:

@@ -85,7 +85,7 @@ def run(
     ``trackers`` are the session's tracker backends ("wandb" follows ``WANDB_MODE``,
     offline by default); they all write under ``run_dir``."""
     import rlnb
-    from rlnb._assembly import check_session_args, engine_kind, model_shape
+    from rlnb._assembly import check_session_args, describe_model, engine_kind, model_shape
     from rlnb.config import TrackConfig
     from rlnb.data import get_task
     from rlnb.learn import progress_bar
@@ -110,7 +110,7 @@ def run(
     (root / "metrics.jsonl").unlink(missing_ok=True)  # this run's records only
     started = time.perf_counter()
     with rlnb.Session(config, name="run") as sess:
-        echo(f"rlnb: task {config.task!r}, {config.mode} mode, {_describe_model(config)}; run dir {root}")
+        echo(f"rlnb: task {config.task!r}, {config.mode} mode, {describe_model(config)}; run dir {root}")
         acc_init = sess.evaluate(eval_prompts)
         echo(f"[eval] initial policy: held-out accuracy {acc_init:.3f}")
 
@@ -196,20 +196,6 @@ def _teacher(config: Config) -> str:
 
     about = get_task(config.warmup.task).about
     return f"answers of task {config.warmup.task!r}" + (f" ({about})" if about else "")
-
-
-def _describe_model(config: Config) -> str:
-    from rlnb._assembly import engine_kind
-
-    m, r = config.model, config.ray
-    if m.path is None:
-        text = f"tiny policy (d_model {m.d_model}, {m.n_layers} layers) on CPU"
-    else:
-        text = f"Hugging Face model {m.path!r} ({m.dtype}, learner on {m.device}) on the {engine_kind(config)!r} engine"
-    if r.engine_replicas:
-        where = "a local Ray cluster of its own" if r.address is None else f"the Ray cluster at {r.address}"
-        text += f", {r.engine_replicas} engine replicas on {where}"
-    return text
 
 
 def _peak_rss_mib() -> float:

@@ -96,9 +96,11 @@ class Dashboard:
             raise ValueError(f"Dashboard(interval={interval!r}): use a positive number of seconds")
         if session.closed:
             raise ClosedError(f"session {session.name!r} is closed; a dashboard needs a live session")
+        from rlnb._assembly import describe_model
         from rlnb.notebook import _panels
 
         self.name = session.name
+        self.model = describe_model(session.config)
         self.interval = float(interval)
         self._session = weakref.ref(session)
         self._baseline = session.baseline
@@ -247,7 +249,7 @@ class Dashboard:
         if len(self._tokens) >= 2:
             (t0, n0), (t1, n1) = self._tokens[0], self._tokens[-1]
             rate = (n1 - n0) / (t1 - t0) if t1 > t0 else None
-        return _panels.state_html(self.name, self._stats, rate, exit_code=self._exit_code)
+        return _panels.state_html(self.name, self._stats, rate, exit_code=self._exit_code, model=self.model)
 
     def _draw_curves(self, history: list[dict[str, float]], evaluations: list[tuple[int, float]]) -> None:
         """Redraw when the data changed, at most every ``CURVES_INTERVAL`` s and

@@ -113,9 +113,15 @@ def state_word(state: str) -> str:
 
 
 def state_html(
-    name: str, stats: SessionStatistics | None, tokens_per_s: float | None, *, exit_code: int | None = None
+    name: str,
+    stats: SessionStatistics | None,
+    tokens_per_s: float | None,
+    *,
+    exit_code: int | None = None,
+    model: str | None = None,
 ) -> str:
-    """The live state: rollout state, policy version, training, samples, buffer, tokens/s.
+    """The live state: the model, rollout state, policy version, training, samples,
+    buffer, tokens/s.
 
     ``exit_code`` (not None once the session closed) turns the state word to CLOSED;
     the figures are then the last ones seen while the session was open."""
@@ -129,7 +135,8 @@ def state_html(
     if stats is None:
         return f"<div>{head}</div>"
     r, t = stats.rollout, stats.training
-    rows = [
+    rows = [] if model is None else [("model", html.escape(model))]
+    rows += [
         ("policy version", f"{t.step} (engine {stats.engine.version})"),
         ("training", html.escape(_training(t, closed))),
     ]

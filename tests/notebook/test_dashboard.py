@@ -206,6 +206,7 @@ def test_state_and_gauges_follow_the_session() -> None:
         dash = sess.dashboard()
         wait_until(lambda: dash.ticks > 0, "the first tick")
         assert state_word(dash) == "RUNNING" and "policy version</th>" in dash.state.value
+        assert "model</th><td" in dash.state.value and "tiny policy (d_model 32, 1 layer) on CPU" in dash.state.value
         threads_before, _ = gauge(dash, "threads")
 
         sess.start()  # a training thread, rollouts dispatching, tokens generated
