@@ -122,3 +122,15 @@ def test_05_a_checkpoint_continues_exactly(tmp_path: Path) -> None:
     assert "loaded at step 5" in out[2]
     assert "the same three steps: True" in out[3]
     assert (tmp_path / "runs" / "checkpoints" / "05" / "checkpoint.json").is_file()
+
+
+def test_06_your_own_model_learns_and_transformers_writes_what_it_writes(tmp_path: Path) -> None:
+    out, _ = run_notebook("06-your-own-model", tmp_path, rerun_first=True)
+    assert out[0] == "LlamaForCausalLM: 331,648 parameters on cpu\n", out[0]
+    assert "closed the earlier session 'own-model'" in out[1]
+    found = re.search(r"accuracy: (\d\.\d+) at first, (\d\.\d+) after the warm-up, (\d\.\d+) after RL", out[2])
+    assert found, out[2]
+    start, warm, end = (float(x) for x in found.groups())
+    assert start < warm < end, found[0]  # the warm-up helps, and RL adds to it
+    assert "transformers writes the same: True" in out[4], out[4]
+    assert (tmp_path / "runs" / "models" / "reverse-trained" / "model.safetensors").is_file()
