@@ -1,8 +1,8 @@
 """A session attached to a Ray cluster it did not start (``RayConfig.address``): a head
 node started with ``ray start``, on loopback, which the session leaves running.
 
-A module of its own, so that scripts/test.sh runs it beside test_ray.py: the
-vLLM replica's start is most of its time."""
+It runs after test_ray.py, in the same process (scripts/test.sh): most of its time
+is the vLLM replica's start."""
 
 from __future__ import annotations
 

@@ -97,9 +97,9 @@ def run_cell(kc: BlockingKernelClient, code: str, timeout: float = TIMEOUT) -> t
     return "".join(out), reply["content"]
 
 
-def ok(kc: BlockingKernelClient, code: str) -> str:
+def ok(kc: BlockingKernelClient, code: str, timeout: float = TIMEOUT) -> str:
     """Execute ``code``, fail on an error reply, return its stdout."""
-    out, content = run_cell(kc, code)
+    out, content = run_cell(kc, code, timeout)
     assert content["status"] == "ok", "\n".join(content.get("traceback", [])) or content
     return out
 
