@@ -38,3 +38,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def live_name(proc: psutil.Process) -> str:
+    """``proc``'s name; "" for a process that has exited (a zombie, or gone)."""
+    try:
+        return "" if proc.status() == psutil.STATUS_ZOMBIE else proc.name()
+    except psutil.Error:
+        return ""
