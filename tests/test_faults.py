@@ -79,7 +79,8 @@ def test_an_engine_that_dies_mid_generation_during_background_training_fails_the
             stats = sess.statistics(raise_errors=False)
             return not stats.training.running and stats.rollout.in_flight == 0
 
-        wait_until(settled, "the background run to fail and every sample to settle")
+        # a deadline against a hang only: on a loaded 2-core machine this took over 20 s once
+        wait_until(settled, "the background run to fail and every sample to settle", timeout=60.0)
         with pytest.raises(rlnb.RlnbError) as raised:
             sess.statistics()
         death = engine_death(raised.value)

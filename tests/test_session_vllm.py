@@ -1,13 +1,14 @@
 """A session whose engine is vLLM (``EngineConfig(kind="vllm")``, the CPU build here):
 it trains the tiny Llama, its engine's behaviour log-probs are the learner's, pause
 and resume keep partial rollouts, a checkpoint loads back, and close leaves no
-process (tests/notebook/test_kernel_vllm.py: nor does a kernel restart). Skipped
-when vllm is not installed, unless RLNB_REQUIRE_VLLM=1."""
+process, nor does a kernel restart. Skipped when vllm is not installed, unless
+RLNB_REQUIRE_VLLM=1."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import time
 from pathlib import Path
 
 import psutil
@@ -72,3 +73,39 @@ def test_a_vllm_session_trains_saves_loads_and_closes(tmp_path: Path) -> None:
         assert loaded.version == 3
         assert loaded.complete(["12+34=", "56+78="], max_new_tokens=4) == written  # the saved weights, greedy
     assert _engine_processes() == []
+
+
+KERNEL_CELL = """
+import rlnb
+sess = rlnb.Session(rlnb.Config(
+    model=rlnb.ModelConfig(path={model!r}, max_len=32),
+    engine=rlnb.EngineConfig(kind="vllm", max_batch=64),
+    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
+    data=rlnb.DataConfig(num_workers=0),
+), name="vllm-kernel")
+sess.step()
+"""
+
+
+def test_a_kernel_restart_leaves_no_engine_process(tmp_path: Path) -> None:
+    """The notebook case: the kernel's shutdown hook closes the session, and vLLM's
+    EngineCore and Worker with it, before the kernel goes."""
+    from tests.helpers import wait_until
+    from tests.runtime.test_kernel import kernel, ok
+
+    model = rlnb.models.tiny_llama(tmp_path / "tiny-llama")
+    with kernel(tmp_path) as (km, kc):
+        # vLLM starts in the kernel: ~15 s on an idle CPU, over a minute on a busy one
+        ok(kc, KERNEL_CELL.format(model=str(model)), timeout=600)
+        assert km.provisioner is not None
+        kernel_process = psutil.Process(km.provisioner.process.pid)
+        engine = [p for p in kernel_process.children(recursive=True) if p.name().startswith("VLLM::")]
+        assert len(engine) >= 2, engine  # EngineCore and its Worker
+        asked = time.monotonic()
+        km.restart_kernel(now=False)
+        wait_until(
+            lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in engine),
+            "vLLM's processes of the old kernel's session to exit",
+            timeout=10.0,
+        )
+        print(f"vLLM's processes gone {time.monotonic() - asked:.2f} s after the restart was asked for")
