@@ -60,6 +60,13 @@ def head_node(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
             timeout=60.0,
         )
         wait_until(lambda: answers(port), "the head node's GCS to listen", timeout=60.0)
+        # a driver attaches through the head's raylet: its port answers seconds before it has started
+        raylet_log = temp / "session_latest" / "logs" / "raylet.out"
+        wait_until(
+            lambda: raylet_log.is_file() and "Raylet of id" in raylet_log.read_text(errors="replace"),
+            "the head node's raylet to start",
+            timeout=120.0,
+        )
         yield address, head
     finally:
         everyone = [psutil.Process(head.pid), *ray_processes(psutil.Process(head.pid))]
