@@ -77,7 +77,11 @@ def test_an_engine_that_dies_mid_generation_during_background_training_fails_the
 
         def settled() -> bool:
             stats = sess.statistics(raise_errors=False)
-            return not stats.training.running and stats.rollout.in_flight == 0
+            r = stats.rollout
+            # every sample has settled and every group has ended (a group's failure is
+            # stored as it ends, a moment after its last sample settled)
+            ended = r.groups_finished + r.groups_failed + r.groups_cancelled
+            return not stats.training.running and r.in_flight == 0 and ended == r.groups_dispatched
 
         # a deadline against a hang only: on a loaded 2-core machine this took over 20 s once
         wait_until(settled, "the background run to fail and every sample to settle", timeout=60.0)
