@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from rlnb._errors import ConfigError
+from rlnb._errors import ConfigError, EngineError
 
 __all__ = ["Cluster", "is_ray_process"]
 
@@ -51,26 +51,50 @@ class Cluster:
                     "(a cluster with token authentication also needs RAY_AUTH_MODE=token in this process's environment)"
                 ) from None
             return cluster
+        return cls._start(ray, config, name, log_dir, options)
+
+    @classmethod
+    def _start(cls, ray: Any, config: Any, name: str, log_dir: str | None, options: dict[str, Any]) -> Cluster:
+        """A local cluster of the session's own. On a busy machine Ray's Python agents
+        can take longer to import than the raylet waits for them (30 s; the raylet
+        then aborts and ``ray.init`` raises): such a start is cleaned up and tried
+        again, with the imports now cached, while ``start_timeout`` allows."""
         from rlnb.rollout._guard import Guard
 
-        guard = Guard()
-        cluster = cls(ray, connected=True, owned=True, guard=guard)
-        try:
-            if log_dir is not None:
-                options["_temp_dir"] = cluster.temp_dir(log_dir)
-            needed = int(config.engine_replicas * config.num_cpus + 0.999)
-            with _single_node(ray):
-                ray.init(
-                    num_cpus=max(needed, os.cpu_count() or 1),
-                    namespace=f"rlnb-{name}",
-                    _node_ip_address="127.0.0.1",
-                    **options,
-                )
-        except BaseException:
-            cluster.close()
-            raise
-        cluster.watch_new()
-        return cluster
+        deadline = time.monotonic() + config.start_timeout
+        needed = int(config.engine_replicas * config.num_cpus + 0.999)
+        attempt = 0
+        while True:
+            attempt += 1
+            cluster = cls(ray, connected=True, owned=True, guard=Guard())
+            try:
+                if log_dir is not None:
+                    options["_temp_dir"] = cluster.temp_dir(log_dir)
+                with _single_node(ray):
+                    ray.init(
+                        num_cpus=max(needed, os.cpu_count() or 1),
+                        namespace=f"rlnb-{name}",
+                        _node_ip_address="127.0.0.1",
+                        **options,
+                    )
+            except Exception as exc:
+                _kill_failed_node(exc)
+                cluster.close()
+                logs = Path(log_dir).resolve() if log_dir else Path(tempfile.gettempdir(), "ray")
+                logs = logs / "session_latest" / "logs"
+                if attempt < _START_ATTEMPTS and _slow_start(exc) and deadline - time.monotonic() > _RAY_START_WAIT:
+                    continue
+                raise EngineError(
+                    f"Ray's local cluster did not start ({type(exc).__name__}: {exc}) after {attempt} "
+                    f"attempt(s) within RayConfig.start_timeout={config.start_timeout} s; its logs are in {logs} "
+                    "(raylet.err, dashboard_agent.log). On a busy machine a longer start_timeout allows "
+                    "another attempt"
+                ) from exc
+            except BaseException:
+                cluster.close()
+                raise
+            cluster.watch_new()
+            return cluster
 
     def temp_dir(self, log_dir: str) -> str:
         """Ray's temp dir for logs in ``log_dir``. Ray makes its Unix sockets in there,
@@ -174,6 +198,32 @@ def _single_node(ray: Any) -> Iterator[None]:
         constants.ENABLE_RAY_CLUSTER = before
 
 
+# Attempts at starting a local cluster, and how long Ray's ``ray.init`` waits for its
+# raylet to register before it gives up (fixed in Ray: ``raylet_start_wait_time_s``).
+_START_ATTEMPTS = 3
+_RAY_START_WAIT = 30.0
+
+
+def _kill_failed_node(exc: BaseException) -> None:
+    """Kill, through Ray's own handles, the processes that a ``ray.init`` which raised
+    had started (Ray leaves them running: nobody holds its node any more). Its node is
+    found in the failure's traceback; close then kills whatever remains."""
+    tb = exc.__traceback__
+    while tb is not None:
+        node: Any = tb.tb_frame.f_locals.get("self")
+        if type(node).__name__ == "Node" and hasattr(node, "kill_all_processes"):
+            with contextlib.suppress(Exception):
+                node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+            return
+        tb = tb.tb_next
+
+
+def _slow_start(exc: BaseException) -> bool:
+    """``ray.init``'s failure when its raylet did not register in time (it aborts when
+    its agents are slow to write their ports: a busy machine, a cold page cache)."""
+    return "timed out during startup" in str(exc)
+
+
 # Ray's sockets are <temp dir>/session_<date>_<time>_<pid>/sockets/plasma_store, 64
 # bytes past the temp dir; a Unix socket's path has 107.
 _SHORT_DIR = 40
@@ -208,4 +258,6 @@ def is_ray_process(proc: psutil.Process) -> bool:
         return False
     if name in ("raylet", "gcs_server") or name.startswith("ray::"):
         return True
-    return len(cmdline) > 1 and f"{os.sep}ray{os.sep}" in cmdline[1] and cmdline[1].endswith(".py")
+    # python [-u] .../ray/.../log_monitor.py ...: the script is the first argument that is not a flag
+    script = next((arg for arg in cmdline[1:] if not arg.startswith("-")), "")
+    return f"{os.sep}ray{os.sep}" in script and script.endswith(".py")

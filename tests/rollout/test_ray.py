@@ -5,6 +5,7 @@ test_ray_attach.py attaches to one it did not start."""
 from __future__ import annotations
 
 import multiprocessing.forkserver
+import os
 import subprocess
 import sys
 import textwrap
@@ -133,6 +134,80 @@ def test_a_sigkilled_owner_leaves_no_ray_process(tmp_path: Path) -> None:
         owner.wait()
         if owner.stdout is not None:
             owner.stdout.close()
+
+
+# Imported by every Python process that Ray starts in the test below: the first
+# dashboard agent takes a minute to start, as on a very busy machine.
+SLOW_AGENT = """
+import os, sys, time
+if sys.argv and sys.argv[0].endswith(os.path.join("dashboard", "agent.py")):
+    try:
+        os.close(os.open(os.environ["RLNB_TEST_SLOW_AGENT"], os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        pass
+    else:
+        time.sleep(60)
+"""
+
+
+def test_a_start_whose_raylet_aborts_is_cleaned_up_and_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a busy machine Ray's agents can take longer to start than the raylet waits
+    for their ports; the raylet then aborts and ``ray.init`` raises after 30 s. Made to
+    happen here (the first agent sleeps): the session removes what that start left and
+    starts again."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_AGENT)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("RLNB_TEST_SLOW_AGENT", str(tmp_path / "slowed"))
+    real_init, starts = ray.init, []
+
+    def init(**options: object) -> object:
+        starts.append(options)
+        return real_init(**options)
+
+    monkeypatch.setattr(ray, "init", init)
+    run_dir = tmp_path / "run"
+    config = SMALL.replace(ray=rlnb.RayConfig(engine_replicas=1), track=rlnb.TrackConfig(run_dir=str(run_dir)))
+    with rlnb.Session(config, name="slow-start") as sess:
+        assert len(starts) == 2
+        sess.step()
+        assert replicas(sess)[0]["state"] == "running"
+    assert not ray_processes(), "every Ray process of both starts is gone, the sleeping agent too"
+    first, second = sorted((run_dir / "ray").glob("session_2*"))  # both starts' logs are kept
+    assert "Timed out waiting for file" in (first / "logs" / "raylet.err").read_text()
+    assert "Timed out waiting for file" not in (second / "logs" / "raylet.err").read_text()
+
+
+@pytest.mark.parametrize(
+    ("error", "attempts"),
+    [
+        (Exception("The current node timed out during startup. This could happen because ..."), 3),
+        (OSError("No space left on device"), 1),  # not a slow start: not tried again
+    ],
+)
+def test_a_local_cluster_that_does_not_start_is_an_engine_error_naming_its_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, attempts: int
+) -> None:
+    calls = []
+
+    def init(**options: object) -> None:
+        calls.append(options)
+        raise error
+
+    monkeypatch.setattr(ray, "init", init)
+    config = SMALL.replace(ray=rlnb.RayConfig(engine_replicas=1), track=rlnb.TrackConfig(run_dir=str(tmp_path)))
+    with pytest.raises(rlnb.EngineError) as caught:
+        rlnb.Session(config, name="no-start")
+    assert len(calls) == attempts
+    message = str(caught.value)
+    assert f"Ray's local cluster did not start ({type(error).__name__}: {error})" in message
+    assert f"after {attempts} attempt(s) within RayConfig.start_timeout=120.0 s" in message
+    assert f"its logs are in {tmp_path.resolve() / 'ray' / 'session_latest' / 'logs'}" in message
+    assert caught.value.__cause__ is error
+    assert not ray_links()  # the short link to the log dir is removed
 
 
 @pytest.mark.parametrize(
