@@ -9,17 +9,28 @@ A block that fails while a SIGINT is held back raises its own error, with a note
 that says the Ctrl-C arrived. The error already stops the cell, and it is the news:
 callers such as the trainer read a KeyboardInterrupt out of the block as "the step
 completed first", which a failed step did not.
+
+``redeliver_lost_interrupts()``: a Ctrl-C is never lost. One that lands while Python
+runs a finalizer or a weakref callback raises its KeyboardInterrupt there, where
+Python cannot raise it: it prints "Exception ignored in ..." on stderr (a red box in
+a notebook) and the press is gone. Any code has that window, whenever the garbage
+collector frees an object that something watches through a weak reference (a
+thread in ``threading``'s WeakSet, a task in asyncio's).
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import signal
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
-__all__ = ["Deferred", "defer_interrupts"]
+__all__ = ["Deferred", "defer_interrupts", "redeliver_lost_interrupts"]
 
 
 class Deferred:
@@ -70,3 +81,32 @@ def defer_interrupts(what: str = "the step") -> Iterator[Deferred]:
                 failed.add_note(_HELD_BACK_NOTE.format(what=what))  # once, through nested blocks
     if deferred.interrupted:
         raise KeyboardInterrupt(f"interrupted; held back until {what} was complete")
+
+
+def redeliver_lost_interrupts() -> None:
+    """Make ``sys.unraisablehook`` press a lost Ctrl-C again: a KeyboardInterrupt that
+    Python could not raise on the main thread is signalled anew
+    (``_thread.interrupt_main``, 50 ms later, once the finalizer has returned), and
+    not printed. Every other unraisable exception goes to the hook that was there.
+    Idempotent; a hook set later (a test's, say) is wrapped in turn on the next call."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_rlnb_redelivers", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if unraisable.exc_type is KeyboardInterrupt and threading.current_thread() is threading.main_thread():
+            # From another thread, a moment later: pressed from here, it would land in this hook.
+            threading.Thread(target=_press_again, name="rlnb-ctrl-c-again", daemon=True).start()
+            return
+        previous(unraisable)
+
+    hook._rlnb_redelivers = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+def _press_again() -> None:
+    time.sleep(_PRESS_AGAIN_AFTER)
+    _thread.interrupt_main()  # nothing, if SIGINT is ignored or left to the OS meanwhile
+
+
+_PRESS_AGAIN_AFTER = 0.05

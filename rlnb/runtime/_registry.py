@@ -24,6 +24,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 from rlnb._errors import exit_code_for
+from rlnb.runtime._interrupts import redeliver_lost_interrupts
 from rlnb.runtime._ipython import ipython_shell
 
 __all__ = [
@@ -165,9 +166,11 @@ _sigterm_installed = False
 
 
 def install_hooks() -> None:
-    """Install the atexit hook, a SIGTERM handler and the kernel hook; idempotent."""
+    """Install the atexit hook, a SIGTERM handler, the kernel hook and the hook that
+    presses a lost Ctrl-C again; idempotent."""
     global _atexit_installed, _sigterm_installed
     with _HOOKS_LOCK:
+        redeliver_lost_interrupts()
         if not _atexit_installed:
             atexit.register(_close_at_exit)
             _atexit_installed = True

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
+import time
 import traceback
+import weakref
 
 import pytest
 
-from rlnb.runtime._interrupts import defer_interrupts
+from rlnb.runtime._interrupts import defer_interrupts, redeliver_lost_interrupts
 
 
 def test_a_sigint_inside_the_block_is_raised_after_it() -> None:
@@ -58,3 +61,77 @@ def test_an_error_without_a_sigint_gets_no_note() -> None:
     with pytest.raises(ValueError) as info, defer_interrupts():
         raise ValueError("sync failed")
     assert not getattr(info.value, "__notes__", None)
+
+
+# -- a Ctrl-C that lands where Python cannot raise it --------------------------------------
+
+
+class _Watched:
+    """An object watched through a weak reference, as threading and asyncio watch theirs."""
+
+
+def _lose_a_ctrl_c_in_a_weakref_callback() -> None:
+    """What a Ctrl-C does when it lands while the garbage collector runs a weakref
+    callback: SIGINT's handler raises KeyboardInterrupt inside the callback."""
+    watched = _Watched()
+
+    def callback(ref: object) -> None:
+        raise KeyboardInterrupt
+
+    ref = weakref.ref(watched, callback)
+    del watched
+    assert ref() is None
+
+
+def _pause(seconds: float = 10.0) -> None:
+    """Run Python steps for ``seconds``: a Ctrl-C pressed again is raised at one of them."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def test_without_the_hook_python_loses_such_a_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[type[BaseException]] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_type))
+    _lose_a_ctrl_c_in_a_weakref_callback()
+    _pause(0.5)  # nothing is raised
+    assert seen == [KeyboardInterrupt]
+
+
+def test_a_ctrl_c_python_could_not_raise_is_pressed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[type[BaseException]] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_type))
+    redeliver_lost_interrupts()
+    redeliver_lost_interrupts()  # idempotent: one wrapper
+    with pytest.raises(KeyboardInterrupt):
+        _lose_a_ctrl_c_in_a_weakref_callback()
+        _pause()
+    assert seen == []  # not printed either: "Exception ignored" would be a red box in a notebook
+
+
+def test_other_unraisable_exceptions_go_to_the_hook_that_was_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[type[BaseException]] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_type))
+    redeliver_lost_interrupts()
+    watched = _Watched()
+
+    def callback(ref: object) -> None:
+        raise ValueError("a bug in a callback")
+
+    ref = weakref.ref(watched, callback)
+    del watched
+    assert ref() is None
+    assert seen == [ValueError]
+
+
+def test_a_session_installs_the_hook_over_one_set_after_an_earlier_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlnb
+
+    seen: list[type[BaseException]] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_type))  # replaces an earlier one
+    config = rlnb.Config(model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2), data=rlnb.DataConfig(num_workers=0))
+    with rlnb.Session(config, name="hook"):
+        with pytest.raises(KeyboardInterrupt):
+            _lose_a_ctrl_c_in_a_weakref_callback()
+            _pause()
+    assert seen == []
