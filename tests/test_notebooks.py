@@ -18,12 +18,13 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow]
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
-def execute(nb: nbformat.NotebookNode, tmp_path: Path) -> nbformat.NotebookNode:
-    """Run ``nb`` in a fresh kernel and shut everything down; the async API avoids
-    jupyter_core's helper threads and loops, which nothing would close."""
+def execute(nb: nbformat.NotebookNode, tmp_path: Path, *, timeout: float = 120) -> nbformat.NotebookNode:
+    """Run ``nb`` in a fresh kernel (each cell within ``timeout`` seconds) and shut
+    everything down; the async API avoids jupyter_core's helper threads and loops,
+    which nothing would close."""
     ctx = zmq.asyncio.Context()  # our own, so that it is closed whatever the client does
     km = AsyncKernelManager(kernel_name="python3", context=ctx, connection_file=str(tmp_path / "kernel.json"))
-    client = NotebookClient(nb, km=km, timeout=120, resources={"metadata": {"path": str(tmp_path)}})
+    client = NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(tmp_path)}})
 
     async def run() -> nbformat.NotebookNode:
         try:
@@ -49,7 +50,7 @@ def text_of(cell: nbformat.NotebookNode) -> str:
 
 
 def run_notebook(
-    name: str, tmp_path: Path, *, rerun_first: bool = False
+    name: str, tmp_path: Path, *, rerun_first: bool = False, timeout: float = 120
 ) -> tuple[list[str], list[nbformat.NotebookNode]]:
     """Run ``notebooks/<name>.ipynb`` (optionally re-running its first code cell, as a
     user would); check that no cell wrote to stderr or raised; return each code cell's
@@ -58,7 +59,7 @@ def run_notebook(
     if rerun_first:
         first = next(c for c in nb.cells if c.cell_type == "code")
         nb.cells.insert(nb.cells.index(first) + 1, nbformat.v4.new_code_cell(first.source))
-    done = execute(nb, tmp_path)
+    done = execute(nb, tmp_path, timeout=timeout)
     cells = [c for c in done.cells if c.cell_type == "code"]
     for cell in cells:
         for out in cell.get("outputs", []):
@@ -134,3 +135,20 @@ def test_06_your_own_model_learns_and_transformers_writes_what_it_writes(tmp_pat
     assert start < warm < end, found[0]  # the warm-up helps, and RL adds to it
     assert "transformers writes the same: True" in out[4], out[4]
     assert (tmp_path / "runs" / "models" / "reverse-trained" / "model.safetensors").is_file()
+
+
+@pytest.mark.ray  # runs with the other Ray tests, one at a time
+@pytest.mark.timeout(900)
+def test_07_ray_replicas_survive_a_killed_one_and_close_leaves_no_ray_process(tmp_path: Path) -> None:
+    # ~2.5 minutes on an idle 2-core machine: two Ray starts (the first cell runs twice)
+    out, _ = run_notebook("07-scale-out-on-ray", tmp_path, rerun_first=True, timeout=400)
+    assert "closed the earlier session 'ray'" in out[1]  # and its Ray cluster: a new one starts
+    warm = number_after(out[2], "accuracy after the warm-up:")
+    found = re.search(r"accuracy after 150 RL steps: (\d\.\d+)", out[3])
+    assert found, out[3]
+    assert float(found[1]) >= warm + 0.1, (warm, found[0])  # RL learnt, on the replicas
+    replicas = re.findall(r"replica (\d): (\w+), weights v(\d+), (\d) restart", out[3])
+    assert replicas == [("0", "running", "150", "0"), ("1", "running", "150", "1")], out[3]
+    children = re.search(r"child processes: (\d+) before close, (\d+) after", out[4])
+    assert children and int(children[1]) > 0 and children[2] == "0", out[4]
+    assert (tmp_path / "runs" / "07-ray" / "ray").exists()  # Ray's logs under the run dir
