@@ -211,12 +211,22 @@ def _process_long_helpers() -> tuple[frozenset[int], frozenset[int]]:
     return frozenset(p for p in pids if p is not None), frozenset(f for f in fds if f is not None)
 
 
+# Threads that the Jupyter kernel and IPython start when they need them (IPython's
+# history writer after the first cell, a subshell thread when JupyterLab asks for
+# one) and keep for the kernel's life: the kernel's, not a session's.
+_KERNEL_PACKAGES = frozenset({"IPython", "ipykernel"})
+
+
+def _process_long_thread(thread: threading.Thread) -> bool:
+    return thread in _NOTED_THREADS or type(thread).__module__.partition(".")[0] in _KERNEL_PACKAGES
+
+
 def snapshot() -> Snapshot:
     """Take a :class:`Snapshot` of this process now. Does not block."""
     helper_pids, helper_fds = _process_long_helpers()
     return Snapshot(
         fds={fd: target for fd, target in _open_fds().items() if fd not in helper_fds and not _noted(fd, target)},
-        threads={t.ident or 0: t.name for t in threading.enumerate() if t.is_alive() and t not in _NOTED_THREADS},
+        threads={t.ident or 0: t.name for t in threading.enumerate() if t.is_alive() and not _process_long_thread(t)},
         children=frozenset(c for c in _live_children() if c.pid not in helper_pids),
         loops=_bridge.live_loops(),
         runs=open_runs(),

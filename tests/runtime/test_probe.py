@@ -9,6 +9,8 @@ import threading
 
 import psutil
 import pytest
+from ipykernel.subshell import SubshellThread  # imported here: its first import opens FDs for good
+from IPython.core.history import HistorySavingThread
 
 import rlnb
 from rlnb.probe import snapshot
@@ -192,3 +194,27 @@ def test_fds_and_threads_noted_as_process_long_are_nobodys_leak() -> None:
     finally:
         os.close(r2)
         os.close(w2)
+
+
+def test_the_jupyter_kernels_own_threads_are_nobodys_leak() -> None:
+    """IPython's history writer and ipykernel's subshell threads start when the kernel
+    needs them, maybe after a session was made; they are the kernel's for its life."""
+    before = snapshot()
+    stop = threading.Event()
+
+    class KernelThread(threading.Thread):
+        def run(self) -> None:
+            stop.wait()
+
+    KernelThread.__module__ = SubshellThread.__module__
+    kernels = KernelThread(name="subshell-1234")
+    ours = threading.Thread(target=stop.wait, name="not-the-kernels")
+    for thread in (kernels, ours):
+        thread.start()
+    try:
+        assert HistorySavingThread.__module__ == "IPython.core.history"  # left out the same way
+        assert list(snapshot().new_since(before)["threads"]) == [f"'not-the-kernels' (ident {ours.ident})"]
+    finally:
+        stop.set()
+        for thread in (kernels, ours):
+            thread.join()
