@@ -199,7 +199,7 @@ def _single_node(ray: Any) -> Iterator[None]:
 
 
 # Attempts at starting a local cluster, and how long Ray's ``ray.init`` waits for its
-# raylet to register before it gives up (fixed in Ray: ``raylet_start_wait_time_s``).
+# raylet to register before it gives up (``raylet_start_wait_time_s``, hard-coded in Ray).
 _START_ATTEMPTS = 3
 _RAY_START_WAIT = 30.0
 
