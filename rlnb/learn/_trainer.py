@@ -145,12 +145,9 @@ class Trainer:
         rollouter, before = self.rollouter, self.learner.version
         groups: list[Group] = []
         self._phase = "rolling out"  # statistics() says "paused" while rollouts are
-        if cancel is not None:  # in the background a pause is waited out, not an error
-            while rollouter.state is not RolloutState.RUNNING:
-                if cancel.wait(0.02):
-                    raise _cancelled()
         try:
-            collect = rollouter.collect(self.config.rollout.groups_per_step, into=groups)
+            # In the background a pause is waited out (a stop cancels the wait), not an error.
+            collect = rollouter.collect(self.config.rollout.groups_per_step, into=groups, wait=cancel is not None)
             self.bridge.run(collect, timeout=timeout, cancel=cancel)
             self._call("on_batch", groups)
             with defer_interrupts():

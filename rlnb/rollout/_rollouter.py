@@ -304,18 +304,23 @@ class Rollouter:
 
     # -- on demand ------------------------------------------------------------------------
 
-    async def collect(self, n_groups: int, *, into: list[Group] | None = None) -> list[Group]:
+    async def collect(self, n_groups: int, *, into: list[Group] | None = None, wait: bool = False) -> list[Group]:
         """Roll out ``n_groups`` new groups now and return them (not into the buffer).
 
         If interrupted, their prompts go first next time. ``into``, if given, gets
         the groups too the moment they are all done: a caller whose wait for the
         result is interrupted after that can still find them and hand their prompts
-        back with :meth:`give_back_collected`. Raises RolloutError unless running,
-        or if a group failed (chained to its failure).
+        back with :meth:`give_back_collected`. Raises RolloutError unless running
+        (``wait``: waits until rollouts run, as background training does through a
+        pause), or if a group failed (chained to its failure).
         """
         if not isinstance(n_groups, int) or isinstance(n_groups, bool) or n_groups < 1:
             raise ValueError(f"rollout(n_groups={n_groups!r}): use a positive int")
-        self._check_running()
+        if wait:
+            self._machine.check_open()
+            await self._machine.wait_running()
+        else:
+            self._check_running()
         tasks: list[asyncio.Task[Any]] = []
         try:
             for _ in range(n_groups):

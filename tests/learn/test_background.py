@@ -87,6 +87,33 @@ def test_a_pause_holds_background_training_and_says_so(mode: str) -> None:
         sess.stop()
 
 
+def test_a_pause_that_lands_as_a_background_step_starts_its_rollout_is_waited_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pause between the background step's look at the state and its rollout once
+    failed the run ("rollouts are paused; call resume() first"; seen once from the
+    dashboard's pause button in a kernel). Made to land exactly there."""
+    events = StepEvents()
+    with rlnb.Session(CONFIG, name="bg-pause-race", callbacks=[events]) as sess:
+        rollouter = sess._rollouter
+        collect, landed = rollouter.collect, threading.Event()
+
+        async def pause_then_collect(*args: object, **kwargs: object) -> object:
+            if not landed.is_set():
+                await rollouter.pause("keep")  # the user's pause, a moment too late to be seen
+                landed.set()
+            return await collect(*args, **kwargs)
+
+        monkeypatch.setattr(rollouter, "collect", pause_then_collect)
+        sess.start()
+        assert landed.wait(10)
+        wait_until(lambda: "paused" in (sess.statistics().training.waiting or ""), "the step to wait for resume()")
+        assert sess.training and sess.version == 0
+        sess.resume()
+        events.wait_steps(sess, 2)
+        sess.stop()
+
+
 def test_bad_steps_are_refused_before_any_thread_starts() -> None:
     with rlnb.Session(CONFIG, name="bg-bad") as sess:
         for steps in (0, -1, 1.5, True, "3"):
