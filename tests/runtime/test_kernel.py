@@ -78,6 +78,9 @@ def kernel(tmp_path: Path) -> Iterator[tuple[KernelManager, BlockingKernelClient
         yield km, kc
     finally:
         if kc is not None:
+            if km.has_kernel:  # a kernel that a test restarted may still be starting: shut it down once up
+                with contextlib.suppress(RuntimeError):  # it died (a test killed it): nothing to wait for
+                    kc.wait_for_ready(timeout=TIMEOUT)
             kc.stop_channels()
         if km.has_kernel:  # the test stopped early, or the restarted kernel is still up
             km.shutdown_kernel(now=False)
