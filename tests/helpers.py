@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import psutil
 import pytest
 
 import rlnb
@@ -85,6 +86,14 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 20.0) 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         tick.wait(0.005)
+
+
+def exited(proc: psutil.Process) -> bool:
+    """Whether ``proc`` has exited: gone, or a zombie (also when it goes while we look)."""
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def press_ctrl_c() -> None:

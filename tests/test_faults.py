@@ -35,7 +35,7 @@ import pytest
 
 import rlnb
 from rlnb.track import EXIT_SIGTERM, read_run
-from tests.helpers import HookedEngine, Hooks, cause_chain, wait_until
+from tests.helpers import HookedEngine, Hooks, cause_chain, exited, wait_until
 
 CONFIG = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
@@ -187,14 +187,6 @@ def descendants(pid: int) -> dict[psutil.Process, str]:
     return found
 
 
-def dead(proc: psutil.Process) -> bool:
-    """Gone, or a zombie: it has exited and only waits for its new parent to reap it."""
-    try:
-        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def wait_dead(procs: dict[psutil.Process, str], since: float, deadline: float) -> dict[str, float]:
     """Poll ``procs`` until each has died; how long after ``since`` each took, by name.
     Fails naming those still alive ``deadline`` s after ``since``."""
@@ -202,7 +194,7 @@ def wait_dead(procs: dict[psutil.Process, str], since: float, deadline: float) -
     tick = threading.Event()
     while left:
         now = time.monotonic()
-        for proc in [p for p in left if dead(p)]:
+        for proc in [p for p in left if exited(p)]:
             took[left.pop(proc)] = round(now - since, 3)
         if left and now - since > deadline:
             pytest.fail(f"{sorted(left.values())} outlived their parent by {deadline} s (the rest took {took})")

@@ -90,7 +90,7 @@ sess.step()
 def test_a_kernel_restart_leaves_no_engine_process(tmp_path: Path) -> None:
     """The notebook case: the kernel's shutdown hook closes the session, and vLLM's
     EngineCore and Worker with it, before the kernel goes."""
-    from tests.helpers import wait_until
+    from tests.helpers import exited, wait_until
     from tests.runtime.test_kernel import kernel, ok
 
     model = rlnb.models.tiny_llama(tmp_path / "tiny-llama")
@@ -104,7 +104,7 @@ def test_a_kernel_restart_leaves_no_engine_process(tmp_path: Path) -> None:
         asked = time.monotonic()
         km.restart_kernel(now=False)
         wait_until(
-            lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in engine),
+            lambda: all(exited(p) for p in engine),
             "vLLM's processes of the old kernel's session to exit",
             timeout=10.0,
         )

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import rlnb
 from rlnb.data import PromptLoaderError, Task, addition, reverse, warm_up_workers
 from rlnb.data._loader import PromptLoader, PromptStream, _keep
-from tests.helpers import cause_chain, wait_until
+from tests.helpers import cause_chain, exited, wait_until
 
 # Kernel-like: torch has run OpenMP work on the main thread, and another thread
 # keeps drawing from torch's default generator (holding its mutex most of the time).
@@ -57,17 +57,9 @@ def _never(rng: random.Random) -> tuple[str, str]:
 STUCK = Task("stuck", "0123456789+=", _never, addition.reward, 3)
 
 
-def gone(proc: psutil.Process) -> bool:
-    """Exited: no such process, or a zombie waiting to be reaped."""
-    try:
-        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def kill_and_wait(worker: psutil.Process) -> None:
     worker.send_signal(signal.SIGKILL)
-    wait_until(lambda: gone(worker), f"worker {worker.pid} to exit")
+    wait_until(lambda: exited(worker), f"worker {worker.pid} to exit")
 
 
 def says_worker_died(error: BaseException, pid: int) -> bool:

@@ -19,7 +19,7 @@ import ray
 
 import rlnb
 import rlnb.models
-from tests.helpers import wait_until
+from tests.helpers import exited, wait_until
 from tests.rollout.ray_helpers import SMALL, free_port, ray_links, ray_processes, replicas
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.ray]
@@ -83,7 +83,7 @@ def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_p
         assert forkserver is not None
     assert not ray.is_initialized()
     assert psutil.Process(forkserver).is_running(), "close killed a process that is not Ray's"
-    assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in everyone)
+    assert all(exited(p) for p in everyone)
     assert ray_processes() == []
     assert ray_links() == links
     sess.close()  # idempotent
@@ -123,7 +123,7 @@ def test_a_sigkilled_owner_leaves_no_ray_process(tmp_path: Path) -> None:
         owner.kill()
         owner.wait(10)
         wait_until(
-            lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in everyone),
+            lambda: all(exited(p) for p in everyone),
             "every Ray process of the killed owner to exit",
             timeout=10.0,
         )
@@ -274,7 +274,7 @@ def test_a_kernel_restart_leaves_no_ray_process_of_the_session(tmp_path: Path) -
         asked = time.monotonic()
         km.restart_kernel(now=False)  # rlnb's shutdown hook closes the session, and Ray with it
         wait_until(
-            lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in everyone),
+            lambda: all(exited(p) for p in everyone),
             "every Ray process of the old kernel's session to exit",
             timeout=5.0,
         )

@@ -24,7 +24,7 @@ import ray
 
 import rlnb
 import rlnb.models
-from tests.helpers import wait_until
+from tests.helpers import exited, wait_until
 from tests.rollout.ray_helpers import SMALL, free_port, live_name, ray_processes, replicas
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.ray]
@@ -117,7 +117,7 @@ def test_a_session_attached_to_a_running_cluster_leaves_it_running_without_its_a
                 assert [p for p in ray_processes() if p.pid not in theirs] == [], "an attached session starts none"
             assert not ray.is_initialized()
             wait_until(
-                lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in actors + engine),  # noqa: B023
+                lambda: all(exited(p) for p in actors + engine),  # noqa: B023
                 "the session's replicas (and their vLLM engines) to exit",
                 timeout=10.0,
             )
