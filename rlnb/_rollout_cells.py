@@ -13,6 +13,7 @@ from rlnb.rollout import PauseMode, Rollouter, SamplingParams
 from rlnb.runtime import AsyncBridge
 
 if TYPE_CHECKING:
+    from rlnb.config import Config
     from rlnb.learn import Trainer
 
 __all__ = ["RolloutCells"]
@@ -25,6 +26,7 @@ class RolloutCells:
 
     _bridge: AsyncBridge
     _trainer: Trainer
+    _config: Config
     reward_name: str | None = None  # the custom reward in force (a checkpoint records it), if any
 
     def _check(self) -> Rollouter:
@@ -36,7 +38,8 @@ class RolloutCells:
         Blocks until they finish (or ``timeout``). Raises :class:`~rlnb.RolloutError`
         if rollouts are paused or a generation or reward failed after its retries.
         """
-        return RolloutBatch(self._bridge.run(self._check().collect(n_groups), timeout=timeout))
+        collect = self._check().collect(n_groups, paused_timeout=self._config.step_timeout)
+        return RolloutBatch(self._bridge.run(collect, timeout=timeout))
 
     def complete(
         self, prompts: str | list[str], *, temperature: float = 0.0, max_new_tokens: int = 16, seed: int = 0
@@ -47,7 +50,9 @@ class RolloutCells:
         if not all(isinstance(t, str) for t in texts):
             raise TypeError(f"complete(prompts={prompts!r}): pass a string or a list of strings")
         sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
-        out = self._bridge.run(self._check().complete(texts, sampling, seed=seed))
+        out = self._bridge.run(
+            self._check().complete(texts, sampling, seed=seed, paused_timeout=self._config.step_timeout)
+        )
         return out[0] if isinstance(prompts, str) else out
 
     def start_rollouts(self) -> None:
@@ -74,8 +79,12 @@ class RolloutCells:
         self._bridge.run(rollouter.resume())
 
     def wait_paused(self, timeout: float | None = None) -> None:
-        """Block until a pause has taken effect; :class:`TimeoutError` after ``timeout`` s."""
-        self._bridge.run(self._check().wait_paused(), timeout=timeout)
+        """Block until a pause has taken effect (a ``"wait"`` pause once its samples have
+        finished). :class:`TimeoutError` after ``timeout`` s (``Config.step_timeout``
+        when None) says what it still waits for; :class:`~rlnb.RolloutError` at once
+        if rollouts are running."""
+        limit = self._config.step_timeout if timeout is None else timeout
+        self._bridge.run(self._check().wait_paused(timeout=limit))
 
     def set_reward(self, reward_fn: Callable[[str, Any], float]) -> None:
         """Use ``reward_fn(completion, answer) -> float`` from the next rollout on.

@@ -2,6 +2,10 @@
 
 Each partition (``train``, ``val``) is a FIFO of groups. Groups older than
 ``max_staleness`` policy versions are evicted and counted, never dropped silently.
+A producer that must not block (the rollouter, on its event loop) hands a group
+to :meth:`ReplayBuffer.put_or_hold`: when the partition is full the group is
+held, in order, and goes in as soon as the learner takes room. Nothing waits on a
+thread for room, so no pause or weight sync can end up waiting on a full buffer.
 An optional feeder thread pulls groups from a remote source; it waits on an
 ``Event`` between polls so ``close()`` returns at once whatever the interval, and
 its failure is re-raised on the next ``get``/``put``.
@@ -30,12 +34,15 @@ Feeder = Callable[[], Iterable[Group] | None]
 class BufferStatistics:
     """A snapshot of a :class:`ReplayBuffer`.
 
-    ``sizes`` and ``samples`` count groups and samples per partition; ``put``,
-    ``taken`` and ``evicted_stale`` are totals since creation; ``version`` is the
-    learner's policy version the buffer measures staleness against.
+    ``sizes`` and ``samples`` count groups and samples per partition; ``held``
+    counts groups handed to :meth:`ReplayBuffer.put_or_hold` that wait for room
+    (they go in as groups are taken); ``put``, ``taken`` and ``evicted_stale`` are
+    totals since creation; ``version`` is the learner's policy version the buffer
+    measures staleness against.
     """
 
     sizes: Mapping[str, int]
+    held: Mapping[str, int]
     samples: Mapping[str, int]
     capacity: int
     put: int
@@ -79,6 +86,8 @@ class ReplayBuffer:
         self._max_staleness = max_staleness
         self._cond = threading.Condition()
         self._parts: dict[str, collections.deque[Group]] = {p: collections.deque() for p in parts}
+        self._held: dict[str, collections.deque[Group]] = {p: collections.deque() for p in parts}
+        self._admitted: Callable[[], None] | None = None  # see on_admit
         self._version = 0
         self._put = self._taken = self._evicted = self._waiting = 0
         self._closed = False
@@ -114,6 +123,33 @@ class ReplayBuffer:
                         f"the partition is full ({self._capacity} groups) and nobody took from it"
                     )
             self._append(group, partition)
+
+    def put_or_hold(self, group: Group, *, partition: str = "train") -> bool:
+        """Append ``group`` if the partition has room, else hold it until it has; never
+        blocks. Held groups go in, in order, as soon as groups are taken or evicted,
+        before anything put later; :meth:`held` counts them. Returns whether the group
+        went in at once. Raises :class:`~rlnb.ClosedError` after close."""
+        self._check_group(group, partition)
+        with self._cond:
+            self._raise_pending()
+            if self._held[partition] or len(self._parts[partition]) >= self._capacity:
+                self._held[partition].append(group)
+                return False
+            self._append(group, partition)
+            return True
+
+    def on_admit(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback()`` whenever held groups go into a partition (None: stop).
+        It is called with the buffer's lock held, on the thread that made room, so it
+        must not block or call the buffer (e.g. ``loop.call_soon_threadsafe``)."""
+        with self._cond:
+            self._admitted = callback
+
+    def held(self, partition: str = "train") -> int:
+        """Groups handed to :meth:`put_or_hold` that wait for room in ``partition``."""
+        self._check_partition(partition)
+        with self._cond:
+            return len(self._held[partition])
 
     def put_nowait(self, group: Group, *, partition: str = "train") -> None:
         """Append ``group`` or raise :class:`~rlnb.BufferFull` at once."""
@@ -185,13 +221,14 @@ class ReplayBuffer:
         """Tell the buffer the learner's policy version; evicts groups now too stale."""
         with self._cond:
             self._version = version
-            self._evict_stale()
+            self._admit_held()
 
     def statistics(self) -> BufferStatistics:
         """A frozen snapshot of sizes and counters. Does not block on producers."""
         with self._cond:
             return BufferStatistics(
                 sizes={p: len(q) for p, q in self._parts.items()},
+                held={p: len(q) for p, q in self._held.items()},
                 samples={p: sum(len(g) for g in q) for p, q in self._parts.items()},
                 capacity=self._capacity,
                 put=self._put,
@@ -207,12 +244,18 @@ class ReplayBuffer:
             )
 
     def state_dict(self) -> dict[str, Any]:
-        """The buffer's groups, version and counters, as JSON-safe data."""
+        """The buffer's groups (held ones after the rest: a loaded buffer may hold
+        more than its capacity until groups are taken), version and counters, as
+        JSON-safe data."""
         with self._cond:
             return {
                 "version": self._version,
-                "counters": {"put": self._put, "taken": self._taken, "evicted": self._evicted},
-                "partitions": {p: [g.to_dict() for g in q] for p, q in self._parts.items()},
+                "counters": {
+                    "put": self._put + sum(map(len, self._held.values())),
+                    "taken": self._taken,
+                    "evicted": self._evicted,
+                },
+                "partitions": {p: [g.to_dict() for g in (*q, *self._held[p])] for p, q in self._parts.items()},
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -224,6 +267,8 @@ class ReplayBuffer:
         parts = {p: collections.deque(Group.from_dict(g) for g in groups) for p, groups in state["partitions"].items()}
         with self._cond:
             self._parts.update(parts)
+            for held in self._held.values():
+                held.clear()
             self._version = int(state["version"])
             counters = state["counters"]
             self._put, self._taken, self._evicted = counters["put"], counters["taken"], counters["evicted"]
@@ -319,25 +364,41 @@ class ReplayBuffer:
     def _append(self, group: Group, partition: str) -> None:
         self._parts[partition].append(group)
         self._put += 1
-        self._evict_stale()
+        self._admit_held()
         self._cond.notify_all()
 
     def _take(self, n_groups: int, partition: str) -> list[Group]:
         queue = self._parts[partition]
         taken = [queue.popleft() for _ in range(n_groups)]
         self._taken += n_groups
+        self._admit_held()
         self._cond.notify_all()
         return taken
+
+    def _admit_held(self) -> None:
+        """Evict stale groups, then move held groups into their partitions while there
+        is room, oldest first."""
+        self._evict_stale()
+        admitted = False
+        for partition, held in self._held.items():
+            queue = self._parts[partition]
+            while held and len(queue) < self._capacity:
+                queue.append(held.popleft())
+                self._put += 1
+                admitted = True
+        if admitted and self._admitted is not None:
+            self._admitted()
 
     def _evict_stale(self) -> None:
         if self._max_staleness is None:
             return
         oldest_ok = self._version - self._max_staleness
         evicted = 0
-        for partition, queue in self._parts.items():
-            keep = collections.deque(g for g in queue if (v := g.min_version) is None or v >= oldest_ok)
-            evicted += len(queue) - len(keep)
-            self._parts[partition] = keep
+        for queues in (self._parts, self._held):
+            for partition, queue in queues.items():
+                keep = collections.deque(g for g in queue if (v := g.min_version) is None or v >= oldest_ok)
+                evicted += len(queue) - len(keep)
+                queues[partition] = keep
         if evicted:
             self._evicted += evicted
             self._cond.notify_all()  # room for a blocked put

@@ -62,7 +62,7 @@ class RolloutStatistics:
 @dataclasses.dataclass
 class Counters:
     """The live counts behind :class:`RolloutStatistics`, and the gauges dispatch and
-    the WAIT drain read (``generating``, ``ungrouped``, ``putting``)."""
+    the WAIT drain read (``generating``, ``ungrouped``)."""
 
     dispatched: int = 0
     in_flight: int = 0
@@ -79,7 +79,6 @@ class Counters:
     groups_cancelled: int = 0
     generating: int = 0  # engine.generate calls outstanding (the WAIT drain waits for 0)
     ungrouped: int = 0  # samples done generating whose group has not been put yet
-    putting: int = 0  # finished groups waiting for room in the buffer
 
     def drained(self) -> bool:
         """Nothing generating, and every finished sample has reached its group's put."""

@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 from collections.abc import Callable
 
-from rlnb._errors import BufferFull, ClosedError, EngineError, RolloutError
+from rlnb._errors import ClosedError, EngineError, RolloutError
 from rlnb._samples import Group, PromptItem, Sample
 from rlnb.buffer import ReplayBuffer
 from rlnb.rollout._accounting import Counters, Ticket, is_cancellation
@@ -89,7 +89,10 @@ class GroupRunner:
             results = await asyncio.gather(*coros, return_exceptions=True)
             group = self._end_group(item, results, ticket, to_buffer=to_buffer)
             if group is not None and to_buffer:
-                await self._put(group)
+                # Never waits: when the buffer is full the group is held there until the
+                # learner takes room (dispatch holds meanwhile), so a pause or a weight
+                # sync never waits on the learner.
+                self._buffer.put_or_hold(group)
             return group
         finally:  # also when cancelled mid-group: its finished samples must not hold up a WAIT drain
             ticket.grouped()
@@ -113,17 +116,6 @@ class GroupRunner:
         samples = tuple(r for r in results if isinstance(r, Sample))
         ticket.end_group(None)
         return Group(prompt=item.prompt, samples=samples, prompt_id=item.prompt_id)
-
-    async def _put(self, group: Group) -> None:
-        try:
-            self._buffer.put_nowait(group)
-        except BufferFull:  # wait for the learner off the loop; dispatch holds meanwhile
-            self._counts.putting += 1
-            try:
-                await asyncio.to_thread(self._buffer.put, group)
-            finally:
-                self._counts.putting -= 1
-                await self._machine.notify()
 
     async def _run_sample(
         self, item: PromptItem, prompt_ids: tuple[int, ...], index: int, seed: int, ticket: Ticket
@@ -223,10 +215,27 @@ class GroupRunner:
                 self._counts.generating -= 1
 
     async def evaluate(self, item: PromptItem, sampling: SamplingParams) -> tuple[str, float]:
-        """One completion of ``item`` with ``sampling`` (not retried) and its reward."""
-        request = GenerateRequest(f"eval.{item.prompt_id}", tuple(self._encode(item.prompt)), sampling)
-        result = await self._engine.generate(request)
-        completion = self._decode(list(result.token_ids))
+        """One completion of ``item`` with ``sampling`` (not retried) and its reward. An
+        abort pause meanwhile is waited out and the completion continued from its
+        prefix (greedy decoding continues exactly), so a pause never scores half an answer."""
+        prompt_ids = tuple(self._encode(item.prompt))
+        tokens: list[int] = []
+        continuation = 0
+        while True:
+            await self._machine.wait_running()
+            left = sampling.max_new_tokens - len(tokens)
+            request = GenerateRequest(
+                f"eval.{item.prompt_id}" + (f".{continuation}" if continuation else ""),
+                prompt_ids,
+                dataclasses.replace(sampling, max_new_tokens=max(1, left)),
+                prefix_ids=tuple(tokens),
+            )
+            result = await self._engine.generate(request)
+            tokens += result.token_ids
+            if result.finish_reason != "aborted" or len(tokens) >= sampling.max_new_tokens:
+                break
+            continuation += 1
+        completion = self._decode(tokens)
         return completion, await self.reward(item, completion)
 
     async def complete(self, request_id: str, prompt: str, sampling: SamplingParams, seed: int) -> str:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+import functools
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from typing import Any, TypeVar
 
 from rlnb._errors import RolloutError
 from rlnb._samples import Group, PromptItem
@@ -28,6 +29,7 @@ from rlnb.rollout._supervisor import TaskSupervisor
 __all__ = ["Rollouter"]
 
 _DEFAULT_SAMPLING = SamplingParams()
+_T = TypeVar("_T")
 
 
 class Rollouter:
@@ -120,9 +122,20 @@ class Rollouter:
         await self._machine.resume()
         await self._unhalt()
 
-    async def wait_paused(self) -> None:
-        """Wait until the state is PAUSED (a WAIT-mode drain has finished)."""
-        await self._machine.wait_paused()
+    async def wait_paused(self, timeout: float | None = None) -> None:
+        """Wait until the state is PAUSED (a WAIT-mode drain has finished). Raises
+        RolloutError at once if rollouts are running (nothing would pause them), and
+        TimeoutError after ``timeout`` s naming what the pause still waits for."""
+        if self._machine.state is RolloutState.RUNNING:
+            raise RolloutError("wait_paused(): rollouts are running, so nothing will pause them; call pause() first")
+        try:
+            await asyncio.wait_for(self._machine.wait_paused(), timeout)
+        except TimeoutError:
+            state, counts = self._machine.state, self._counts
+            what = f"{counts.generating} samples are still generating or being rewarded"
+            if state is RolloutState.RUNNING:
+                what = "rollouts were resumed meanwhile"
+            raise TimeoutError(f"wait_paused() waited {timeout:g} s and rollouts are {state.value}: {what}") from None
 
     async def sync_weights(self, weights: Mapping[str, Any], version: int) -> None:
         """The weight-sync transaction: pause (KEEP) → ``update_weights`` → resume.
@@ -139,7 +152,13 @@ class Rollouter:
         self._machine.check_open()
         if self._dispatcher is None or self._dispatcher.done():
             self._dispatcher = self._tasks.spawn(self._dispatch_loop(), name="rlnb-dispatcher")
+            # Held groups going into the buffer (the learner took room) let dispatch go on.
+            self._buffer.on_admit(functools.partial(_call_soon, asyncio.get_running_loop(), self._room_made))
         await self._unhalt()
+
+    def _room_made(self) -> None:
+        if self._machine.state is not RolloutState.CLOSED:
+            self._tasks.spawn(self._machine.notify(), name="rlnb-room")
 
     async def _unhalt(self) -> None:
         """Let dispatch go on after a failed group halted it (the caller has been told)."""
@@ -199,7 +218,7 @@ class Rollouter:
     def lag_budget(self) -> tuple[int, int | None]:
         """``(live, allowed)``: groups bound for the learner that are generating or in
         the buffer, and how many the policy-lag budget allows (None: no bound)."""
-        live = self._generating_groups + self._buffer.size()
+        live = self._generating_groups + self._buffer.size() + self._buffer.held()
         if self._max_policy_lag is None:
             return live, None
         return live, (self._max_policy_lag + 1) * self._groups_per_step
@@ -217,8 +236,11 @@ class Rollouter:
             return "background rollouts are stopped: call start_rollouts() or step() in async mode"
         if self._halted:
             return "dispatch halted after a group failed: its error was raised; the next step() goes on"
-        if counts.putting:
-            return f"the buffer is full ({self._buffer.size()} groups) and nothing takes from it"
+        if held := self._buffer.held():
+            return (
+                f"the buffer is full ({self._buffer.size()} groups, {held} more finished and waiting for room) "
+                "and nothing takes from it"
+            )
         groups = self._generating_groups
         generating = f"{counts.in_flight} samples are generating ({groups} groups)"
         if allowed is not None and live >= allowed:
@@ -233,12 +255,12 @@ class Rollouter:
         return allowed is None or live < allowed
 
     def _may_dispatch(self) -> bool:
-        # A full buffer is backpressure: finished groups waiting to go in stop new dispatch.
+        # A full buffer is backpressure: finished groups held for room stop new dispatch.
         return (
             self._machine.state is RolloutState.RUNNING
             and not self._halted
             and self._policy_lag_ok()
-            and self._counts.putting == 0
+            and self._buffer.held() == 0
         )
 
     async def _acquire_group(self) -> None:
@@ -304,7 +326,15 @@ class Rollouter:
 
     # -- on demand ------------------------------------------------------------------------
 
-    async def collect(self, n_groups: int, *, into: list[Group] | None = None, wait: bool = False) -> list[Group]:
+    async def collect(
+        self,
+        n_groups: int,
+        *,
+        into: list[Group] | None = None,
+        wait: bool = False,
+        paused_timeout: float | None = None,
+        call: str = "rollout()",
+    ) -> list[Group]:
         """Roll out ``n_groups`` new groups now and return them (not into the buffer).
 
         If interrupted, their prompts go first next time. ``into``, if given, gets
@@ -312,8 +342,13 @@ class Rollouter:
         result is interrupted after that can still find them and hand their prompts
         back with :meth:`give_back_collected`. Raises RolloutError unless running
         (``wait``: waits until rollouts run, as background training does through a
-        pause), or if a group failed (chained to its failure).
+        pause), or if a group failed (chained to its failure). ``paused_timeout``:
+        once rollouts have been paused this many seconds while it waits, it gives up
+        (``TimeoutError`` naming ``call``; nothing is lost, as when interrupted).
         """
+        return await self._pause_limited(self._collect(n_groups, into, wait), paused_timeout, call)
+
+    async def _collect(self, n_groups: int, into: list[Group] | None, wait: bool) -> list[Group]:
         if not isinstance(n_groups, int) or isinstance(n_groups, bool) or n_groups < 1:
             raise ValueError(f"rollout(n_groups={n_groups!r}): use a positive int")
         if wait:
@@ -354,30 +389,57 @@ class Rollouter:
         self.give_back(self._collected)
         self._collected = []
 
-    async def evaluate(self, items: list[PromptItem], *, max_new_tokens: int) -> list[tuple[str, float]]:
-        """Greedy completions and rewards for ``items`` (not put in the buffer)."""
+    async def evaluate(
+        self, items: list[PromptItem], *, max_new_tokens: int, paused_timeout: float | None = None
+    ) -> list[tuple[str, float]]:
+        """Greedy completions and rewards for ``items`` (not put in the buffer). A pause
+        meanwhile is waited out, up to ``paused_timeout`` s (then ``TimeoutError``)."""
         self._check_running()
         sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-        try:  # the first failure cancels the rest: nothing goes on generating unseen
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(self._runner.evaluate(item, sampling)) for item in items]
-        except ExceptionGroup as failed:
-            first = failed.exceptions[0]
-            raise RolloutError(
-                f"evaluation failed ({len(failed.exceptions)} of {len(items)} prompts): {first}"
-            ) from first
-        return [task.result() for task in tasks]
+        run = self._runner.evaluate
+        results = await self._pause_limited(
+            _all_or_first_error([run(item, sampling) for item in items]), paused_timeout, "evaluate()"
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:  # the first failure cancelled the rest: nothing goes on generating unseen
+            raise RolloutError(f"evaluation failed ({len(errors)} of {len(items)} prompts): {errors[0]}") from errors[0]
+        return [r for r in results if not isinstance(r, BaseException)]
 
-    async def complete(self, prompts: list[str], sampling: SamplingParams, *, seed: int = 0) -> list[str]:
-        """Completions of the texts ``prompts`` with ``sampling`` (nothing is rewarded or buffered)."""
+    async def complete(
+        self, prompts: list[str], sampling: SamplingParams, *, seed: int = 0, paused_timeout: float | None = None
+    ) -> list[str]:
+        """Completions of the texts ``prompts`` with ``sampling`` (nothing is rewarded or
+        buffered). A pause meanwhile is waited out, up to ``paused_timeout`` s."""
         self._check_running()
         run = self._runner.complete
+        coros = [run(f"complete.{i}", p, sampling, seed + i) for i, p in enumerate(prompts)]
+        results = await self._pause_limited(_all_or_first_error(coros), paused_timeout, "complete()")
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise RolloutError(f"generation failed: {errors[0]}") from errors[0]
+        return [r for r in results if not isinstance(r, BaseException)]
+
+    async def _pause_limited(self, coro: Coroutine[Any, Any, _T], limit: float | None, call: str) -> _T:
+        """Await ``coro``; once rollouts have been stopped (paused) for ``limit`` s
+        meanwhile, cancel it and raise TimeoutError naming ``call`` and the fix."""
+        if limit is None:
+            return await coro
+        task = asyncio.ensure_future(coro)
         try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(run(f"complete.{i}", p, sampling, seed + i)) for i, p in enumerate(prompts)]
-        except ExceptionGroup as failed:
-            raise RolloutError(f"generation failed: {failed.exceptions[0]}") from failed.exceptions[0]
-        return [task.result() for task in tasks]
+            while not task.done():
+                await asyncio.wait({task}, timeout=min(0.25, limit))
+                if not task.done() and self._machine.not_running_for() > limit:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                    raise TimeoutError(
+                        f"{call} waited {limit:g} s while rollouts were {self._machine.state.value}: "
+                        "resume() them and call it again; nothing was lost (Config.step_timeout sets the wait)"
+                    )
+            return task.result()
+        finally:
+            if not task.done():  # the caller was cancelled: so is what it waited for
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     def _check_running(self) -> None:
         self._machine.check_open()
@@ -402,7 +464,34 @@ class Rollouter:
         if self._machine.state is RolloutState.CLOSED:
             return
         await self._machine.set(RolloutState.CLOSED)
+        self._buffer.on_admit(None)
         await self._tasks.cancel_all()
         self._runner.close()  # queued rewards fail as cancelled; reward threads end
         self._generating_groups = 0  # all ended (a group cancelled before it started never counted down)
         self._tasks.raise_pending()
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    try:
+        loop.call_soon_threadsafe(callback)
+    except RuntimeError:  # the loop has closed: there is nothing left to wake
+        pass
+
+
+async def _all_or_first_error(coros: list[Coroutine[Any, Any, _T]]) -> list[_T | BaseException]:
+    """Run ``coros`` at once; at the first failure cancel the rest. Each result, or its
+    exception (the cancelled ones' CancelledError after a failure); a cancellation of
+    the caller cancels them all."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    if not tasks:
+        return []
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    failed = [t for t in tasks if not t.cancelled() and t.exception() is not None]
+    if not failed:
+        return [t.result() for t in tasks]
+    return [exc for t in failed if (exc := t.exception()) is not None]

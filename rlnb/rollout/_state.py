@@ -45,6 +45,7 @@ class StateMachine:
         self._changed = asyncio.Condition()
         self._pause_mode: PauseMode | None = None
         self._resumed_at: float | None = None
+        self._stopped_at: float | None = None  # when the state last left RUNNING (None while RUNNING)
         self._engine_death: EngineError | None = None
 
     @property
@@ -54,7 +55,15 @@ class StateMachine:
     async def set(self, state: RolloutState) -> None:
         async with self._changed:
             self._state = state
+            if state is RolloutState.RUNNING:
+                self._stopped_at = None
+            elif self._stopped_at is None:
+                self._stopped_at = time.monotonic()
             self._changed.notify_all()
+
+    def not_running_for(self) -> float:
+        """Seconds since rollouts last stopped running (paused, syncing, closed); 0 while running."""
+        return 0.0 if self._stopped_at is None else time.monotonic() - self._stopped_at
 
     async def notify(self) -> None:
         """Wake every waiter to check its predicate again."""

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -40,6 +41,20 @@ def request(rid: str, prompt: str = "12+34=", *, seed: int = 0, prefix: tuple[in
     return GenerateRequest(
         rid, tuple(TOKENIZER.encode(prompt, bos=True)), SamplingParams(**sampling), prefix_ids=prefix, seed=seed
     )
+
+
+async def decoding(engine: TinyEngine, start: Callable[[int], Awaitable[object]]) -> asyncio.Task[Any]:
+    """A task of ``start(attempt)`` (a request) once the engine is decoding it. On a quiet
+    machine a request can finish between two looks; then another one is started, so a
+    test that needs one in flight never waits on a request that has already ended."""
+    for attempt in range(50):
+        task = asyncio.ensure_future(start(attempt))
+        while not task.done():
+            if engine.statistics().running:
+                return task
+            await asyncio.sleep(0)
+        await task
+    raise AssertionError("no request was ever seen decoding in 50 tries")
 
 
 def greedy_continuation(policy: TinyPolicy, ids: list[int], n: int) -> list[int]:
@@ -101,9 +116,7 @@ def test_short_requests_finish_while_a_long_one_keeps_decoding(engine: TinyEngin
             await engine.generate(request(rid, max_new_tokens=n, ignore_eos=True))
             order.append(rid)
 
-        long = asyncio.create_task(run("long", 30))
-        while engine.statistics().running == 0:  # the long one is decoding before the short ones come
-            await asyncio.sleep(0.001)
+        long = await decoding(engine, lambda _: run("long", 30))  # decoding before the short ones come
         await asyncio.gather(run("short1", 2), run("short2", 3))  # join at a step boundary, leave at once
         await long
         return order
@@ -149,9 +162,9 @@ def test_pause_keep_freezes_and_abort_returns_partial_rollouts(engine: TinyEngin
 
 def test_pause_wait_lets_in_flight_finish_but_admits_nothing(engine: TinyEngine, bridge: AsyncBridge) -> None:
     async def scenario() -> None:
-        first = asyncio.create_task(engine.generate(request("first", max_new_tokens=10, ignore_eos=True)))
-        while engine.statistics().running == 0:
-            await asyncio.sleep(0.001)
+        first = await decoding(
+            engine, lambda i: engine.generate(request(f"first{i}", max_new_tokens=10, ignore_eos=True))
+        )
         await engine.pause(PauseMode.WAIT)
         second = asyncio.create_task(engine.generate(request("second", max_new_tokens=2)))
         assert (await first).finish_reason == "length"
@@ -182,10 +195,14 @@ def test_weights_update_between_steps_and_stamp_later_tokens(
 
 def test_abort_by_id_and_context_overflow(engine: TinyEngine, bridge: AsyncBridge) -> None:
     async def scenario() -> str:
-        task = asyncio.create_task(engine.generate(request("x", max_new_tokens=35, ignore_eos=True)))
-        while engine.statistics().running == 0:
-            await asyncio.sleep(0.001)
-        await engine.abort(["x", "unknown"])
+        ids: list[str] = []
+
+        def start(attempt: int) -> Awaitable[GenerateResult]:
+            ids.append(f"x{attempt}")
+            return engine.generate(request(ids[-1], max_new_tokens=35, ignore_eos=True))
+
+        task = await decoding(engine, start)
+        await engine.abort([ids[-1], "unknown"])
         return (await task).finish_reason
 
     assert bridge.run(scenario()) == "aborted"
