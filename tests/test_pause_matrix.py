@@ -1,0 +1,151 @@
+"""Every pause mode against every state the rest of the session can be in.
+
+The states and what each waits for are written down in ``docs/architecture.md``
+("Waits"). Here each combination of pause mode x {buffer full, empty} x {sync,
+async} x {foreground, background training} x {during a weight sync, not} is run for
+real: the pause must take effect, ``wait_paused()`` must return, ``resume()`` must
+return, and training must go on afterwards. A deadlock shows up as a call that does
+not return within its deadline; the deadlines are generous and only turn a hang
+into a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import rlnb
+from tests.helpers import HookedEngine, assert_counts_add_up, wait_until
+
+CAPACITY = 4
+HANG = 20.0  # seconds after which a call that has not returned is taken for a deadlock
+
+
+def small_config(mode: str) -> rlnb.Config:
+    return rlnb.Config(
+        mode=mode,
+        seed=0,
+        model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+        data=rlnb.DataConfig(num_workers=0),
+        rollout=rlnb.RolloutConfig(
+            group_size=2, groups_per_step=2, max_inflight=8, max_new_tokens=4, max_policy_lag=None
+        ),
+        buffer=rlnb.BufferConfig(capacity=CAPACITY),
+        step_timeout=HANG,
+    )
+
+
+def returns(fn: Callable[..., Any], *args: Any, what: str) -> Any:
+    """``fn(*args)`` on a thread of its own; fail if it has not returned within HANG s."""
+    out: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:  # handed to the test's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=call, name=f"matrix-{what}", daemon=True)
+    thread.start()
+    thread.join(HANG)
+    assert not thread.is_alive(), f"{what} did not return within {HANG} s: a deadlock"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+class Foreground:
+    """``sess.train(n)`` as a cell runs it (on a thread here, so the test can pause)."""
+
+    def __init__(self, sess: rlnb.Session, n: int) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(sess, n), name="matrix-cell", daemon=True)
+        self.thread.start()
+
+    def _run(self, sess: rlnb.Session, n: int) -> None:
+        try:
+            sess.train(n, progress=False)
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self) -> None:
+        self.thread.join(HANG)
+        assert not self.thread.is_alive(), f"a foreground train() did not return within {HANG} s: a deadlock"
+
+
+@pytest.fixture
+def syncs() -> Iterator[tuple[threading.Event, threading.Event]]:
+    """(syncing, release): a weight sync sets ``syncing`` and holds until ``release``."""
+    release = threading.Event()
+    yield threading.Event(), release
+    release.set()
+
+
+@pytest.mark.parametrize("during_sync", [False, True], ids=["idle-sync", "during-sync"])
+@pytest.mark.parametrize("where", ["foreground", "background"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("full", [False, True], ids=["empty", "full"])
+@pytest.mark.parametrize("pause_mode", ["abort", "keep", "wait"])
+def test_no_pause_can_deadlock(
+    pause_mode: str,
+    full: bool,
+    mode: str,
+    where: str,
+    during_sync: bool,
+    syncs: tuple[threading.Event, threading.Event],
+) -> None:
+    syncing, release = syncs
+    config = small_config(mode)
+    engine = HookedEngine(config)
+    with rlnb.Session(config, engine=engine, name="matrix") as sess:
+        if full:  # background rollouts fill the buffer, and finished groups wait for room
+            sess.start_rollouts()
+            wait_until(lambda: sess.buffer.size() == CAPACITY and sess.buffer.held() > 0, "a full buffer")
+
+        async def hold(version: int) -> None:
+            syncing.set()
+            await asyncio.to_thread(release.wait, HANG)
+
+        if during_sync:
+            engine.before_update = hold
+        cell = None
+        if where == "background":
+            sess.start()
+        else:
+            cell = Foreground(sess, 3)
+        if during_sync:
+            assert syncing.wait(HANG), "no step reached its weight sync"
+        else:
+            wait_until(lambda: sess.version >= 1, "a first step")
+
+        pausing = threading.Thread(target=returns, args=(sess.pause, pause_mode), kwargs={"what": "pause()"})
+        pausing.start()
+        if during_sync:  # the pause waits for the sync in progress, which now ends
+            wait_until(lambda: sess.statistics().rollout.state == "syncing", "the sync to be seen")
+            engine.before_update = None
+            release.set()
+        pausing.join(HANG + 1)
+        assert not pausing.is_alive(), f"pause({pause_mode!r}) did not return: a deadlock"
+        returns(sess.wait_paused, what="wait_paused()")
+        # (a background step may be syncing its weights into the paused engine)
+        assert sess.statistics().rollout.state in ("paused", "syncing")
+
+        returns(sess.resume, what="resume()")
+        assert sess.statistics().rollout.state in ("running", "syncing")
+        version = sess.version
+        if cell is not None:
+            cell.join()
+            # A cell's step that found rollouts paused says so at once; otherwise it finished.
+            if cell.error is not None:
+                assert isinstance(cell.error, rlnb.RolloutError), cell.error
+                assert "call resume() first" in str(cell.error), cell.error
+            returns(lambda: sess.train(2, progress=False), what="train() after resume()")
+            assert sess.version >= version + 2
+        else:
+            wait_until(lambda: sess.version >= version + 2, "background training to go on after resume()", HANG)
+            returns(sess.stop, 10.0, what="stop()")
+        assert_counts_add_up(sess.statistics().rollout)
