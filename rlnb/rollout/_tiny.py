@@ -282,7 +282,13 @@ class TinyEngine:
                 admitted = self._admit() if self._may_admit() else []
             for seq in finished:
                 self._finish(seq, "aborted")
-            self._apply_updates(updates)
+            try:
+                self._apply_updates(updates)
+            except BaseException as exc:  # the thread dies: the updates it had taken hear why too
+                self._die(exc)
+                for _, _, loop, fut in updates:
+                    _deliver(loop, fut, self._death)
+                return
             try:
                 if stepping:
                     self._decode(stepping)
