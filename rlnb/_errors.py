@@ -3,6 +3,11 @@ public error derives from :class:`RlnbError`."""
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
 EXIT_OK, EXIT_FAILURE, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
 
 
@@ -71,10 +76,54 @@ class TrainingError(RlnbError, RuntimeError):
     """Background training (``Session.start()``) failed; the cause is chained."""
 
 
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped a training call safely; the message says what was kept and how
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a session call safely; the message says what was kept and how
     to go on. A notebook shows that one line instead of a traceback (IPython calls
     ``_render_traceback_``); it is still a KeyboardInterrupt everywhere else."""
 
     def _render_traceback_(self) -> list[str]:
         return [f"KeyboardInterrupt: {self}"]
+
+
+class TrainingInterrupted(Interrupted):
+    """Ctrl-C stopped a training call safely (see :class:`Interrupted`)."""
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def public_call(after_interrupt: str) -> Callable[[_F], _F]:
+    """Make a method a call users make from a cell: an error rlnb raises on purpose
+    (its innermost frame is rlnb's) shows as the call's own line and the message,
+    without the bridge's and futures' frames under it (causes keep theirs: a
+    failing reward function's traceback still shows); Ctrl-C becomes one line,
+    :class:`Interrupted`, ending with ``after_interrupt`` (what was kept, how to go on)."""
+
+    def decorate(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Interrupted:
+                raise
+            except KeyboardInterrupt:
+                raise Interrupted(f"{fn.__name__}() was interrupted; {after_interrupt}") from None
+            except Exception as exc:
+                if not _raised_by_rlnb(exc):
+                    raise
+                raise exc.with_traceback(None)  # noqa: B904 (the same error, its traceback from here on)
+
+        return cast(_F, call)
+
+    return decorate
+
+
+def _raised_by_rlnb(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.startswith(_PACKAGE)

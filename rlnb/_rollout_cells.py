@@ -8,6 +8,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from rlnb._errors import public_call
 from rlnb._samples import RolloutBatch
 from rlnb.rollout import PauseMode, Rollouter, SamplingParams
 from rlnb.runtime import AsyncBridge
@@ -32,6 +33,7 @@ class RolloutCells:
     def _check(self) -> Rollouter:
         raise NotImplementedError  # the session's
 
+    @public_call("nothing was lost: its prompts are rolled out first next time")
     def rollout(self, n_groups: int = 1, *, timeout: float | None = None) -> RolloutBatch:
         """Roll out ``n_groups`` new prompts now and return them (they do not go to the buffer).
 
@@ -41,6 +43,7 @@ class RolloutCells:
         collect = self._check().collect(n_groups, paused_timeout=self._config.step_timeout)
         return RolloutBatch(self._bridge.run(collect, timeout=timeout))
 
+    @public_call("nothing was changed")
     def complete(
         self, prompts: str | list[str], *, temperature: float = 0.0, max_new_tokens: int = 16, seed: int = 0
     ) -> str | list[str]:
@@ -55,14 +58,17 @@ class RolloutCells:
         )
         return out[0] if isinstance(prompts, str) else out
 
+    @public_call("statistics().rollout says whether they run")
     def start_rollouts(self) -> None:
         """Generate in the background into the buffer, within the dispatch budget. Idempotent."""
         self._bridge.run(self._check().start())
 
+    @public_call("statistics().rollout says whether they still run")
     def stop_rollouts(self) -> None:
         """Stop dispatching new prompts; those in flight still finish into the buffer."""
         self._bridge.run(self._check().stop())
 
+    @public_call("rollouts may be pausing: resume() undoes it, wait_paused() waits for it")
     def pause(self, mode: PauseMode | str = PauseMode.ABORT) -> None:
         """Pause generation. ``"abort"`` (default) keeps every in-flight sample as a
         partial rollout and continues it after :meth:`resume`; ``"keep"`` freezes the
@@ -70,6 +76,7 @@ class RolloutCells:
         waits for that). Blocks until paused, except in ``"wait"`` mode."""
         self._bridge.run(self._check().pause(PauseMode(mode)))
 
+    @public_call("call resume() again")
     def resume(self) -> None:
         """Leave a pause: partial rollouts continue with their prefixes and dispatch goes on.
         A trained step whose weight sync failed is synced first (:class:`~rlnb.WeightSyncError`
@@ -78,6 +85,7 @@ class RolloutCells:
         self._trainer.publish_pending()
         self._bridge.run(rollouter.resume())
 
+    @public_call("the pause goes on; wait_paused() waits again")
     def wait_paused(self, timeout: float | None = None) -> None:
         """Block until a pause has taken effect (a ``"wait"`` pause once its samples have
         finished). :class:`TimeoutError` after ``timeout`` s (``Config.step_timeout``
