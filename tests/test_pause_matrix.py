@@ -149,3 +149,38 @@ def test_no_pause_can_deadlock(
             wait_until(lambda: sess.version >= version + 2, "background training to go on after resume()", HANG)
             returns(sess.stop, 10.0, what="stop()")
         assert_counts_add_up(sess.statistics().rollout)
+
+
+class CallsBack(rlnb.learn.Callback):
+    """A callback that drives the session it belongs to from inside a step."""
+
+    def __init__(self, sess: rlnb.Session, pause_mode: str) -> None:
+        self.sess, self.pause_mode, self.rounds = sess, pause_mode, 0
+
+    def on_batch(self, groups: Any) -> None:
+        self.sess.statistics()
+
+    def on_step_end(self, metrics: Any) -> None:
+        self.sess.pause(self.pause_mode)
+        self.sess.wait_paused()
+        self.sess.resume()
+        self.rounds += 1
+
+
+@pytest.mark.parametrize("where", ["foreground", "background"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("pause_mode", ["abort", "keep", "wait"])
+def test_a_callback_that_pauses_and_resumes_its_own_session_does_not_deadlock(
+    pause_mode: str, mode: str, where: str
+) -> None:
+    config = small_config(mode)
+    with rlnb.Session(config, name="matrix") as sess:
+        callback = CallsBack(sess, pause_mode)
+        sess.callbacks.append(callback)
+        if where == "background":
+            sess.start(steps=3)
+            returns(sess.wait, what="wait()")
+        else:
+            returns(lambda: sess.train(3, progress=False), what="train()")
+        assert callback.rounds == 3 and sess.version == 3
+        assert sess.statistics().rollout.state == "running"
