@@ -20,6 +20,13 @@ code in a worker is plain Python (the task's ``make_prompt``), and only
 import the task's functions, so a task made in a notebook cell needs
 ``num_workers=0``; the loader says so before it starts anything.
 
+**The main script.** A worker never imports ``__main__``: with ``forkserver`` and
+``spawn`` multiprocessing would run the caller's script again in each worker (as
+``__mp_main__``), and a script without an ``if __name__ == "__main__":`` guard would
+then build another session there and fail the loader. A task whose functions are
+defined in the main script therefore makes its prompts in this process, with a
+warning that says why; tasks defined in modules keep their workers.
+
 The forkserver and multiprocessing's resource tracker are process-long helpers
 of the standard library: started on first use, shared with the rest of the
 process, gone when it exits (also on SIGKILL).
@@ -43,18 +50,21 @@ A worker that dies (killed, out of memory) fails the loader as a whole: the next
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import dataclasses
 import functools
+import io
 import multiprocessing
+import multiprocessing.spawn
 import os
 import pickle
 import signal
 import sys
 import threading
 import time
+import types
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -167,35 +177,117 @@ def _context(start_method: str) -> BaseContext:
     ctx = multiprocessing.get_context("forkserver")
     # Workers then fork with torch imported instead of importing it each (seconds).
     # Not __main__ (the default): a script's module-level code, threads and all, would
-    # run in the server; each worker imports it as __mp_main__ instead, as with spawn.
+    # run in the server (and workers do not import it either: _without_main).
     # Takes effect when the server starts.
     preload = getattr(forkserver._forkserver, "_preload_modules", None) or []
     ctx.set_forkserver_preload([*(m for m in preload if m not in ("__main__", __name__)), __name__])
     return ctx
 
 
-def _check_sendable(task: Task, start_method: str) -> None:
-    """Raise ConfigError if a worker started by ``start_method`` could not rebuild ``task``."""
-    where = f"a {start_method!r} prompt-loader worker"
-    fix = (
-        "define the task's functions at the top level of a module (a .py file), or make its prompts "
-        "in this process with DataConfig(num_workers=0)"
-    )
+class _MainFinder(pickle.Pickler):
+    """Pickles to nowhere, noting the functions and classes of ``__main__`` that the
+    object refers to (pickle sends those by name, for the receiver to import)."""
+
+    def __init__(self) -> None:
+        super().__init__(io.BytesIO())
+        self.found: dict[str, None] = {}  # their names, in the order met
+
+    def persistent_id(self, obj: Any) -> None:
+        if isinstance(obj, type | types.FunctionType) and obj.__module__ == "__main__":
+            self.found[obj.__qualname__] = None
+        return None  # pickle it as usual
+
+
+_SENDABLE_FIX = (
+    "define the task's functions at the top level of a module (a .py file), or make its prompts "
+    "in this process with DataConfig(num_workers=0)"
+)
+
+
+def _workers_for(task: Task, start_method: str, num_workers: int) -> int:
+    """How many workers to start for ``task``: ``num_workers``, or 0 (prompts made in this
+    process, with a warning) if it refers to functions defined in the main script.
+
+    Raises ConfigError for a task that no worker can rebuild: a lambda, or functions
+    defined in a notebook cell or the REPL."""
+    finder = _MainFinder()
     try:
-        pickle.dumps(task)
+        finder.dump(task)
     except Exception as exc:  # a lambda, or a function defined inside another
         raise ConfigError(
-            f"task {task.name!r} cannot be sent to {where}, which imports what it runs ({exc}): {fix}"
+            f"task {task.name!r} cannot be sent to a {start_method!r} prompt-loader worker, which imports "
+            f"what it runs ({exc}): {_SENDABLE_FIX}"
         ) from exc
+    if not finder.found:
+        return num_workers
+    *others, last = finder.found
+    names = f"{', '.join(others)} and {last} are" if others else f"{last} is"
     main = sys.modules.get("__main__")
-    if getattr(main, "__file__", None) is not None or getattr(main, "__spec__", None) is not None:
-        return  # a script or a module: the worker imports it (as __mp_main__)
-    for field in dataclasses.fields(task):
-        if getattr(getattr(task, field.name), "__module__", None) == "__main__":
-            raise ConfigError(
-                f"task {task.name!r}: its {field.name} is defined in __main__ (a notebook cell or the REPL), "
-                f"which {where} cannot import: {fix}"
-            )
+    if getattr(main, "__file__", None) is None and getattr(main, "__spec__", None) is None:
+        raise ConfigError(
+            f"task {task.name!r}: its {names} defined in __main__ (a notebook cell or the REPL), which a "
+            f"{start_method!r} prompt-loader worker cannot import: {_SENDABLE_FIX}"
+        )
+    # A worker would import them by running the whole script again: without an
+    # ``if __name__ == "__main__":`` guard, another session with its own workers.
+    warnings.warn(
+        f"rlnb: task {task.name!r} makes its prompts in this process, not in loader workers: its {names} "
+        "defined in the main script, which a worker would have to run again to import; to use workers, move "
+        "them into a module (a .py file), or set DataConfig(num_workers=0) to say this is meant",
+        stacklevel=_caller_outside_rlnb(),
+    )
+    return 0
+
+
+def _caller_outside_rlnb() -> int:
+    """The ``stacklevel`` (for the function that calls this) of its first caller outside rlnb."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+# Set in a thread while it starts workers: the processes it starts then leave out __main__.
+_main_left_out = threading.local()
+_wrap_lock = threading.Lock()
+_wrapper: Callable[[str], dict[str, Any]] | None = None  # what we put in multiprocessing.spawn
+
+
+def _leaving_out_main(original: Callable[[str], dict[str, Any]]) -> Callable[[str], dict[str, Any]]:
+    def preparation_data(name: str) -> dict[str, Any]:
+        data = original(name)
+        if getattr(_main_left_out, "on", False):
+            data.pop("init_main_from_path", None)  # python script.py
+            data.pop("init_main_from_name", None)  # python -m module
+        return data
+
+    return preparation_data
+
+
+@contextlib.contextmanager
+def _without_main() -> Iterator[None]:
+    """Workers this thread starts meanwhile do not run the ``__main__`` script again.
+
+    With ``forkserver`` and ``spawn``, multiprocessing sends each new process the
+    main script's path (or module name), and the process runs it as ``__mp_main__``
+    before its target: a script without an ``if __name__ == "__main__":`` guard builds
+    another session there, and the worker dies while it starts. A worker runs only
+    rlnb's code and the task's (never from ``__main__``: :func:`_workers_for`), so it
+    needs no script. Only this thread's starts change. The wrapper stays in place:
+    putting the original back could undo another thread's wrapper.
+    """
+    global _wrapper
+    with _wrap_lock:
+        if multiprocessing.spawn.get_preparation_data is not _wrapper:
+            _wrapper = _leaving_out_main(multiprocessing.spawn.get_preparation_data)
+            multiprocessing.spawn.get_preparation_data = _wrapper  # type: ignore[assignment]
+    before = getattr(_main_left_out, "on", False)
+    _main_left_out.on = True
+    try:
+        yield
+    finally:
+        _main_left_out.on = before
 
 
 def _exited(worker: Any, procs: dict[int, psutil.Process]) -> bool:
@@ -219,6 +311,9 @@ class PromptLoader:
     ``state_dict``/``load_state_dict`` save and restore the position (JSON-safe);
     ``close()`` stops the workers and is idempotent. Use it from one thread at a time.
 
+    Workers never import the main script; a task whose functions are defined there
+    makes its prompts in this process (``num_workers`` is then 0), with a warning.
+
     Raises :class:`~rlnb.ConfigError` for a saved state of another worker count,
     or for a task that a ``forkserver`` or ``spawn`` worker cannot import (one made
     in a notebook cell). ``next()`` raises :class:`PromptLoaderError` once a worker
@@ -235,20 +330,21 @@ class PromptLoader:
         multiprocessing_context: str | None = DEFAULT_START_METHOD,
         state: dict[str, Any] | None = None,
     ) -> None:
-        self.num_workers = num_workers
         self._closed = False
         self._failure: str | None = None  # why every next() fails, once a worker died
         self._procs: dict[int, psutil.Process] = {}  # the workers, as psutil sees them
         self.start_method = multiprocessing_context or multiprocessing.get_start_method()
         if num_workers > 0 and self.start_method != "fork":
-            _check_sendable(task, self.start_method)
+            num_workers = _workers_for(task, self.start_method, num_workers)
+        self.num_workers = num_workers
         with warnings.catch_warnings():  # torchdata 0.11 calls torch's deprecated set_vital
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             self._loader = self._make_loader(task, seed, num_workers, prefetch_factor)
         if state is not None:
             self._check_state(state)
             self._loader.load_state_dict(state["loader"])
-        self._iterator: Iterator[PromptItem] | None = iter(self._loader)
+        with _without_main():  # the workers start here
+            self._iterator: Iterator[PromptItem] | None = iter(self._loader)
 
     def _make_loader(self, task: Task, seed: int, num_workers: int, prefetch_factor: int) -> StatefulDataLoader:
         if num_workers > 0:

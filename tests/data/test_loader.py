@@ -247,6 +247,33 @@ def test_a_task_whose_functions_live_in_an_unimportable_main_is_refused() -> Non
     assert "DataConfig(num_workers=0)" in out
 
 
+def test_a_task_from_the_main_script_makes_its_prompts_here_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, descendants: set[int]
+) -> None:
+    # Workers do not run the main script (pytest's __main__ here, a module like a
+    # script), so they could not import these: tests/data/test_scripts.py runs real scripts.
+    def make_prompt(rng: random.Random) -> tuple[str, str]:
+        return "1+1=", "2"
+
+    class Reward:
+        def __call__(self, completion: str, answer: str) -> float:
+            return 1.0
+
+    for obj in (make_prompt, Reward):  # made here, as if defined at the top of the main script
+        obj.__module__, obj.__qualname__ = "__main__", obj.__name__
+        monkeypatch.setattr(sys.modules["__main__"], obj.__name__, obj, raising=False)
+    task = Task("from-main", "0123456789+=", make_prompt, Reward(), 3)
+    with pytest.warns(UserWarning, match=r"its make_prompt and Reward are defined in the main script") as caught:
+        loader = PromptLoader(task, seed=0, num_workers=2)
+    try:
+        assert caught[0].filename == __file__  # the caller's line, not rlnb's
+        assert loader.num_workers == 0 and loader.worker_pids() == []
+        assert next(loader).prompt == "1+1="
+    finally:
+        loader.close()
+    assert not new_descendants(descendants)
+
+
 def test_workers_ignore_ctrl_c_and_keep_serving() -> None:
     loader = PromptLoader(addition, seed=0, num_workers=2)
     try:
