@@ -1,5 +1,6 @@
 """Putting a new directory where an old one is, so that a kill at any moment leaves one whole,
-and removing directories, so that a Ctrl-C at any moment leaves nothing half done."""
+removing directories, so that a Ctrl-C at any moment leaves nothing half done, and saying
+why a directory could not be written."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from rlnb.runtime import defer_interrupts
 
-__all__ = ["remove_dir", "replace_dir"]
+__all__ = ["remove_dir", "replace_dir", "write_error"]
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2  # linux/fs.h
@@ -62,3 +63,22 @@ def replace_dir(staging: Path, target: Path) -> None:
                 old.rename(target)
             raise
         shutil.rmtree(old, ignore_errors=True)
+
+
+def write_error(exc: OSError, what: str, target: Path) -> str:
+    """The message for ``exc``, raised while saving ``what`` into the new directory
+    ``target`` (its missing parents made first, as ``mkdir -p`` does): what went wrong
+    and what to do. Only a full disk gets "free some space"."""
+    detail = str(exc)
+    fix = "choose a path you can write to"
+    blocker = next((p for p in reversed(target.parents) if os.path.lexists(p) and not os.path.isdir(p)), None)
+    if blocker is not None:
+        reason = f"{blocker} is a file, not a directory"
+    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        reason, fix = detail, "free some space or choose a path on another disk"
+    elif not os.path.isdir(target.parent):
+        reason = f"its directory {target.parent} does not exist and cannot be made ({detail})"
+        fix = f"{fix} (or make {target.parent} first)"
+    else:
+        reason = detail
+    return f"cannot save {what} to {target}: {reason}; nothing there was changed: {fix}, and save again"

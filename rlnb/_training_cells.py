@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlnb._errors import ConfigError
-from rlnb._files import remove_dir, replace_dir
+from rlnb._files import remove_dir, replace_dir, write_error
 from rlnb.rollout import Rollouter
 
 if TYPE_CHECKING:
@@ -44,8 +44,9 @@ class TrainingCells:
         """Write the trained model as a Hugging Face model directory: safetensors weights,
         config.json and the tokenizer, which ``AutoModelForCausalLM.from_pretrained`` and
         vLLM load. For a ``ModelConfig.path`` model; a directory already there is
-        replaced whole (a kill at any moment leaves the old or the new one). Returns it.
-        Use :meth:`save` to go on training later."""
+        replaced whole (a kill at any moment leaves the old or the new one), missing
+        parent directories are made. Returns it. Raises ``OSError`` saying why a path
+        cannot be written. Use :meth:`save` to go on training later."""
         self._check()
         self._trainer.check_idle("save_pretrained()")
         policy: Any = self._trainer.learner.policy
@@ -54,15 +55,19 @@ class TrainingCells:
                 "save_pretrained() writes a Hugging Face model, and this session trains the built-in policy: "
                 "use save() (a checkpoint), or train a Hugging Face model with ModelConfig(path=...)"
             )
-        target = Path(directory).expanduser().absolute()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        target, staging = Path(directory).expanduser().absolute(), None
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
             policy.save_pretrained(staging)
             self._tokenizer.save_pretrained(staging)
             replace_dir(staging, target)
-        except BaseException:
-            remove_dir(staging)
+        except BaseException as exc:
+            if staging is not None:
+                remove_dir(staging)
+            if isinstance(exc, OSError):  # the same kind (PermissionError, ...), saying why and what to do
+                message = write_error(exc, "the model", target)
+                raise (OSError(exc.errno, message) if exc.errno else OSError(message)) from exc
             raise
         return target
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlnb._checks import RENAMED, is_int, is_number
 from rlnb._errors import CheckpointError, ConfigError
-from rlnb._files import remove_dir, replace_dir
+from rlnb._files import remove_dir, replace_dir, write_error
 from rlnb.config import PARTS, Config
 from rlnb.runtime import defer_interrupts
 
@@ -150,8 +150,10 @@ def write(path: str | os.PathLike[str], manifest: dict[str, Any], tensors: dict[
 
     Written to a temporary directory beside it first and then moved into place,
     so an interrupted save never leaves a half-written checkpoint under ``path``.
-    An existing checkpoint at ``path`` is replaced; any other non-empty directory
-    or a file there is an error.
+    Missing parent directories are made. An existing checkpoint at ``path`` is
+    replaced; any other non-empty directory or a file there is an error, and so is
+    a path that cannot be written (the message says why: permissions, a file where
+    a directory should be, a full disk).
     """
     from safetensors.torch import save_file
 
@@ -177,10 +179,7 @@ def write(path: str | os.PathLike[str], manifest: dict[str, Any], tensors: dict[
         if staging is not None:
             remove_dir(staging)
         if isinstance(exc, OSError):
-            raise CheckpointError(
-                f"cannot save a checkpoint to {target}: {exc}; nothing there was changed: free some space or "
-                "choose a path you can write to, and save again"
-            ) from exc
+            raise CheckpointError(write_error(exc, "a checkpoint", target)) from exc
         raise
     return target
 
