@@ -32,9 +32,12 @@ class RolloutStatistics:
     queued), ``kept_partial`` (aborted by a pause, waiting to continue),
     ``finished``, ``failed`` (its generation or reward failed after its retries) or
     ``cancelled`` (cancelled by Ctrl-C or close before it finished; nothing failed).
-    A group failed if one of its samples failed, and was cancelled if it ended
-    unfinished otherwise. ``groups_live`` counts groups bound for the learner that
-    are generating or in the buffer; background dispatch waits while it is
+    ``queued`` counts the in-flight samples that wait for rollouts to run before
+    they go to the engine (dispatched just before a pause, or retried during
+    one): a WAIT pause does not wait for them. A group failed if one of its
+    samples failed, and was cancelled if it ended unfinished otherwise.
+    ``groups_live`` counts groups bound for the learner that are generating or in
+    the buffer (held ones too); background dispatch waits while it is
     ``groups_allowed`` (the policy-lag budget; None: no bound) or more.
     """
 
@@ -43,6 +46,7 @@ class RolloutStatistics:
     version: int
     dispatched: int
     in_flight: int
+    queued: int
     kept_partial: int
     finished: int
     failed: int
@@ -78,6 +82,7 @@ class Counters:
     groups_failed: int = 0
     groups_cancelled: int = 0
     generating: int = 0  # engine.generate calls outstanding (the WAIT drain waits for 0)
+    queued: int = 0  # in-flight samples waiting for RUNNING before they go to the engine
     ungrouped: int = 0  # samples done generating whose group has not been put yet
 
     def drained(self) -> bool:
@@ -99,6 +104,7 @@ class Counters:
             version=version,
             dispatched=self.dispatched,
             in_flight=self.in_flight,
+            queued=self.queued,
             kept_partial=self.kept_partial,
             finished=self.finished,
             failed=self.failed,

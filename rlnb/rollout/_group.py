@@ -187,7 +187,11 @@ class GroupRunner:
     ) -> GenerateResult:
         attempt = 0
         while True:
-            await self._machine.wait_running()
+            self._counts.queued += 1
+            try:
+                await self._machine.wait_running()
+            finally:
+                self._counts.queued -= 1
             remaining = self._sampling.max_new_tokens - len(prefix)
             request = GenerateRequest(
                 request_id=f"{item.prompt_id}.{index}.{continuation}.{attempt}",

@@ -439,3 +439,24 @@ def test_a_group_that_failed_before_collect_was_interrupted_is_reported_at_the_n
             assert any("prompt 0 is broken" in str(e) for e in cause_chain(error))
 
     asyncio.run(main())
+
+
+def test_a_wait_pause_says_which_in_flight_samples_never_reached_the_engine() -> None:
+    # A group dispatched just before a WAIT pause has samples that never reached the
+    # engine: the pause does not wait for them, and the figures say they are queued.
+    async def main() -> None:
+        engine = RecordingEngine(lengths=3, token_delay=DELAY)
+        async with make_rollouter(engine, group_size=4, max_inflight=8) as (r, _):
+            await r.start()
+            while not r.statistics().dispatched:  # one turn of the loop at a time
+                await asyncio.sleep(0)
+            await r.pause("wait")  # before the dispatched samples had a turn to reach the engine
+            await r.wait_paused(timeout=5)
+            s = r.statistics()
+            assert s.state == "paused" and s.in_flight > 0, s
+            assert s.queued == s.in_flight and engine.statistics().running == 0, s
+            await r.resume()
+            await until(lambda: r.statistics().queued == 0, "the queued samples to reach the engine")
+            assert_counts_add_up(r.statistics())
+
+    asyncio.run(main())
