@@ -38,7 +38,7 @@ def _check_callable(field: str, fn: Any, args: tuple[Any, ...], shape: str) -> N
         raise ConfigError(f"{field}={fn!r} is invalid: it cannot be called as {shape} ({exc})") from None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class Task:
     """A prompt generator and a reward.
 
@@ -79,6 +79,11 @@ class Task:
         _check_callable("Task.reward", self.reward, ("", None), "reward(completion, answer) -> float")
         check_int("Task.max_new_tokens", self.max_new_tokens, minimum=1, example="the longest answer's length + 1")
         require(isinstance(self.about, str), "Task.about", self.about, "use a string, e.g. about='x*7 of two digits'")
+
+    def __repr__(self) -> str:
+        # Short: a notebook cell that ends in register_task(task) echoes it.
+        alphabet = self.alphabet if len(self.alphabet) <= 40 else self.alphabet[:37] + "..."
+        return f"Task({self.name!r}, alphabet={alphabet!r}, max_new_tokens={self.max_new_tokens})"
 
     def item(self, seed: int, index: int) -> PromptItem:
         """Training prompt number ``index`` of the stream for ``seed``."""

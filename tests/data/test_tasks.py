@@ -118,3 +118,17 @@ def test_a_warm_up_imitates_the_teacher_task_it_is_given() -> None:
         sess.warmup(progress=False)
         written = sess.complete([i.prompt for i in reverse.eval_set(20)], max_new_tokens=7)
     assert written == ["ab"] * 20, written
+
+
+def test_a_task_shows_in_one_short_line_where_a_cell_echoes_it() -> None:
+    # A notebook cell that ends in register_task(task) echoes the task it returns.
+    def times7(rng: random.Random) -> tuple[str, str]:
+        n = rng.randint(0, 99)
+        return f"{n}*7=", str(7 * n)
+
+    task = Task("times7", "0123456789*=", times7, addition.reward, 4, about="x*7 of two digits")
+    shown = repr(register_task(task, replace=True))
+    assert shown == "Task('times7', alphabet='0123456789*=', max_new_tokens=4)"
+    assert repr(reverse) == "Task('reverse', alphabet='abcdefgh=', max_new_tokens=7)"
+    wide = Task("wide", "".join(map(chr, range(33, 127))), times7, addition.reward, 4)
+    assert len(repr(wide)) < 100 and repr(wide).endswith("...', max_new_tokens=4)")
