@@ -404,8 +404,10 @@ class Config:
     mode: "sync" (each step rolls out its batch, then trains on it: deterministic
         for a seed) or "async" (rollouts run in the background within the
         staleness bound and each step takes its batch from the buffer).
-    step_timeout: seconds an async ``step()`` waits for its batch before a
-        ``TimeoutError`` that says what it waited for.
+    step_timeout: seconds an async ``step()`` waits for its batch, a call made in
+        a cell (``step``, ``rollout``, ``evaluate``, ``complete``) waits out a pause
+        that lands while it runs, and ``save()``/``wait_paused()`` wait for a pause
+        to settle, before a ``TimeoutError`` that says what it waited for.
     close_timeout: seconds ``Session.close()`` may spend in all before it gives up
         on a part that will not stop (it then warns and abandons it).
     """
