@@ -184,3 +184,34 @@ def test_a_callback_that_pauses_and_resumes_its_own_session_does_not_deadlock(
             returns(lambda: sess.train(3, progress=False), what="train()")
         assert callback.rounds == 3 and sess.version == 3
         assert sess.statistics().rollout.state == "running"
+
+
+class StopsEarly(rlnb.learn.Callback):
+    """Early stopping: the run ends itself from inside a step."""
+
+    def __init__(self, sess: rlnb.Session, at: int, call: str) -> None:
+        self.sess, self.at, self.call = sess, at, call
+
+    def on_step_end(self, metrics: Any) -> None:
+        if self.sess.version >= self.at:
+            getattr(self.sess, self.call)()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_callback_can_stop_the_background_run_it_is_part_of(mode: str) -> None:
+    with rlnb.Session(small_config(mode), name="matrix") as sess:
+        sess.callbacks.append(StopsEarly(sess, 3, "stop"))
+        sess.start()  # no step limit: only the callback ends it
+        wait_until(lambda: not sess.training, "the run to end after the callback's stop()", HANG)
+        assert sess.version == 3
+        sess.train(1, progress=False)  # and the session goes on as usual
+
+
+def test_a_callback_that_waits_for_its_own_run_gets_an_error_not_a_hang() -> None:
+    with rlnb.Session(small_config("sync"), name="matrix") as sess:
+        sess.callbacks.append(StopsEarly(sess, 1, "wait"))
+        sess.start(steps=5)
+        wait_until(lambda: not sess.training, "the run to end", HANG)
+        with pytest.raises(rlnb.TrainingError) as raised:
+            sess.wait()
+        assert "would wait for itself" in str(raised.value.__cause__)

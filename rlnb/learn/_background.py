@@ -73,14 +73,28 @@ class BackgroundRun:
 
     def stop(self, timeout: float | None = None) -> bool:
         """Ask the run to end at the next step boundary and wait up to ``timeout`` s
-        for it; returns whether it has ended. Idempotent."""
+        for it; returns whether it has ended. Idempotent. From the run's own thread
+        (a callback stopping early) it only asks, and returns False: the run ends
+        once the step in progress is done."""
         self._cancel.set()
+        if self.on_own_thread():
+            return False
         return self.wait_ended(timeout)
 
+    def on_own_thread(self) -> bool:
+        """Whether the caller is the run's own thread (a callback inside a step)."""
+        return threading.current_thread() is self._thread
+
     def wait_ended(self, timeout: float | None = None) -> bool:
-        """Block until the run has ended, up to ``timeout`` s; returns whether it has."""
+        """Block until the run has ended, up to ``timeout`` s; returns whether it has.
+        Raises RuntimeError on the run's own thread, where it would wait for itself."""
         if self.started_at is None:
             return True
+        if self.on_own_thread():
+            raise RuntimeError(
+                "wait() was called from inside the background run (a callback), where it would wait for "
+                "itself; call stop() there to end the run after this step"
+            )
         ended = self._ended.wait(timeout)
         if ended:
             self._thread.join()
