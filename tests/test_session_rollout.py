@@ -6,6 +6,7 @@ pause/resume, errors that surface on the next call, Ctrl-C and close mid-generat
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 import threading
@@ -218,3 +219,39 @@ def test_a_loaded_async_session_dispatches_no_further_ahead_than_its_policy_lag_
         assert stats.rollout.groups_dispatched == BUDGET - buffered
         assert stats.buffer.sizes["train"] == BUDGET
         assert (stats.rollout.groups_live, stats.rollout.groups_allowed) == (BUDGET, BUDGET)
+
+
+def test_rollout_during_background_training_waits_out_each_weight_sync() -> None:
+    # Every step syncs weights; a rollout() landing in one waits it out (milliseconds)
+    # instead of failing "rollouts are syncing".
+    config = CONFIG.replace(data=rlnb.DataConfig(num_workers=0))
+    engine = HookedEngine(config)
+    with rlnb.Session(config, name="syncs", engine=engine) as sess:
+        syncs = 0
+
+        async def slow_sync(version: int) -> None:  # make each sync wide enough to land in
+            nonlocal syncs
+            syncs += 1
+            await asyncio.sleep(0.02)
+
+        engine.before_update = slow_sync
+        sess.start()
+        for _ in range(30):
+            assert len(sess.rollout(1)) == 1
+        sess.stop()
+        assert syncs >= 2, "no weight sync happened while rollout() was called"
+
+
+@pytest.mark.parametrize("call", ["rollout", "step"])
+def test_close_from_another_thread_during_a_call_says_the_session_was_closed(call: str) -> None:
+    engine = HookedEngine(CONFIG)
+    sess = rlnb.Session(CONFIG, name="closed-under", engine=engine)
+    generating = engine.slow_down(5.0)
+    closer = threading.Thread(target=lambda: (generating.wait(10), sess.close()))
+    closer.start()
+    try:
+        with pytest.raises(rlnb.ClosedError, match="the session was closed"):
+            getattr(sess, call)()
+    finally:
+        closer.join()
+        sess.close()

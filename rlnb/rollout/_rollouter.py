@@ -17,7 +17,7 @@ import functools
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
-from rlnb._errors import RolloutError
+from rlnb._errors import ClosedError, RolloutError
 from rlnb._samples import Group, PromptItem
 from rlnb.buffer import ReplayBuffer
 from rlnb.rollout._accounting import Counters, RolloutStatistics, Ticket, is_cancellation
@@ -355,7 +355,7 @@ class Rollouter:
             self._machine.check_open()
             await self._machine.wait_running()
         else:
-            self._check_running()
+            await self._check_running()
         tasks: list[asyncio.Task[Any]] = []
         try:
             for _ in range(n_groups):
@@ -374,9 +374,12 @@ class Rollouter:
             raise
         finally:
             items = [self._items.pop(task) for task in tasks if task in self._items]
-        for result in results:
-            if isinstance(result, BaseException):
-                raise RolloutError(f"rollout failed: {result}") from result
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if failures := [e for e in errors if not is_cancellation(e)]:
+            raise RolloutError(f"rollout failed: {failures[0]}") from failures[0]
+        if errors:  # cancelled under us: the rollouter or the engine closed
+            self._machine.check_open()
+            raise ClosedError(f"the rollout was cancelled: the engine closed ({errors[0]!r})") from errors[0]
         groups = [r for r in results if isinstance(r, Group)]
         self._collected = items
         if into is not None:
@@ -394,7 +397,7 @@ class Rollouter:
     ) -> list[tuple[str, float]]:
         """Greedy completions and rewards for ``items`` (not put in the buffer). A pause
         meanwhile is waited out, up to ``paused_timeout`` s (then ``TimeoutError``)."""
-        self._check_running()
+        await self._check_running()
         sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
         run = self._runner.evaluate
         results = await self._pause_limited(
@@ -410,7 +413,7 @@ class Rollouter:
     ) -> list[str]:
         """Completions of the texts ``prompts`` with ``sampling`` (nothing is rewarded or
         buffered). A pause meanwhile is waited out, up to ``paused_timeout`` s."""
-        self._check_running()
+        await self._check_running()
         run = self._runner.complete
         coros = [run(f"complete.{i}", p, sampling, seed + i) for i, p in enumerate(prompts)]
         results = await self._pause_limited(_all_or_first_error(coros), paused_timeout, "complete()")
@@ -441,8 +444,11 @@ class Rollouter:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
 
-    def _check_running(self) -> None:
+    async def _check_running(self) -> None:
+        """Raise RolloutError unless rollouts run; a weight sync (milliseconds, and it
+        restores the state it found) is waited out, not an error."""
         self._machine.check_open()
+        await self._machine.after_sync()
         if (state := self._machine.state) is not RolloutState.RUNNING:
             raise RolloutError(f"rollouts are {state.value}; call resume() first")
 

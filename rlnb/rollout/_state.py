@@ -83,7 +83,7 @@ class StateMachine:
     def check_open(self) -> None:
         """Raise ClosedError once closed, and EngineError once the engine has died."""
         if self._state is RolloutState.CLOSED:
-            raise ClosedError("the rollouter is closed")
+            raise ClosedError("rollouts are closed: the session was closed (close() ends every call on it)")
         if (death := self._engine_death) is not None:
             raise EngineError(
                 f"the engine died ({death}), so rollouts cannot go on: close this session and make a new one "
@@ -116,7 +116,7 @@ class StateMachine:
     async def pause(self, mode: PauseMode | str) -> None:
         mode = PauseMode(mode)
         self.check_open()
-        await self._after_sync()  # a sync takes milliseconds: pause right after it
+        await self.after_sync()  # a sync takes milliseconds: pause right after it
         if self._state is not RolloutState.RUNNING:
             # Already paused: the same mode (or a milder one) changes nothing, while
             # "abort" still turns a frozen or draining pause into partial rollouts.
@@ -141,7 +141,7 @@ class StateMachine:
 
     async def resume(self) -> None:
         self.check_open()
-        await self._after_sync()
+        await self.after_sync()
         if self._state is RolloutState.RUNNING:
             return
         self._resumed_at = time.perf_counter()
@@ -153,8 +153,9 @@ class StateMachine:
         finally:  # also when cancelled (Ctrl-C): never RUNNING over a paused engine
             await asyncio.shield(self._engine.resume())
 
-    async def _after_sync(self) -> None:
-        """Wait out a weight sync in progress (it restores the state it found)."""
+    async def after_sync(self) -> None:
+        """Wait out a weight sync in progress (it restores the state it found); raises
+        ClosedError once closed."""
         if self._state is RolloutState.SYNCING:
             await self.wait_for(lambda: self._state is not RolloutState.SYNCING)
 
