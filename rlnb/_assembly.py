@@ -288,6 +288,7 @@ def make_rollouter(
             max_new_tokens=r.max_new_tokens or task.max_new_tokens,
         ),
         max_continuations=r.max_continuations,
+        on_bad_prompt=config.data.on_bad_prompt,
         max_retries=r.max_retries,
         reward_timeout=r.reward_timeout,
         seed=config.seed,

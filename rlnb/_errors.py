@@ -59,6 +59,16 @@ class RolloutError(RlnbError, RuntimeError):
     """A rollout (generation or reward) failed after its retries; the cause is chained."""
 
 
+class PromptError(RlnbError, ValueError):
+    """The task's ``make_prompt`` raised for one prompt: the message names the prompt's
+    id and the exception. The prompt stream goes on with the next prompt
+    (``DataConfig.on_bad_prompt="skip"`` skips such prompts instead, counting them)."""
+
+    def __init__(self, message: str, *, prompt_id: int) -> None:
+        super().__init__(message)
+        self.prompt_id = prompt_id
+
+
 class EngineError(RlnbError, RuntimeError):
     """A generation engine failed as a whole (its thread or process died); every
     request it held fails with it, chained to the cause. Make a new session."""

@@ -76,11 +76,17 @@ class DataConfig:
         platform's default). With "forkserver" and "spawn" a task's functions must be
         importable by the workers (defined in a module, not a notebook cell or a
         lambda; else use ``num_workers=0``).
+    on_bad_prompt: what a prompt whose ``make_prompt`` raises does: "raise" (a
+        :class:`~rlnb.PromptError` naming the prompt and the exception, once, at the
+        call that needed it; the stream goes on with the next prompt) or "skip" (it
+        is left out, counted in ``statistics().rollout.bad_prompts``, the last one
+        described in ``last_bad_prompt``).
     """
 
     num_workers: int = 1
     prefetch_factor: int = 8
     multiprocessing_context: str | None = "forkserver"
+    on_bad_prompt: str = "raise"
 
     def __post_init__(self) -> None:
         check_int("DataConfig.num_workers", self.num_workers, minimum=0, example="num_workers=1")
@@ -90,6 +96,12 @@ class DataConfig:
             "DataConfig.multiprocessing_context",
             self.multiprocessing_context,
             'use None, "fork", "forkserver" or "spawn"',
+        )
+        require(
+            self.on_bad_prompt in ("raise", "skip"),
+            "DataConfig.on_bad_prompt",
+            self.on_bad_prompt,
+            'use "raise" or "skip"',
         )
 
 

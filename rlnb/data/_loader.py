@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import io
 import multiprocessing
@@ -62,6 +63,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import types
 import warnings
 from collections.abc import Callable, Iterator
@@ -72,7 +74,7 @@ import psutil
 from torch.utils.data import IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from rlnb._errors import ConfigError, RlnbError
+from rlnb._errors import ConfigError, PromptError, RlnbError
 from rlnb._samples import PromptItem
 from rlnb.data._tasks import Task
 
@@ -104,7 +106,11 @@ class PromptStream(IterableDataset[PromptItem]):
         i = self._next if self._next is not None else worker
         while True:
             self._next = i + stride
-            yield self.task.item(self.seed, i)
+            try:
+                item: PromptItem | BadPrompt = self.task.item(self.seed, i)
+            except Exception as exc:  # one bad prompt must not end the stream (a generator that raises is over)
+                item = BadPrompt(i, _describe(exc))
+            yield item
             i += stride
 
     def state_dict(self) -> dict[str, Any]:
@@ -112,6 +118,28 @@ class PromptStream(IterableDataset[PromptItem]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._next = state["next"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BadPrompt:
+    """What a worker sends for a prompt whose ``make_prompt`` raised (the exception
+    itself may not cross processes): its id and a description with the user's line."""
+
+    prompt_id: int
+    error: str
+
+    def exception(self, task: str) -> PromptError:
+        return PromptError(
+            f"the {task!r} task's make_prompt raised for prompt {self.prompt_id}: {self.error}; the stream goes on "
+            'with the next prompt (DataConfig(on_bad_prompt="skip") skips such prompts instead)',
+            prompt_id=self.prompt_id,
+        )
+
+
+def _describe(exc: BaseException) -> str:
+    where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ is not None else []
+    at = f" (at {where[0].filename}:{where[0].lineno}, in {where[0].name})" if where else ""
+    return f"{exc!r}{at}"
 
 
 def _keep(item: PromptItem) -> PromptItem:
@@ -316,8 +344,9 @@ class PromptLoader:
 
     Raises :class:`~rlnb.ConfigError` for a saved state of another worker count,
     or for a task that a ``forkserver`` or ``spawn`` worker cannot import (one made
-    in a notebook cell). ``next()`` raises :class:`PromptLoaderError` once a worker
-    has died.
+    in a notebook cell). ``next()`` raises :class:`~rlnb.PromptError` for a prompt
+    whose ``make_prompt`` raised (the next call goes on with the next prompt), and
+    :class:`PromptLoaderError` once a worker has died.
     """
 
     def __init__(
@@ -331,6 +360,7 @@ class PromptLoader:
         state: dict[str, Any] | None = None,
     ) -> None:
         self._closed = False
+        self._task_name = task.name
         self._failure: str | None = None  # why every next() fails, once a worker died
         self._procs: dict[int, psutil.Process] = {}  # the workers, as psutil sees them
         self.start_method = multiprocessing_context or multiprocessing.get_start_method()
@@ -383,12 +413,15 @@ class PromptLoader:
         if self._failure is not None:
             raise PromptLoaderError(self._failure)
         try:
-            return next(self._iterator)
+            item: PromptItem | BadPrompt = next(self._iterator)
         except RuntimeError as exc:  # torch's "DataLoader worker ... exited unexpectedly"
             self._failure = self._dead_worker()
             if self._failure is None:
                 raise
             raise PromptLoaderError(self._failure) from exc
+        if isinstance(item, BadPrompt):
+            raise item.exception(self._task_name)
+        return item
 
     def _dead_worker(self) -> str | None:
         """What to say of a worker that has exited, if one has. The items it queued

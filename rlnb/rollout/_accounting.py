@@ -39,6 +39,9 @@ class RolloutStatistics:
     ``groups_live`` counts groups bound for the learner that are generating or in
     the buffer (held ones too); background dispatch waits while it is
     ``groups_allowed`` (the policy-lag budget; None: no bound) or more.
+    ``bad_prompts`` counts prompts the task's ``make_prompt`` could not make
+    (raised as :class:`~rlnb.PromptError`, or skipped), ``last_bad_prompt``
+    describes the last one.
     """
 
     state: str
@@ -61,6 +64,8 @@ class RolloutStatistics:
     groups_live: int
     groups_allowed: int | None
     last_resume_to_dispatch_ms: float | None
+    bad_prompts: int = 0
+    last_bad_prompt: str | None = None
 
 
 @dataclasses.dataclass
@@ -83,6 +88,8 @@ class Counters:
     groups_cancelled: int = 0
     generating: int = 0  # engine.generate calls outstanding (the WAIT drain waits for 0)
     queued: int = 0  # in-flight samples waiting for RUNNING before they go to the engine
+    bad_prompts: int = 0  # prompts whose make_prompt raised (raised or skipped)
+    last_bad_prompt: str | None = None
     ungrouped: int = 0  # samples done generating whose group has not been put yet
 
     def drained(self) -> bool:
@@ -119,6 +126,8 @@ class Counters:
             groups_live=lag_budget[0],
             groups_allowed=lag_budget[1],
             last_resume_to_dispatch_ms=last_resume_to_dispatch_ms,
+            bad_prompts=self.bad_prompts,
+            last_bad_prompt=self.last_bad_prompt,
         )
 
 

@@ -17,7 +17,7 @@ import functools
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
-from rlnb._errors import ClosedError, RolloutError
+from rlnb._errors import ClosedError, PromptError, RolloutError
 from rlnb._samples import Group, PromptItem
 from rlnb.buffer import ReplayBuffer
 from rlnb.rollout._accounting import Counters, RolloutStatistics, Ticket, is_cancellation
@@ -44,8 +44,9 @@ class Rollouter:
     it, when it fails or is cancelled, and when the buffer evicts it. None: no bound
     (only a full buffer holds dispatch back). The learner's :meth:`set_version`
     wakes dispatch after it has taken a batch. Create and use it on the bridge
-    loop; the session wraps it for cells. Raises ValueError if ``max_inflight`` is
-    smaller than ``group_size``.
+    loop; the session wraps it for cells. ``on_bad_prompt``: "raise" (a prompt the
+    task could not make is raised, once, as :class:`~rlnb.PromptError`) or "skip".
+    Raises ValueError if ``max_inflight`` is smaller than ``group_size``.
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class Rollouter:
         max_retries: int = 2,
         reward_timeout: float | None = None,
         seed: int = 0,
+        on_bad_prompt: str = "raise",
     ) -> None:
         if max_inflight < group_size:
             raise ValueError(f"max_inflight ({max_inflight}) must be >= group_size ({group_size})")
@@ -102,6 +104,7 @@ class Rollouter:
         self._generating_groups = 0  # groups dispatched into the buffer, not yet ended (collect()'s do not count)
         self._halted = False  # a group bound for the buffer failed: no dispatch until start/resume/set_version
         self._resume_to_dispatch_ms: float | None = None
+        self._skip_bad_prompts = on_bad_prompt == "skip"
 
     # -- state (the state machine's) ------------------------------------------------------
 
@@ -282,8 +285,8 @@ class Rollouter:
                 for _ in range(self._group_size):
                     self._capacity.release()
                 continue
+            self._spawn_group(to_buffer=True)  # a bad prompt raises here: the dispatcher's failure is reported
             self._generating_groups += 1  # only groups bound for the learner count against the budget
-            self._spawn_group(to_buffer=True)
 
     async def _into_buffer(self, item: PromptItem, ticket: Ticket) -> None:
         """Roll out a group bound for the buffer. When it ends, its place in the budget
@@ -301,10 +304,30 @@ class Rollouter:
             if self._machine.state is not RolloutState.CLOSED:
                 await self._machine.notify()
 
+    def _next_prompt(self) -> PromptItem:
+        """The next prompt: a returned one first. A prompt the task could not make
+        raises :class:`~rlnb.PromptError` once (the stream goes on), or is skipped and
+        counted when ``on_bad_prompt`` is "skip"."""
+        if self._returned:
+            return self._returned.popleft()
+        while True:
+            try:
+                return next(self._prompts)
+            except PromptError as bad:
+                self._counts.bad_prompts += 1
+                self._counts.last_bad_prompt = str(bad)
+                if not self._skip_bad_prompts:
+                    raise
+
     def _spawn_group(self, *, to_buffer: bool) -> asyncio.Task[Any]:
-        """Start a group on the next prompt, its capacity already acquired; its ticket
-        settles what its samples never will."""
-        item = self._returned.popleft() if self._returned else next(self._prompts)
+        """Start a group on the next prompt, its capacity already acquired (given back
+        if there is no prompt); its ticket settles what its samples never will."""
+        try:
+            item = self._next_prompt()
+        except BaseException:
+            for _ in range(self._group_size):
+                self._capacity.release()
+            raise
         self._note_dispatch()
         ticket = Ticket(self._group_size, self._capacity, self._counts)
         task = self._tasks.spawn(
