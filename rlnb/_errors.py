@@ -3,9 +3,11 @@ public error derives from :class:`RlnbError`."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
 EXIT_OK, EXIT_FAILURE, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
@@ -104,16 +106,37 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def public_call(after_interrupt: str) -> Callable[[_F], _F]:
+_inside = threading.local()  # the user code this thread runs for rlnb, if any
+
+
+@contextlib.contextmanager
+def running_user_code(what: str) -> Iterator[None]:
+    """Mark this thread as running ``what`` (e.g. "a reward function") for rlnb."""
+    previous = getattr(_inside, "what", None)
+    _inside.what = what
+    try:
+        yield
+    finally:
+        _inside.what = previous
+
+
+def public_call(after_interrupt: str, *, waits_for_rollouts: bool = False) -> Callable[[_F], _F]:
     """Make a method a call users make from a cell: an error rlnb raises on purpose
     (its innermost frame is rlnb's) shows as the call's own line and the message,
     without the bridge's and futures' frames under it (causes keep theirs: a
     failing reward function's traceback still shows); Ctrl-C becomes one line,
-    :class:`Interrupted`, ending with ``after_interrupt`` (what was kept, how to go on)."""
+    :class:`Interrupted`, ending with ``after_interrupt`` (what was kept, how to go on).
+    ``waits_for_rollouts``: the call is refused at once (RuntimeError) from inside a
+    reward function, where it would wait for that very reward."""
 
     def decorate(fn: _F) -> _F:
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
+            if waits_for_rollouts and (inside := getattr(_inside, "what", None)) is not None:
+                raise RuntimeError(
+                    f"{fn.__name__}() was called from inside {inside}: it waits for rollouts, which wait for "
+                    f"{inside} to return, so it would hang; compute what {inside} needs without the session"
+                )
             try:
                 return fn(*args, **kwargs)
             except Interrupted:

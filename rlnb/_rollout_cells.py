@@ -33,7 +33,7 @@ class RolloutCells:
     def _check(self) -> Rollouter:
         raise NotImplementedError  # the session's
 
-    @public_call("nothing was lost: its prompts are rolled out first next time")
+    @public_call("nothing was lost: its prompts are rolled out first next time", waits_for_rollouts=True)
     def rollout(self, n_groups: int = 1, *, timeout: float | None = None) -> RolloutBatch:
         """Roll out ``n_groups`` new prompts now and return them (they do not go to the buffer).
 
@@ -43,7 +43,7 @@ class RolloutCells:
         collect = self._check().collect(n_groups, paused_timeout=self._config.step_timeout)
         return RolloutBatch(self._bridge.run(collect, timeout=timeout))
 
-    @public_call("nothing was changed")
+    @public_call("nothing was changed", waits_for_rollouts=True)
     def complete(
         self, prompts: str | list[str], *, temperature: float = 0.0, max_new_tokens: int = 16, seed: int = 0
     ) -> str | list[str]:
@@ -85,7 +85,7 @@ class RolloutCells:
         self._trainer.publish_pending()
         self._bridge.run(rollouter.resume())
 
-    @public_call("the pause goes on; wait_paused() waits again")
+    @public_call("the pause goes on; wait_paused() waits again", waits_for_rollouts=True)
     def wait_paused(self, timeout: float | None = None) -> None:
         """Block until a pause has taken effect (a ``"wait"`` pause once its samples have
         finished). :class:`TimeoutError` after ``timeout`` s (``Config.step_timeout``

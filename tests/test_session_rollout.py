@@ -255,3 +255,23 @@ def test_close_from_another_thread_during_a_call_says_the_session_was_closed(cal
     finally:
         closer.join()
         sess.close()
+
+
+@pytest.mark.parametrize("call", ["rollout", "save", "evaluate"])
+def test_a_reward_that_calls_back_into_the_session_is_refused_at_once(call: str, tmp_path: Path) -> None:
+    # Such a call waits for rollouts, which wait for this very reward: it would hang
+    # until reward_timeout. It fails at once instead, saying why.
+    config = CONFIG.replace(rollout=dataclasses.replace(CONFIG.rollout, max_retries=0, reward_timeout=60.0))
+    with rlnb.Session(config, name="reentry") as sess:
+        args = {"rollout": (1,), "save": (tmp_path / "ckpt",), "evaluate": (4,)}[call]
+
+        def reward(completion: str, answer: str) -> float:
+            getattr(sess, call)(*args)
+            return 0.0
+
+        sess.set_reward(reward)
+        with pytest.raises(rlnb.RolloutError) as raised:
+            sess.rollout(1)
+        assert any(f"{call}() was called from inside a reward function" in str(e) for e in cause_chain(raised.value)), (
+            cause_chain(raised.value)
+        )

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rlnb._errors import ClosedError
+from rlnb._errors import ClosedError, running_user_code
 
 __all__ = ["BadReward", "CallTimedOut", "PoolFull", "RewardPool", "finite_reward", "short_repr"]
 
@@ -191,7 +191,8 @@ class RewardPool:
                     return
                 call.started, call.thread = time.monotonic(), me.name
                 self._busy.add(me)
-            ok, value = _invoke(call)
+            with running_user_code("a reward function"):
+                ok, value = _invoke(call)
             with self._cond:
                 call.finished = True
                 self._busy.discard(me)
