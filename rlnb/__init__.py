@@ -57,6 +57,18 @@ from rlnb.track import Tracker, TrackerError
 
 __version__ = "0.1.0"
 
+# Subpackages the documentation names as ``rlnb.<name>`` that pull in torch: imported
+# at their first use, so ``import rlnb`` stays light and ``rlnb.learn.Callback`` works.
+_LAZY_SUBMODULES = frozenset({"bench", "learn", "models", "testing"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"rlnb.{name}")
+    raise AttributeError(f"module 'rlnb' has no attribute {name!r}")
+
 __all__ = [
     "AsyncBridge",
     "BridgeReentryError",

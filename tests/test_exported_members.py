@@ -33,3 +33,12 @@ def test_the_runtime_layer_imports_no_heavy_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_documented_subpackages_are_reachable_from_a_fresh_import_and_stay_lazy() -> None:
+    code = (
+        "import sys, rlnb; light = 'torch' not in sys.modules; "
+        "print(light, rlnb.learn.Callback.__name__, rlnb.models.tiny_llama.__name__, rlnb.testing.no_leaks.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "Callback", "tiny_llama", "no_leaks"]
