@@ -92,15 +92,16 @@ class PromptLoaderError(RlnbError, RuntimeError):
     ``next()`` raises it again; close the session and make a new one."""
 
 
-class PromptStream(IterableDataset[PromptItem]):
-    """A task's endless prompt stream, sharded over loader workers, with a state."""
+class PromptStream(IterableDataset["PromptItem | BadPrompt"]):
+    """A task's endless prompt stream, sharded over loader workers, with a state. A
+    prompt whose ``make_prompt`` raised comes as a :class:`BadPrompt` in its place."""
 
     def __init__(self, task: Task, seed: int) -> None:
         self.task = task
         self.seed = seed
         self._next: int | None = None  # the next prompt id this copy (worker) makes
 
-    def __iter__(self) -> Iterator[PromptItem]:
+    def __iter__(self) -> Iterator[PromptItem | BadPrompt]:
         info = get_worker_info()
         worker, stride = (info.id, info.num_workers) if info is not None else (0, 1)
         i = self._next if self._next is not None else worker
