@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 from pathlib import Path
@@ -16,15 +17,53 @@ from nbclient import NotebookClient
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+INTERRUPT_AFTER = 3.0  # seconds from a cell's start to the interrupt button
 
 
-def execute(nb: nbformat.NotebookNode, tmp_path: Path, *, timeout: float = 120) -> nbformat.NotebookNode:
+def execute(
+    nb: nbformat.NotebookNode,
+    tmp_path: Path,
+    *,
+    timeout: float = 120,
+    interrupt: str | None = None,
+    restart_before: str | None = None,
+) -> nbformat.NotebookNode:
     """Run ``nb`` in a fresh kernel (each cell within ``timeout`` seconds) and shut
     everything down; the async API avoids jupyter_core's helper threads and loops,
-    which nothing would close."""
+    which nothing would close. As a user would: the cell whose source is ``interrupt``
+    gets the interrupt button (■) a few seconds after it starts, and the kernel is
+    restarted (Kernel ▸ Restart Kernel) before the cell whose source is ``restart_before``."""
     ctx = zmq.asyncio.Context()  # our own, so that it is closed whatever the client does
     km = AsyncKernelManager(kernel_name="python3", context=ctx, connection_file=str(tmp_path / "kernel.json"))
-    client = NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(tmp_path)}})
+    sources = [c.source for c in nb.cells]
+    for source in (interrupt, restart_before):
+        assert source is None or source in sources, f"no cell {source!r}"
+    restarts: list[tuple[int | None, int | None]] = []  # the kernel's pid before and after
+
+    async def before_cell(cell: nbformat.NotebookNode, cell_index: int) -> None:
+        if cell.source == restart_before:
+            old = km.provisioner.pid if km.provisioner else None
+            await km.restart_kernel(now=False)
+            assert client.kc is not None
+            await client.kc.wait_for_ready(timeout=timeout)
+            restarts.append((old, km.provisioner.pid if km.provisioner else None))
+
+    async def cell_sent(cell: nbformat.NotebookNode, cell_index: int) -> None:
+        if cell.source == interrupt:  # the execute request is on its way: the cell is running
+            await asyncio.sleep(INTERRUPT_AFTER)
+            await km.interrupt_kernel()
+
+    if interrupt is not None:  # its error is the test's to look at, and the cells after it still run
+        cell = nb.cells[sources.index(interrupt)]
+        cell.metadata["tags"] = [*cell.metadata.get("tags", []), "raises-exception"]
+    client = NotebookClient(
+        nb,
+        km=km,
+        timeout=timeout,
+        resources={"metadata": {"path": str(tmp_path)}},
+        on_cell_execute=before_cell,
+        on_cell_complete=cell_sent,
+    )
 
     async def run() -> nbformat.NotebookNode:
         try:
@@ -37,9 +76,12 @@ def execute(nb: nbformat.NotebookNode, tmp_path: Path, *, timeout: float = 120) 
                 await km.shutdown_kernel(now=False)
 
     try:
-        return asyncio.run(run())
+        done = asyncio.run(run())
     finally:
         ctx.destroy(linger=0)
+    if restart_before is not None:
+        assert len(restarts) == 1 and None not in restarts[0] and len(set(restarts[0])) == 2, restarts
+    return done
 
 
 def text_of(cell: nbformat.NotebookNode) -> str:
@@ -50,41 +92,66 @@ def text_of(cell: nbformat.NotebookNode) -> str:
 
 
 def run_notebook(
-    name: str, tmp_path: Path, *, rerun_first: bool = False, timeout: float = 120
+    name: str,
+    tmp_path: Path,
+    *,
+    rerun_first: bool = False,
+    timeout: float = 120,
+    interrupt: str | None = None,
+    restart_before: str | None = None,
 ) -> tuple[list[str], list[nbformat.NotebookNode]]:
     """Run ``notebooks/<name>.ipynb`` (optionally re-running its first code cell, as a
-    user would); check that no cell wrote to stderr or raised; return each code cell's
-    text, and the code cells."""
+    user would; ``interrupt`` and ``restart_before`` as for :func:`execute`); check that
+    no cell wrote to stderr or raised, but for the interrupted one; return each code
+    cell's text, and the code cells."""
     nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     if rerun_first:
         first = next(c for c in nb.cells if c.cell_type == "code")
         nb.cells.insert(nb.cells.index(first) + 1, nbformat.v4.new_code_cell(first.source))
-    done = execute(nb, tmp_path, timeout=timeout)
+    done = execute(nb, tmp_path, timeout=timeout, interrupt=interrupt, restart_before=restart_before)
     cells = [c for c in done.cells if c.cell_type == "code"]
     for cell in cells:
         for out in cell.get("outputs", []):
-            assert out["output_type"] != "error", f"{name}: {cell.source!r} raised {out.get('ename')}"
+            if cell.source != interrupt:
+                assert out["output_type"] != "error", f"{name}: {cell.source!r} raised {out.get('ename')}"
             assert out.get("name") != "stderr", f"{name}: {cell.source!r} wrote to stderr: {out.get('text')}"
     return [text_of(c) for c in cells], cells
+
+
+def interrupted(cell: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The one error output of a cell stopped with the interrupt button."""
+    errors = [out for out in cell.get("outputs", []) if out["output_type"] == "error"]
+    assert len(errors) == 1, f"{cell.source!r} was not interrupted: {cell.get('outputs')}"
+    return errors[0]
 
 
 def number_after(text: str, label: str) -> float:
     return float(re.search(rf"{re.escape(label)}\s*([-+0-9.e]+)", text)[1])  # type: ignore[index]
 
 
-def test_01_quickstart_learns_in_the_background_and_leaves_nothing(tmp_path: Path) -> None:
+LEARNING = re.compile(
+    r"learning came from: warm-up ([-+]\d\.\d+) \((\d\.\d+) -> (\d\.\d+)\), RL ([-+]\d\.\d+) \((\d\.\d+) -> (\d\.\d+)\)"
+)  # the line `rlnb demo` ends with
+
+
+def test_01_quickstart_learns_by_rl_in_the_background_and_leaves_nothing(tmp_path: Path) -> None:
     out, cells = run_notebook("01-quickstart", tmp_path, rerun_first=True)
     assert "closed the earlier session 'quickstart'" in out[1]
-    assert "RolloutBatch(2 groups)" in out[2]
+    assert "RolloutBatch(2 groups)" in out[2] and "length" in out[2]  # the marks the text explains
     before, warm = number_after(out[3], "accuracy before:"), number_after(out[3], "after the warm-up:")
     assert warm > before
     assert "'version': 1" in out[4]
     dashboard = next(c for c in cells if c.source == "sess.dashboard()")
     static = dashboard.outputs[0]["data"]["text/html"]  # the widget became its static copy on close
     assert "quickstart" in static and "exit code 0" in static and "data:image/svg+xml;base64" in static
-    assert re.search(r"training\s+running", out[7]), out[7]  # the cell ran while training went on
-    after = number_after(out[8], "RL steps:")
-    assert "after 151 RL steps" in out[8] and after > warm  # the RL stage learned
+    assert re.search(r"training\s+(running|in the background)", out[7]), out[7]  # the cell ran while it trained
+    assert "accuracy after 151 RL steps" in out[8], out[8]
+    found = LEARNING.search(out[8])
+    assert found, out[8]
+    warmup_gain, start, warmed, rl_gain, rl_start, end = (float(x) for x in found.groups())
+    assert math.isclose(warmed - start, warmup_gain, abs_tol=1e-6) and warmed == rl_start, found[0]
+    assert math.isclose(end - rl_start, rl_gain, abs_tol=1e-6), found[0]
+    assert rl_gain >= 0.15, found[0]  # RL does the learning, as in `rlnb demo`
     assert "closed (tracker exit code 0)" in out[-1] and "live sessions: []" in out[-1]
 
 
@@ -99,14 +166,24 @@ def test_02_pause_and_resume_keeps_partial_rollouts_with_their_versions(tmp_path
     assert "closed (tracker exit code 0)" in out[-1]
 
 
-def test_03_grpo_by_hand_matches_the_step(tmp_path: Path) -> None:
-    out, _ = run_notebook("03-step-through-grpo", tmp_path)
+def test_03_grpo_by_hand_matches_the_step_and_ctrl_c_is_one_line(tmp_path: Path) -> None:
+    stop = "history = sess.train(until=2000)"
+    out, cells = run_notebook("03-step-through-grpo", tmp_path, interrupt=stop)
     lines = dict(line.split(":", 1) for line in out[1].splitlines())
     assert lines["by hand"].split() == lines["rlnb"].split()
-    by_hand, reported = re.findall(r"[-+]\d\.\d+e[-+]\d+", out[2])
-    assert abs(float(by_hand) - float(reported)) <= 1e-3 * max(abs(float(reported)), 1e-4)
-    assert "0.50" in out[3]  # the swapped reward's partial credit
-    assert "60 steps in the history, the last at version 60" in out[-1]
+    found = re.search(r"gradient norm by hand (\d+\.\d+), step\(\) says (\d+\.\d+)", out[3])
+    assert found, out[3]
+    by_hand, reported = float(found[1]), float(found[2])
+    assert reported > 0.1 and math.isclose(by_hand, reported, rel_tol=1e-5), found[0]  # the notebook's own check
+    assert "0.50" in out[4]  # the swapped reward's partial credit
+    error = interrupted(cells[5])
+    assert error["ename"] == "TrainingInterrupted" and len(error["traceback"]) == 1, error  # one line
+    assert "call train(until=2000) again to go on" in error["traceback"][0], error
+    found = re.search(r"(\d+) steps in the history, the last at version (\d+)", out[6])
+    then = re.search(r"3 more steps: the last at version (\d+)", out[6])
+    assert found and then, out[6]
+    (steps, version), after = (int(x) for x in found.groups()), int(then[1])
+    assert 1 < steps == version < 2000 and after == version + 3, found[0]  # nothing lost, and train() goes on
 
 
 def test_04_your_own_task_learns(tmp_path: Path) -> None:
@@ -117,12 +194,16 @@ def test_04_your_own_task_learns(tmp_path: Path) -> None:
     assert start < warm < end, found[0]  # the warm-up helps, and RL adds to it
 
 
-def test_05_a_checkpoint_continues_exactly(tmp_path: Path) -> None:
-    out, _ = run_notebook("05-checkpoints-and-restarts", tmp_path)
+def test_05_a_checkpoint_continues_exactly_after_a_kernel_restart(tmp_path: Path) -> None:
+    nb = nbformat.read(NOTEBOOKS / "05-checkpoints-and-restarts.ipynb", as_version=4)
+    heading = next(i for i, c in enumerate(nb.cells) if c.source.startswith("## Restart the kernel here"))
+    after_restart = next(c for c in nb.cells[heading:] if c.cell_type == "code").source
+    out, _ = run_notebook("05-checkpoints-and-restarts", tmp_path, restart_before=after_restart)
     assert "'checkpoint.json'" in out[0] and "'model.safetensors'" in out[0]
     assert "loaded at step 5" in out[2]
-    assert "the same three steps: True" in out[3]
-    assert (tmp_path / "runs" / "checkpoints" / "05" / "checkpoint.json").is_file()
+    assert re.search(r"largest difference \S+; the same three steps \(to 1e-6\): True", out[3]), out[3]
+    assert (tmp_path / "runs" / "05" / "checkpoint" / "checkpoint.json").is_file()
+    assert (tmp_path / "runs" / "05" / "continued.json").is_file()
 
 
 def test_06_your_own_model_learns_and_transformers_writes_what_it_writes(tmp_path: Path) -> None:
