@@ -595,7 +595,7 @@ def test_ctrl_c_in_save_leaves_rollouts_as_they_were(tmp_path: Path, monkeypatch
         sess.step()
         rollouter = sess._rollouter
 
-        async def pressed() -> None:
+        async def pressed(timeout: float | None = None) -> None:
             press_ctrl_c()  # from the loop thread, to the main thread waiting in save()
             await asyncio.Event().wait()  # in-flight rollouts still finishing; Ctrl-C cancels this
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from rlnb._errors import ClosedError, PromptError, RolloutError
@@ -25,6 +25,7 @@ from rlnb.rollout._engine import Engine, PauseMode, SamplingParams
 from rlnb.rollout._group import GroupRunner, RewardFn
 from rlnb.rollout._state import RolloutState, StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor
+from rlnb.rollout._waits import all_or_first_error, call_soon, pause_limited
 
 __all__ = ["Rollouter"]
 
@@ -156,7 +157,7 @@ class Rollouter:
         if self._dispatcher is None or self._dispatcher.done():
             self._dispatcher = self._tasks.spawn(self._dispatch_loop(), name="rlnb-dispatcher")
             # Held groups going into the buffer (the learner took room) let dispatch go on.
-            self._buffer.on_admit(functools.partial(_call_soon, asyncio.get_running_loop(), self._room_made))
+            self._buffer.on_admit(functools.partial(call_soon, asyncio.get_running_loop(), self._room_made))
         await self._unhalt()
 
     def _room_made(self) -> None:
@@ -369,7 +370,7 @@ class Rollouter:
         once rollouts have been paused this many seconds while it waits, it gives up
         (``TimeoutError`` naming ``call``; nothing is lost, as when interrupted).
         """
-        return await self._pause_limited(self._collect(n_groups, into, wait), paused_timeout, call)
+        return await pause_limited(self._machine, self._collect(n_groups, into, wait), paused_timeout, call)
 
     async def _collect(self, n_groups: int, into: list[Group] | None, wait: bool) -> list[Group]:
         if not isinstance(n_groups, int) or isinstance(n_groups, bool) or n_groups < 1:
@@ -423,8 +424,8 @@ class Rollouter:
         await self._check_running()
         sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
         run = self._runner.evaluate
-        results = await self._pause_limited(
-            _all_or_first_error([run(item, sampling) for item in items]), paused_timeout, "evaluate()"
+        results = await pause_limited(
+            self._machine, all_or_first_error([run(item, sampling) for item in items]), paused_timeout, "evaluate()"
         )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:  # the first failure cancelled the rest: nothing goes on generating unseen
@@ -439,33 +440,11 @@ class Rollouter:
         await self._check_running()
         run = self._runner.complete
         coros = [run(f"complete.{i}", p, sampling, seed + i) for i, p in enumerate(prompts)]
-        results = await self._pause_limited(_all_or_first_error(coros), paused_timeout, "complete()")
+        results = await pause_limited(self._machine, all_or_first_error(coros), paused_timeout, "complete()")
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise RolloutError(f"generation failed: {errors[0]}") from errors[0]
         return [r for r in results if not isinstance(r, BaseException)]
-
-    async def _pause_limited(self, coro: Coroutine[Any, Any, _T], limit: float | None, call: str) -> _T:
-        """Await ``coro``; once rollouts have been stopped (paused) for ``limit`` s
-        meanwhile, cancel it and raise TimeoutError naming ``call`` and the fix."""
-        if limit is None:
-            return await coro
-        task = asyncio.ensure_future(coro)
-        try:
-            while not task.done():
-                await asyncio.wait({task}, timeout=min(0.25, limit))
-                if not task.done() and self._machine.not_running_for() > limit:
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
-                    raise TimeoutError(
-                        f"{call} waited {limit:g} s while rollouts were {self._machine.state.value}: "
-                        "resume() them and call it again; nothing was lost (Config.step_timeout sets the wait)"
-                    )
-            return task.result()
-        finally:
-            if not task.done():  # the caller was cancelled: so is what it waited for
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
 
     async def _check_running(self) -> None:
         """Raise RolloutError unless rollouts run; a weight sync (milliseconds, and it
@@ -498,29 +477,3 @@ class Rollouter:
         self._runner.close()  # queued rewards fail as cancelled; reward threads end
         self._generating_groups = 0  # all ended (a group cancelled before it started never counted down)
         self._tasks.raise_pending()
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
-    try:
-        loop.call_soon_threadsafe(callback)
-    except RuntimeError:  # the loop has closed: there is nothing left to wake
-        pass
-
-
-async def _all_or_first_error(coros: list[Coroutine[Any, Any, _T]]) -> list[_T | BaseException]:
-    """Run ``coros`` at once; at the first failure cancel the rest. Each result, or its
-    exception (the cancelled ones' CancelledError after a failure); a cancellation of
-    the caller cancels them all."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    if not tasks:
-        return []
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    failed = [t for t in tasks if not t.cancelled() and t.exception() is not None]
-    if not failed:
-        return [t.result() for t in tasks]
-    return [exc for t in failed if (exc := t.exception()) is not None]
