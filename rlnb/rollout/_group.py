@@ -266,7 +266,8 @@ class GroupRunner:
             except BadReward as bad:
                 raise RolloutError(
                     f"the reward function returned {bad} for {where}; "
-                    "a reward must be a finite number (int, float, bool or a numpy/torch scalar)"
+                    "a reward must be a finite number within float32's range, |r| <= 3.4e38 "
+                    "(int, float, bool or a numpy/torch scalar)"
                 ) from None
             except CallTimedOut as late:
                 raise RolloutError(

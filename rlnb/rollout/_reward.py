@@ -36,6 +36,8 @@ MAX_ABANDONED = 64
 # reward thread a second later, while one that trains keeps its thread from step to
 # step (a learner step takes well under a second), so the thread gauge holds still.
 _IDLE_EXIT_S = 1.0
+# The learner computes advantages in float32: a larger reward would become inf there.
+FLOAT32_MAX = 3.4028234663852886e38
 _thread_ids = itertools.count(1)
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 80
@@ -259,12 +261,13 @@ def short_repr(value: object) -> str:
 def finite_reward(fn: Callable[..., Any], /, *args: Any) -> float:
     """``fn(*args)`` as a finite float (call it on a worker thread); raises ``BadReward``
     with the value's repr for anything else: None, a string (even "1.0"), a list,
-    NaN or inf. Takes a bool as 0.0 or 1.0, and a numpy or torch scalar."""
+    NaN, inf, or a number the learner's float32 would make inf (``|r| > 3.4e38``).
+    Takes a bool as 0.0 or 1.0, and a numpy or torch scalar."""
     value = fn(*args)
     reward = None
     if not isinstance(value, (str, bytes, bytearray)):  # float("1") would let a string through
         with contextlib.suppress(TypeError, ValueError, OverflowError):
             reward = float(value)
-    if reward is None or not math.isfinite(reward):
+    if reward is None or not math.isfinite(reward) or abs(reward) > FLOAT32_MAX:
         raise BadReward(short_repr(value))
     return reward

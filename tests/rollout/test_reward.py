@@ -185,8 +185,9 @@ def test_close_returns_at_once_while_a_reward_hangs() -> None:
 
 # -- what a reward may return --------------------------------------------------------------
 
-BAD = [float("nan"), None, "x", "1.0", float("inf"), -float("inf"), [1.0], 10**400]
-BAD_REPRS = ["nan", "None", "'x'", "'1.0'", "inf", "-inf", "[1.0]", "1000000"]
+# 1e39 is finite in Python but inf in the learner's float32.
+BAD = [float("nan"), None, "x", "1.0", float("inf"), -float("inf"), [1.0], 10**400, 1e39, -1e39]
+BAD_REPRS = ["nan", "None", "'x'", "'1.0'", "inf", "-inf", "[1.0]", "1000000", "1e+39", "-1e+39"]
 
 
 def test_a_reward_that_is_not_a_finite_number_fails_its_sample_naming_the_value_and_the_prompt() -> None:
