@@ -289,6 +289,7 @@ def make_rollouter(
         ),
         max_continuations=r.max_continuations,
         on_bad_prompt=config.data.on_bad_prompt,
+        reward_workers=r.reward_workers,
         max_retries=r.max_retries,
         reward_timeout=r.reward_timeout,
         seed=config.seed,

@@ -19,6 +19,7 @@ from rlnb._checks import (
     check_number,
     check_ray,
     check_sampling,
+    check_seed,
     check_tracking,
     is_int,
     require,
@@ -227,8 +228,9 @@ class RolloutConfig:
     max_retries: retries of a failing generation, or of a reward function that
         raises, before the sample fails.
     reward_timeout: seconds one call of the reward function may take, counted from
-        its start. Rewards run one at a time, in order, on a worker thread
-        (``rlnb-reward-N``), off the session's event loop, so a slow one holds up
+        its start. Rewards run on worker threads (``rlnb-reward-N``; one at a
+        time, in order, unless ``reward_workers`` says more), off the session's
+        event loop, so a slow one holds up
         neither pause nor any other call. A call that takes longer fails its sample
         and is not retried; its thread cannot be stopped and ends whenever the call
         returns (also after the session has closed: close does not wait for it),
@@ -236,6 +238,11 @@ class RolloutConfig:
         hung reward then holds up every later one). A reward must return a finite
         number: an int, a float, a bool (0.0 or 1.0) or a numpy/torch scalar; None,
         a string, a list, NaN or inf fails its sample at once (not retried).
+    reward_workers: reward calls that may run at once. 1 (the default) keeps runs
+        reproducible: samples are rewarded, and groups reach the buffer, in the
+        order they finished. A reward that waits (a judge model behind an API, a
+        sandbox) gains by more, up to one per sample in flight; a pure-Python
+        reward gains nothing (the GIL), and it must be thread-safe.
     """
 
     group_size: int = 8
@@ -249,6 +256,7 @@ class RolloutConfig:
     max_continuations: int = 4
     max_retries: int = 2
     reward_timeout: float | None = 10.0
+    reward_workers: int = 1
 
     def __post_init__(self) -> None:
         require(
@@ -257,7 +265,7 @@ class RolloutConfig:
             self.group_size,
             "use an int >= 2: a sample's advantage is its reward against its group's, so a group of one learns nothing",
         )
-        for field in ("max_inflight", "groups_per_step"):
+        for field in ("max_inflight", "groups_per_step", "reward_workers"):
             check_int(f"RolloutConfig.{field}", getattr(self, field), minimum=1)
         require(
             self.max_inflight >= self.group_size,
@@ -411,7 +419,7 @@ class Config:
     """Everything a :class:`~rlnb.Session` is built from.
 
     task: the name of a registered task (``rlnb.data.task_names()``).
-    seed: seeds every random number generator the session owns.
+    seed: seeds every random number generator the session owns; an int in [0, 2**32).
     data, model, engine, rollout, learn, warmup, buffer, track, ray: the parts (see each class).
     mode: "sync" (each step rolls out its batch, then trains on it: deterministic
         for a seed) or "async" (rollouts run in the background within the
@@ -440,7 +448,7 @@ class Config:
     close_timeout: float = 5.0
 
     def __post_init__(self) -> None:
-        require(is_int(self.seed) and self.seed >= 0, "Config.seed", self.seed, "use an int >= 0, e.g. seed=0")
+        check_seed("Config.seed", self.seed)
         for field, cls in PARTS.items():
             value = getattr(self, field)
             require(

@@ -54,6 +54,7 @@ class GroupRunner:
         max_retries: int,
         reward_timeout: float | None,
         seed: int,
+        reward_workers: int = 1,
     ) -> None:
         self._engine = engine
         self._machine = machine
@@ -67,7 +68,7 @@ class GroupRunner:
         self._max_continuations = max_continuations
         self._max_retries = max_retries
         self._reward_timeout = reward_timeout
-        self._rewards = RewardPool()
+        self._rewards = RewardPool(max_workers=reward_workers)
         self._seed = seed
 
     def close(self) -> None:

@@ -47,6 +47,7 @@ class Rollouter:
     wakes dispatch after it has taken a batch. Create and use it on the bridge
     loop; the session wraps it for cells. ``on_bad_prompt``: "raise" (a prompt the
     task could not make is raised, once, as :class:`~rlnb.PromptError`) or "skip".
+    ``reward_workers``: reward calls that may run at once (1: in order).
     Raises ValueError if ``max_inflight`` is smaller than ``group_size``.
     """
 
@@ -69,6 +70,7 @@ class Rollouter:
         reward_timeout: float | None = None,
         seed: int = 0,
         on_bad_prompt: str = "raise",
+        reward_workers: int = 1,
     ) -> None:
         if max_inflight < group_size:
             raise ValueError(f"max_inflight ({max_inflight}) must be >= group_size ({group_size})")
@@ -95,6 +97,7 @@ class Rollouter:
             max_continuations=max_continuations,
             max_retries=max_retries,
             reward_timeout=reward_timeout,
+            reward_workers=reward_workers,
             seed=seed,
         )
         self._capacity = asyncio.Semaphore(max_inflight)

@@ -364,3 +364,28 @@ def test_calls_cancelled_together_never_start_when_a_hung_one_is_abandoned() -> 
 
     asyncio.run(main())
     wait_until(lambda: not reward_threads(), "the released call's thread to end")
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_reward_workers_bounds_how_many_rewards_run_at_once(workers: int) -> None:
+    config = CONFIG.replace(rollout=rlnb.RolloutConfig(group_size=8, groups_per_step=1, reward_workers=workers))
+    lock, running, most = threading.Lock(), [0], [0]
+
+    def slow(completion: str, answer: Any) -> float:  # a judge behind an API: it waits
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        threading.Event().wait(0.1)
+        with lock:
+            running[0] -= 1
+        return 0.0
+
+    with rlnb.Session(config, name="reward-workers") as sess:
+        sess.set_reward(slow)
+        sess.rollout(2, timeout=60)
+    assert most[0] == workers
+
+
+def test_reward_workers_must_be_a_positive_int() -> None:
+    with pytest.raises(rlnb.ConfigError, match="RolloutConfig.reward_workers"):
+        rlnb.RolloutConfig(reward_workers=0)
