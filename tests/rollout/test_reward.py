@@ -387,5 +387,5 @@ def test_reward_workers_bounds_how_many_rewards_run_at_once(workers: int) -> Non
 
 
 def test_reward_workers_must_be_a_positive_int() -> None:
-    with pytest.raises(rlnb.ConfigError, match="RolloutConfig.reward_workers"):
+    with pytest.raises(rlnb.ConfigError, match=r"RolloutConfig\.reward_workers"):
         rlnb.RolloutConfig(reward_workers=0)
