@@ -23,6 +23,7 @@ __all__ = [
     "ENGINE_KINDS",
     "MODEL_DTYPES",
     "RENAMED",
+    "SEED_LIMIT",
     "TRACKER_BACKENDS",
     "WANDB_MODES",
     "check_buffer",
@@ -32,6 +33,7 @@ __all__ = [
     "check_number",
     "check_ray",
     "check_sampling",
+    "check_seed",
     "check_tracking",
     "is_int",
     "is_number",
@@ -45,6 +47,8 @@ TRACKER_BACKENDS = ("console", "jsonl", "wandb", "plot")
 ENGINE_KINDS = ("tiny", "hf", "vllm")
 MODEL_DTYPES = ("float32", "bfloat16")
 WANDB_MODES = ("offline", "online", "disabled")
+# Seeds are ints below this: numpy's seeding (through vLLM's) takes 32 bits, torch's 64.
+SEED_LIMIT = 2**32
 
 
 def require(ok: bool, field: str, value: Any, fix: str) -> None:
@@ -92,6 +96,11 @@ def check_number(
         and (le is None or value <= le)
     )
     require(ok, field, value, fix)
+
+
+def check_seed(field: str, value: Any) -> None:
+    """``value`` is a seed every generator it reaches takes: an int >= 0 and < :data:`SEED_LIMIT`."""
+    require(is_int(value) and 0 <= value < SEED_LIMIT, field, value, "use an int >= 0 and < 2**32, e.g. seed=0")
 
 
 def check_sampling(owner: str, temperature: Any, top_p: Any, top_k: Any) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rlnb._checks import ENGINE_KINDS, MODEL_DTYPES
+from rlnb._checks import ENGINE_KINDS, MODEL_DTYPES, SEED_LIMIT
 
 __all__ = ["main"]
 
@@ -75,6 +75,14 @@ def _int_from(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _seed(text: str) -> int:
+    """An argparse type: a seed, an int >= 0 and < 2**32 (what every generator it seeds takes)."""
+    value = _int_from(0)(text)
+    if value >= SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"{value} is invalid: use an int >= 0 and < 2**32, e.g. 0")
+    return value
+
+
 def _fraction(text: str) -> float:
     """An argparse type: a number in (0, 1]."""
     try:
@@ -98,7 +106,7 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--run-dir", default="runs/demo", help="where metrics.jsonl and curves.png go (default: %(default)s)"
     )
-    demo.add_argument("--seed", type=int, help="seeds the model, data and sampling (default: 0)")
+    demo.add_argument("--seed", type=_seed, help="seeds the model, data and sampling (default: 0)")
     _add_model_options(demo)
     _add_output_options(demo)
 
@@ -106,7 +114,7 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--task", help="a registered task: addition, reverse, sort, ... (default: the demo's, reverse)")
     train.add_argument("--steps", type=_int_from(0), required=True, help="most RL steps to take")
     train.add_argument("--run-dir", required=True, help="where metrics.jsonl and curves.png go")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=_seed, default=0, help="seeds the model, data and sampling")
     train.add_argument("--mode", choices=("sync", "async"), default="sync")
     train.add_argument("--warmup-steps", type=int, help="supervised warm-up steps before RL")
     train.add_argument(
@@ -142,7 +150,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "make-tiny-llama", help="build a small random Llama and its tokenizer into a directory, offline, for --model"
     )
     tiny.add_argument("dir", metavar="DIR", help="a new or empty directory to write it to")
-    tiny.add_argument("--seed", type=int, default=0, help="seed of its random weights (default: %(default)s)")
+    tiny.add_argument("--seed", type=_seed, default=0, help="seed of its random weights (default: %(default)s)")
     tiny.add_argument(
         "--task",
         default="reverse",

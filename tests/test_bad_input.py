@@ -55,6 +55,8 @@ CONFIGS = [
     pytest.param(lambda: rlnb.Config(mode="fast"), "Config.mode='fast'", '"sync" or "async"', id="mode"),
     pytest.param(lambda: rlnb.Config(seed=-1), "Config.seed=-1", "int >= 0", id="seed-negative"),
     pytest.param(lambda: rlnb.Config(seed="0"), "Config.seed='0'", "int >= 0", id="seed-a-string"),
+    pytest.param(lambda: rlnb.Config(seed=2**64), f"Config.seed={2**64}", "< 2**32", id="seed-too-large"),
+    pytest.param(lambda: rlnb.Config(seed=2**32), f"Config.seed={2**32}", "< 2**32", id="seed-too-large-for-numpy"),
     pytest.param(lambda: rlnb.Config(step_timeout=0), "Config.step_timeout=0", "seconds > 0", id="step-timeout"),
     pytest.param(lambda: rlnb.Config(learn={"lr": 1e-3}), "Config.learn=", "rlnb.LearnConfig(...)", id="part-a-dict"),
     pytest.param(lambda: rlnb.LearnConfig(lr=float("nan")), "LearnConfig.lr=nan", "lr=1e-4", id="lr-nan"),
@@ -590,6 +592,8 @@ FLAGS = [
     pytest.param(["--tracker", ","], "--tracker ',' names no backend", "console, jsonl", id="tracker-none"),
     pytest.param(["--run-dir", ""], "--run-dir ''", "give a directory", id="run-dir-empty"),
     pytest.param(["--run-dir", "{file}"], "--run-dir", "it is a file; give a directory", id="run-dir-a-file"),
+    pytest.param(["--seed", str(2**64)], f"argument --seed: {2**64} is invalid", "< 2**32", id="seed-too-large"),
+    pytest.param(["--seed", "-1"], "argument --seed: -1 is invalid", "int >= 0", id="seed-negative"),
 ]
 
 
@@ -622,6 +626,18 @@ def test_a_bad_command_is_one_line_and_exit_status_2(
     assert status == 2 and len(err.strip().splitlines()) == 1 and words in err and "--help" in err, err
 
 
+@pytest.mark.parametrize("command", ["demo", "make-tiny-llama"])
+def test_a_seed_out_of_range_is_one_line_for_every_command(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    """It was a traceback from torch ("Overflow when unpacking long long") after the work had started."""
+    where = ["--run-dir", str(tmp_path / "out")] if command == "demo" else [str(tmp_path / "out")]
+    status, err = cli(capsys, command, *where, "--seed", str(2**64))
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"rlnb {command}: error: argument --seed: {2**64} is invalid: use an int >= 0 and < 2**32")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_bad_wandb_mode_in_the_environment_is_named(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -639,7 +655,9 @@ def test_a_group_larger_than_the_default_inflight_is_taken_as_given() -> None:
     assert config.rollout.group_size == 200 and config.rollout.max_inflight == 200
 
 
-@pytest.mark.parametrize("flags", [["--steps", "x"], ["--run-dir", "{file}"]], ids=["argparse", "config"])
+@pytest.mark.parametrize(
+    "flags", [["--steps", "x"], ["--run-dir", "{file}"], ["--seed", str(2**64)]], ids=["argparse", "config", "seed"]
+)
 def test_the_real_command_prints_no_traceback(tmp_path: Path, flags: list[str]) -> None:
     (tmp_path / "file").write_text("")
     flags = [f.format(file=tmp_path / "file") for f in flags]
