@@ -5,12 +5,11 @@ background. A part of :class:`~rlnb.Session`, which delegates them to its
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlnb._errors import ConfigError
-from rlnb._files import remove_dir, replace_dir, write_error
+from rlnb._files import write_model_dir
 from rlnb.rollout import Rollouter
 
 if TYPE_CHECKING:
@@ -43,10 +42,15 @@ class TrainingCells:
     def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
         """Write the trained model as a Hugging Face model directory: safetensors weights,
         config.json and the tokenizer, which ``AutoModelForCausalLM.from_pretrained`` and
-        vLLM load. For a ``ModelConfig.path`` model; a directory already there is
-        replaced whole (a kill at any moment leaves the old or the new one), missing
-        parent directories are made. Returns it. Raises ``OSError`` saying why a path
-        cannot be written. Use :meth:`save` to go on training later."""
+        vLLM load, and ``rlnb.json``, the SHA-256 of each file written. For a
+        ``ModelConfig.path`` model. Use :meth:`save` to go on training later.
+
+        ``directory`` (``~`` expanded, missing parents made) must be new, empty, or hold
+        a model saved so and nothing else, unchanged: that is replaced whole (a kill at
+        any moment leaves the old or the new one). Any other non-empty directory (a
+        project folder, a model from elsewhere, the current one) is refused, so a file
+        rlnb did not write is never removed. Returns it, absolute. Raises
+        :class:`~rlnb.CheckpointError` naming the path and the cause (a full disk too)."""
         self._check()
         self._trainer.check_idle("save_pretrained()")
         policy: Any = self._trainer.learner.policy
@@ -55,21 +59,12 @@ class TrainingCells:
                 "save_pretrained() writes a Hugging Face model, and this session trains the built-in policy: "
                 "use save() (a checkpoint), or train a Hugging Face model with ModelConfig(path=...)"
             )
-        target, staging = Path(directory).expanduser().absolute(), None
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+
+        def fill(staging: Path) -> None:
             policy.save_pretrained(staging)
             self._tokenizer.save_pretrained(staging)
-            replace_dir(staging, target)
-        except BaseException as exc:
-            if staging is not None:
-                remove_dir(staging)
-            if isinstance(exc, OSError):  # the same kind (PermissionError, ...), saying why and what to do
-                message = write_error(exc, "the model", target)
-                raise (OSError(exc.errno, message) if exc.errno else OSError(message)) from exc
-            raise
-        return target
+
+        return write_model_dir(directory, fill, call="Session.save_pretrained", argument="directory")
 
     @property
     def version(self) -> int:

@@ -24,20 +24,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import random
 import reprlib
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlnb._checks import RENAMED, is_int, is_number
 from rlnb._errors import CheckpointError, ConfigError
-from rlnb._files import remove_dir, replace_dir, write_error
+from rlnb._files import as_path, check_owned, clean_leftovers, save_place, sha256, write_dir
 from rlnb.config import PARTS, Config
-from rlnb.runtime import defer_interrupts
 
 if TYPE_CHECKING:
     from rlnb.data import PromptLoader
@@ -71,12 +68,6 @@ def config_to_dict(config: Config) -> dict[str, Any]:
     return data
 
 
-def _as_path(path: Any, call: str) -> Path:
-    if not isinstance(path, str | os.PathLike) or os.fspath(path) in ("", b""):
-        raise CheckpointError(f"{call}(path={path!r}): pass a directory path (str or pathlib.Path), e.g. 'ckpt'")
-    return Path(os.fsdecode(path))
-
-
 def config_from_dict(data: dict[str, Any]) -> Config:
     """The :class:`Config` of :func:`config_to_dict`; ConfigError for unknown fields.
     Fields renamed since the config was saved are read under their new names."""
@@ -99,14 +90,6 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     if unknown:
         raise ConfigError(f"Config has no field(s) {sorted(unknown)}")
     return Config(**data, **parts)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -146,55 +129,42 @@ def _unshared(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def write(path: str | os.PathLike[str], manifest: dict[str, Any], tensors: dict[str, dict[str, Any]]) -> Path:
-    """Write ``tensors`` (file stem -> state dict) and ``manifest`` into ``path``.
-
-    Written to a temporary directory beside it first and then moved into place,
-    so an interrupted save never leaves a half-written checkpoint under ``path``.
-    Missing parent directories are made. An existing checkpoint at ``path`` is
-    replaced; any other non-empty directory or a file there is an error, and so is
-    a path that cannot be written (the message says why: permissions, a file where
-    a directory should be, a full disk).
-    """
+    """Write ``tensors`` (file stem -> state dict) and ``manifest`` into ``path`` (``~``
+    expanded; missing parents are made); returns it, absolute. Written beside it and
+    swapped in (``rlnb._files``): a kill at any moment leaves the old or the new one,
+    whole. Only a checkpoint there is replaced; anything else is refused, and every
+    failure to write is a :class:`CheckpointError` naming the path and the cause."""
     from safetensors.torch import save_file
 
-    target, staging = _target(path), None
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with defer_interrupts("making a staging directory"):  # so that its name is known when it exists
-            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        umask = os.umask(0)
-        os.umask(umask)
+    target = _target(path)
+
+    def fill(staging: Path) -> None:
         files = {}
         for stem, state in tensors.items():
             name = f"{stem}.safetensors"
             save_file(_unshared(state), str(staging / name))
-            files[name] = _sha256(staging / name)
-        manifest = {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION, "files": files}
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        for file in staging.iterdir():  # mkdtemp and safetensors make them private
-            file.chmod(0o666 & ~umask)
-        staging.chmod(0o777 & ~umask)
-        replace_dir(staging, target)
-    except BaseException as exc:
-        if staging is not None:
-            remove_dir(staging)
-        if isinstance(exc, OSError):
-            raise CheckpointError(write_error(exc, "a checkpoint", target)) from exc
-        raise
-    return target
+            files[name] = sha256(staging / name)
+        written = {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION, "files": files}
+        (staging / MANIFEST).write_text(json.dumps(written, indent=1))
+
+    return write_dir(target, fill, "a checkpoint")
 
 
 def _target(path: Any) -> Path:
-    """``path`` as a place to save to: new, empty or a checkpoint (CheckpointError otherwise)."""
-    target = _as_path(path, "Session.save")
-    if target.is_file():
-        raise CheckpointError(f"cannot save a checkpoint to {target}: it is a file; choose a directory path")
-    if target.is_dir() and any(target.iterdir()) and not (target / MANIFEST).exists():
-        raise CheckpointError(
-            f"cannot save a checkpoint to {target}: it is a non-empty directory that holds no checkpoint; "
-            "choose a new or empty directory"
-        )
+    """``path`` as a place to save to: new, empty or a checkpoint (CheckpointError otherwise);
+    what killed saves to it left is removed first."""
+    target = save_place(path, "a checkpoint", call="Session.save", argument="path")
+    clean_leftovers(target)
+    check_owned(target, "a checkpoint", "checkpoint", _not_a_checkpoints)
     return target
+
+
+def _not_a_checkpoints(root: Path) -> list[str] | None:
+    """What ``root`` holds that no checkpoint does; None without a manifest."""
+    if not (root / MANIFEST).is_file():
+        return None
+    ours = {MANIFEST, *(f"{stem}.safetensors" for stem in STEMS)}
+    return sorted(repr(p.name + "/" * p.is_dir()) for p in root.iterdir() if p.name not in ours or p.is_dir())
 
 
 def read(
@@ -207,8 +177,9 @@ def read(
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    root = _as_path(path, "Session.load")
+    root = as_path(path, call="Session.load", argument="path")
     manifest_path = root / MANIFEST
+    clean_leftovers(root)  # a killed save's; it may put the previous checkpoint back in place
     if root.is_file():
         raise CheckpointError(f"{root} is a file: pass the checkpoint's directory, the path given to sess.save(path)")
     if not manifest_path.is_file():
@@ -217,6 +188,8 @@ def read(
         manifest = json.loads(manifest_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{manifest_path} is damaged: not valid JSON ({exc})") from exc
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {manifest_path}: {exc}") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{manifest_path} is not an rlnb checkpoint manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
@@ -242,12 +215,14 @@ def read(
         file = root / name
         if not file.is_file():
             raise CheckpointError(f"{root} is incomplete: {name} is missing")
-        if _sha256(file) != expected:
-            raise CheckpointError(f"{file} is damaged: its SHA-256 does not match the one saved in {MANIFEST}")
         try:
+            if sha256(file) != expected:
+                raise CheckpointError(f"{file} is damaged: its SHA-256 does not match the one saved in {MANIFEST}")
             tensors[name.removesuffix(".safetensors")] = load_file(str(file))
         except SafetensorError as exc:
             raise CheckpointError(f"{file} is damaged: {exc}") from exc
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {file}: {exc}") from exc
     check(manifest, tensors, root)
     return manifest, tensors
 

@@ -325,6 +325,8 @@ def _make_tiny_llama(args: argparse.Namespace) -> int:
         return _refuse(args.command, f"{str(directory)!r} is not an empty directory: pass a new or empty one")
     try:
         print(tiny_llama(directory, alphabet=alphabet, seed=args.seed))
+    except rlnb.CheckpointError as exc:  # it says which path and why
+        return _refuse(args.command, str(exc))
     except (rlnb.ConfigError, OSError) as exc:
         return _refuse(args.command, f"cannot write {str(directory)!r}: {exc}")
     return 0

@@ -467,6 +467,27 @@ def test_saving_over_something_that_is_not_a_checkpoint_is_refused(tmp_path: Pat
     assert (tmp_path / "file").read_text() == "keep me too"
 
 
+def test_a_full_disk_while_safetensors_writes_is_a_checkpoint_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """safetensors (Rust) reports a full disk as its own SafetensorError, not an OSError:
+    it reached the caller as it was, not as the CheckpointError save() documents."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    def disk_full(*args: Any, **kwargs: Any) -> None:
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with rlnb.Session(tiny_config(), name="save") as sess:
+        sess.save(tmp_path / "ckpt")
+        before = digest(tmp_path / "ckpt")
+        monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
+        error = raises(rlnb.CheckpointError, lambda: sess.save(tmp_path / "ckpt"), "No space left", "free some space")
+    assert str(error).startswith(f"cannot save a checkpoint to {tmp_path / 'ckpt'}: [Errno 28] No space left")
+    assert digest(tmp_path / "ckpt") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
 def test_a_save_that_fails_half_way_leaves_the_previous_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,21 +12,30 @@ than 2 s.
 | ... mid-generation while training in the background (``start()``) | here |
 | a loader worker killed with SIGKILL | ``tests/data/test_loader.py`` |
 | a full disk during ``save()`` (a write that fails with ENOSPC; a rename that fails) | ``tests/test_bad_input.py`` |
+| ... and during ``save_pretrained()``, simulated | ``tests/test_files.py`` |
+| ... on a real full disk (a small tmpfs, where the tests may mount one) | here |
 | a kill while ``save()`` replaces a checkpoint | here (the swap is one atomic step) |
+| kill -9 at random moments of ``save()`` and ``save_pretrained()``, 30 each | here |
 | SIGTERM to ``rlnb train`` (foreground training, wandb) | ``tests/track/test_tracker.py`` |
 | SIGTERM and SIGKILL of a process training in the background, with loader workers and an offline wandb run | here |
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
+import hashlib
 import json
+import os
+import random
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -301,3 +310,261 @@ def test_a_kill_while_save_replaces_a_checkpoint_leaves_a_whole_one_that_loads(t
     with rlnb.Session.load(path, name="after-kill") as sess:
         assert sess.version == 2  # the new one was in place when the kill came
         sess.step()
+
+
+# -- kill -9 at random points of save() and save_pretrained() ---------------------------
+
+# Imports rlnb once, then forks a writer for each line it reads: the writer builds two
+# sessions (two seeds, or two Hugging Face models) and saves them in turn to one path,
+# without end, until it is killed. Forking spares each kill the imports (~3 s); no torch
+# work runs before the fork (a fork after it can hang in libgomp). Each writer prints
+# one line of JSON once it has saved a few times; one told "once" then exits.
+WRITERS = textwrap.dedent(
+    """
+    import importlib, itertools, json, os, signal, sys, time, traceback
+    import rlnb
+
+    # what building a session imports lazily (torch._dynamo alone takes a second)
+    for name in ("rlnb.learn", "rlnb.models", "rlnb.rollout", "rlnb.data", "torch._dynamo",
+                 "torchdata.stateful_dataloader", "uvloop", "transformers.models.llama.modeling_llama"):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional one
+            pass
+
+    def write(kind, path, models, once):
+        config = rlnb.Config(
+            model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+            rollout=rlnb.RolloutConfig(group_size=2, groups_per_step=2),
+            data=rlnb.DataConfig(num_workers=0),
+        )
+        if kind == "save":
+            sessions = [rlnb.Session(config.replace(seed=i), name=f"writer-{i}") for i in range(2)]
+        else:
+            sessions = [
+                rlnb.Session(config.replace(model=rlnb.ModelConfig(path=m, max_len=32)), name=f"writer-{i}")
+                for i, m in enumerate(models)
+            ]
+        times = []
+        for n in itertools.count():
+            started = time.perf_counter()
+            sessions[n % 2].save(path) if kind == "save" else sessions[n % 2].save_pretrained(path)
+            times.append(time.perf_counter() - started)
+            if n == (1 if once else 5):
+                print(json.dumps({"ready": os.getpid(), "save_s": sorted(times)[len(times) // 2]}), flush=True)
+                if once:
+                    return
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the system reaps the writers
+    for line in sys.stdin:
+        if os.fork() == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            try:
+                write(*json.loads(line))
+                os._exit(0)
+            except BaseException:
+                print(json.dumps({"failed": traceback.format_exc()}), flush=True)
+                os._exit(1)
+    """
+)
+
+KILLS = 30
+
+
+@contextlib.contextmanager
+def writers(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """The process that forks writers; its stderr goes to ``writers.log``."""
+    with (tmp_path / "writers.log").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITERS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
+        )
+        with proc:  # closes its pipes and waits for it, which ends once its stdin is closed
+            yield proc
+
+
+def start_writer(
+    proc: subprocess.Popen[str], kind: str, path: Path, models: list[str], *, once: bool
+) -> dict[str, Any]:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps([kind, str(path), models, once]) + "\n")
+    proc.stdin.flush()
+    line = json.loads(proc.stdout.readline() or '{"failed": "the writers\' process died"}')
+    assert "failed" not in line, line["failed"]
+    return line
+
+
+def beside(path: Path) -> dict[str, int]:
+    """What is beside ``path`` in its directory (a killed save's staging), with its size in bytes."""
+    return {
+        p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        for p in path.parent.iterdir()
+        if p.name != path.name
+    }
+
+
+def whole(path: Path, listing: str) -> str:
+    """Check that ``path`` holds exactly the files ``listing`` (the checkpoint's manifest, the
+    export's rlnb.json) names, each with the SHA-256 recorded there; return the model file's."""
+    files = json.loads((path / listing).read_text())["files"]
+    assert {p.name for p in path.iterdir()} == {listing, *files}, sorted(p.name for p in path.iterdir())
+    for name, digest in files.items():
+        assert hashlib.sha256((path / name).read_bytes()).hexdigest() == digest, f"{name} is not the one saved"
+    return str(files["model.safetensors"])
+
+
+def kill_saves_at_random(tmp_path: Path, kind: str, models: list[str]) -> dict[str, Any]:
+    """Kill ``KILLS`` writers at random moments of their saves; after each kill the path
+    holds one of the two saved states, whole, and only that kill's staging is beside it.
+    A last writer saves without being killed and must leave nothing beside the path."""
+    path, listing = tmp_path / "out" / "target", "checkpoint.json" if kind == "save" else "rlnb.json"
+    rng = random.Random(os.environ.get("RLNB_KILL_SEED", "0"))
+    states: set[str] = set()
+    previous: set[str] = set()
+    left = left_bytes = 0
+    with writers(tmp_path) as proc:
+        for _ in range(KILLS):
+            ready = start_writer(proc, kind, path, models, once=False)
+            threading.Event().wait(rng.uniform(0, 20 * ready["save_s"]))  # ~20 saves: any moment of one
+            writer = psutil.Process(ready["ready"])
+            writer.kill()
+            wait_until(functools.partial(exited, writer), "the killed writer to be gone")
+            states.add(whole(path, listing))
+            now = beside(path)
+            assert len(now) <= 1 and not set(now) & previous, (now, previous)  # the last kill's were removed
+            left, left_bytes, previous = left + len(now), left_bytes + sum(now.values()), set(now)
+        start_writer(proc, kind, path, models, once=True)
+        wait_until(lambda: not beside(path), "the last writer to finish")
+    assert len(states) == 2, states  # the kills landed on both sessions' saves
+    assert whole(path, listing) in states
+    return {
+        "kills": KILLS,
+        "left_a_staging_directory": left,
+        "bytes_left": left_bytes,
+        "save_ms": ready["save_s"] * 1e3,
+    }
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_points_of_save_leaves_a_whole_checkpoint_and_the_next_save_cleans_up(
+    tmp_path: Path,
+) -> None:
+    figures = kill_saves_at_random(tmp_path, "save", [])
+    print(f"save(): {figures}")
+    with rlnb.Session.load(tmp_path / "out" / "target", name="after-kills") as sess:
+        assert sess.version == 0
+        sess.step()
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_points_of_save_pretrained_leaves_a_whole_model_and_the_next_save_cleans_up(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("transformers", reason="the 'hf' extra (transformers) is not installed")
+    from rlnb.models import tiny_llama
+
+    models = [str(tiny_llama(tmp_path / "models" / f"seed-{seed}", seed=seed)) for seed in (0, 1)]
+    figures = kill_saves_at_random(tmp_path, "save_pretrained", models)
+    print(f"save_pretrained(): {figures}")
+    import transformers
+
+    transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "target", local_files_only=True)
+
+
+# -- a full disk: a small tmpfs -----------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
+    """``small_disk(kib)``: a tmpfs of that size, mounted for the test (as root; skipped
+    where mounting is not allowed: the simulated full disks in tests/test_bad_input.py
+    and tests/test_files.py stand in)."""
+    mounted: list[Path] = []
+
+    def mount(kib: int) -> Path:
+        where = tmp_path / f"disk-{len(mounted)}"
+        where.mkdir()
+        try:
+            done = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(where)], capture_output=True, text=True
+            )
+        except FileNotFoundError as exc:
+            pytest.skip(f"cannot mount a tmpfs here: {exc}")
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(where)
+        return where
+
+    try:
+        yield mount
+    finally:
+        gc.collect()  # tensors loaded from a checkpoint there may map its files until collected
+        for where in mounted:
+            subprocess.run(["umount", str(where)], check=True)
+
+
+def fill(disk: Path, leave: int) -> Path:
+    """Fill ``disk`` but ``leave`` bytes with one file; returns it."""
+    filler = disk / "filler"
+    with filler.open("wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+    filler.write_bytes(b"\0" * max(0, filler.stat().st_size - leave))
+    return filler
+
+
+def digests(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir())}
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_save_is_a_checkpoint_error_and_the_previous_checkpoint_stays(
+    small_disk: Callable[[int], Path],
+) -> None:
+    disk = small_disk(1024)
+    path = disk / "ckpt"
+    config = CONFIG.replace(learn=rlnb.LearnConfig(kl_coef=0.05))  # a reference model too: five files
+    with rlnb.Session(config, name="full-disk") as sess:
+        sess.step()
+        sess.save(path)
+        before = digests(path)
+        sess.step()
+        for leave in (0, 64 * 1024, 160 * 1024):  # fails at the first file, the second, the third
+            filler = fill(disk, leave)
+            with pytest.raises(rlnb.CheckpointError) as info:
+                sess.save(path)
+            message = str(info.value)
+            assert f"cannot save a checkpoint to {path}: [Errno 28] No space left on device" in message, message
+            assert "free some space" in message
+            assert digests(path) == before, "the previous checkpoint was changed"
+            assert sorted(p.name for p in disk.iterdir()) == ["ckpt", "filler"], "a staging directory was left"
+            filler.unlink()
+        sess.save(path)
+    with rlnb.Session.load(path, name="full-disk") as sess:
+        assert sess.version == 2
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_save_pretrained_is_a_checkpoint_error_and_the_previous_model_stays(
+    small_disk: Callable[[int], Path], tmp_path: Path
+) -> None:
+    pytest.importorskip("transformers", reason="the 'hf' extra (transformers) is not installed")
+    from rlnb.models import tiny_llama
+
+    model = tiny_llama(tmp_path / "tiny-llama", seed=0)
+    disk = small_disk(2048)  # room for one export (1.3 MB), not for a second beside it
+    path = disk / "export"
+    config = CONFIG.replace(model=rlnb.ModelConfig(path=str(model), max_len=32))
+    with rlnb.Session(config, name="full-disk-export") as sess:
+        sess.save_pretrained(path)
+        before = digests(path)
+        sess.step()
+        for leave in (0, 600 * 1024, None):  # nothing, part of the weights, all but the last files
+            filler = fill(disk, leave) if leave is not None else None
+            with pytest.raises(rlnb.CheckpointError) as info:
+                sess.save_pretrained(path)
+            message = str(info.value)
+            assert f"cannot save the model to {path}: [Errno 28] No space left on device" in message, message
+            assert digests(path) == before, "the previous model was changed"
+            assert sorted(p.name for p in disk.iterdir()) == sorted(["export", *(["filler"] if filler else [])])
+            if filler is not None:
+                filler.unlink()

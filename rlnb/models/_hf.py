@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from rlnb._errors import ConfigError
+from rlnb._files import write_model_dir
 
 __all__ = [
     "HFPolicy",
@@ -447,7 +448,9 @@ def tiny_llama(
     One token per character of ``alphabet``, then ``<bos>``, ``<eos>``, ``<pad>``
     and ``<unk>``; the tokenizer puts ``<bos>`` before each text. The defaults are
     the 332K-parameter model of ``benchmarks/trl_baseline.py`` (head size 32: vLLM's
-    CPU attention needs 32 or more). Returns ``path``."""
+    CPU attention needs 32 or more). ``path`` is written as ``Session.save_pretrained``
+    writes (new, empty or a model rlnb saved; anything else is refused with a
+    :class:`~rlnb.CheckpointError`). Returns ``path``, absolute."""
     transformers = _quiet_transformers()
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
@@ -477,7 +480,9 @@ def tiny_llama(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = transformers.LlamaForCausalLM(config)
-    out = Path(path)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out
+
+    def fill(staging: Path) -> None:
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+
+    return write_model_dir(path, fill, call="tiny_llama", argument="path")

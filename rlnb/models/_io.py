@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlnb._errors import ConfigError
+from rlnb._files import check_owned, clean_leftovers, save_place, write_dir
 from rlnb.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -31,17 +32,37 @@ CONFIG_FILE = "config.json"
 _SHAPE = ("vocab_size", "d_model", "n_layers", "n_heads", "max_len", "mlp_ratio")
 
 
-def save_policy(policy: TinyPolicy, directory: str | os.PathLike[str]) -> None:
-    """Write ``policy``'s weights and config into ``directory`` (made if missing)."""
+def save_policy(policy: TinyPolicy, directory: str | os.PathLike[str]) -> Path:
+    """Write ``policy``'s weights and config into ``directory`` (``~`` expanded, missing
+    parents made); returns it, absolute. As ``Session.save`` writes a checkpoint: beside
+    it first, then swapped in, so a kill leaves the old or the new one whole. A directory
+    there must be new, empty or hold a policy saved so and nothing else; anything else is
+    refused with a :class:`~rlnb.CheckpointError`, as is every failure to write."""
     from safetensors.torch import save_file
 
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
+    target = save_place(directory, "the policy", call="TinyPolicy.save", argument="directory")
+    clean_leftovers(target)
+    check_owned(target, "the policy", "TinyPolicy", _not_a_policys)
     tensors = {name: t.detach().cpu().contiguous() for name, t in policy.state_dict().items()}
-    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
     shape = {k: v for k, v in dataclasses.asdict(policy.config).items() if k in _SHAPE}
     config = {**shape, "seed": policy.seed}
-    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+    def fill(staging: Path) -> None:
+        save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
+        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+    return write_dir(target, fill, "the policy")
+
+
+def _not_a_policys(root: Path) -> list[str] | None:
+    """What ``root`` holds besides a saved policy's two files; None without its config."""
+    try:
+        raw = json.loads((root / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or set(raw) != {*_SHAPE, "seed"}:
+        return None
+    return sorted(repr(p.name + "/" * p.is_dir()) for p in root.iterdir() if p.name not in (CONFIG_FILE, WEIGHTS_FILE))
 
 
 def load_policy(cls: type[TinyPolicy], directory: str | os.PathLike[str]) -> TinyPolicy:
