@@ -1,4 +1,5 @@
-"""The checks every config shares, and the names that more than one layer reads.
+"""The checks every config shares, the names that more than one layer reads, and
+what a tokenizer's ids mean (:func:`vocabulary`), which checkpoints record.
 
 Each config dataclass validates its own fields once, with these helpers; the
 component it configures takes the validated config and trusts it. Every error is
@@ -11,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import hashlib
+import json
 import math
 import os
 import re
@@ -39,6 +42,8 @@ __all__ = [
     "is_number",
     "keywords",
     "require",
+    "vocabulary",
+    "vocabulary_change",
 ]
 
 # Names read by both the configs and the parts they select (the configs must not
@@ -298,3 +303,28 @@ def keywords(**renames: str) -> Callable[[type[_C]], type[_C]]:
 
 # class name -> {old field: new field}, for configs saved by older versions
 RENAMED: dict[str, dict[str, str]] = {}
+
+
+def vocabulary(tokenizer: Any) -> dict[str, Any]:
+    """What ``tokenizer``'s ids mean: its size, the SHA-256 of its tokens in id order, and
+    the tokens themselves where there are at most 4096 (a Hugging Face tokenizer's own
+    tokens; for rlnb's character tokenizer, each id's text)."""
+    ids = list(range(tokenizer.vocab_size))
+    hf = getattr(tokenizer, "tokenizer", None)
+    tokens = [str(t) for t in hf.convert_ids_to_tokens(ids)] if hf is not None else [tokenizer.decode([i]) for i in ids]
+    digest = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
+    return {"size": len(tokens), "sha256": digest, **({"tokens": tokens} if len(tokens) <= 4096 else {})}
+
+
+def vocabulary_change(saved: dict[str, Any], here: dict[str, Any]) -> str | None:
+    """How the :func:`vocabulary` ``here`` differs from ``saved`` ("id 3 was ['0'], is
+    ['9']"), or None where it does not."""
+    if saved["sha256"] == here["sha256"]:
+        return None
+    tokens = saved.get("tokens")
+    was: list[Any] = tokens if isinstance(tokens, list) else []
+    now: list[Any] = here.get("tokens", [])
+    i = next((i for i in range(max(len(was), len(now))) if was[i : i + 1] != now[i : i + 1]), None)
+    if i is None:
+        return f"{saved['size']} tokens then, {here['size']} now"
+    return f"id {i} was {was[i : i + 1]}, is {now[i : i + 1]}"

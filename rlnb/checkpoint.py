@@ -5,7 +5,8 @@ Layout of ``sess.save(path)``::
     path/checkpoint.json           format, config, step, prompt-loader state, buffer
                                    (groups with their tokens and log-probs), prompts
                                    given back by an interrupted rollout, Python RNG
-                                   state, tracker run id, SHA-256 of every file below
+                                   state, tracker run id, vocabulary (what each token
+                                   id means), SHA-256 of every file below
     path/model.safetensors         the policy
     path/optimizer.safetensors     AdamW's moments (its hyper-parameters are in the JSON)
     path/warmup_optimizer.safetensors, path/reference.safetensors   when they exist
@@ -31,7 +32,7 @@ import reprlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlnb._checks import RENAMED, is_int, is_number
+from rlnb._checks import RENAMED, is_int, is_number, vocabulary, vocabulary_change
 from rlnb._errors import CheckpointError, ConfigError
 from rlnb._files import as_path, check_owned, clean_leftovers, save_place, sha256, write_dir
 from rlnb.config import PARTS, Config
@@ -269,7 +270,7 @@ def check(manifest: dict[str, Any], tensors: dict[str, dict[str, Any]], root: Pa
         isinstance(loader, dict) and isinstance(loader.get("loader"), dict) and loader.get("num_workers") == workers,
         where, "loader", loader, f"the prompt loader's state for the saved config's num_workers={workers}",
     )  # fmt: skip
-    shapes, states, vocab_size = _model_shapes(config, root)
+    shapes, states, vocab_size = _model_shapes(config, root, manifest.get("vocabulary"))
     _check_buffer(manifest.get("buffer"), config, vocab_size, where)
     if config.learn.kl_coef > 0:  # the learner then keeps a reference model, restored from its file
         _expect("reference" in tensors, where, "files", manifest["files"], "a list with reference.safetensors")
@@ -295,8 +296,11 @@ def _python_rng(saved: Any) -> tuple[Any, ...]:
     return (*saved[:1], tuple(saved[1]), *saved[2:])  # as random.getstate() gave it, before JSON
 
 
-def _model_shapes(config: Config, root: Path) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]], int]:
-    """The policy's parameter shapes (the optimiser's order), state dict shapes and vocabulary size."""
+def _model_shapes(
+    config: Config, root: Path, vocab: Any
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]], int]:
+    """The policy's parameter shapes (the optimiser's order), state dict shapes and vocabulary
+    size, once the tokenizer has been found to mean what ``vocab`` (the saved one) says."""
     import torch
 
     from rlnb._assembly import model_shape
@@ -309,7 +313,8 @@ def _model_shapes(config: Config, root: Path) -> tuple[dict[str, tuple[int, ...]
             f"tokenizer and weights) with rlnb.Session.load({str(root)!r}, model_path=DIR)"
         )
     try:
-        _, model = model_shape(config, get_task(config.task))
+        tokenizer, model = model_shape(config, get_task(config.task))
+        _check_vocabulary(vocab, vocabulary(tokenizer), config, root)
         if model.path is not None:
             policy: Any = hf_model_on_meta(model.path)
         else:
@@ -319,6 +324,25 @@ def _model_shapes(config: Config, root: Path) -> tuple[dict[str, tuple[int, ...]
         raise CheckpointError(f"{root}: the saved config does not fit this rlnb ({exc})") from exc
     params = {name: tuple(p.shape) for name, p in policy.named_parameters()}
     return params, {name: tuple(t.shape) for name, t in policy.state_dict().items()}, model.vocab_size or 0
+
+
+def _check_vocabulary(saved: Any, here: dict[str, Any], config: Config, root: Path) -> None:
+    """The token ids mean what they meant when it was saved (older checkpoints record nothing)."""
+    ok = saved is None or (
+        isinstance(saved, dict) and is_int(saved.get("size")) and isinstance(saved.get("sha256"), str)
+    )
+    _expect(ok, root / MANIFEST, "vocabulary", saved, "the size and SHA-256 of the tokens it was trained on")
+    if saved is None or (how := vocabulary_change(saved, here)) is None:
+        return
+    tokens = saved.get("tokens")
+    alphabet = reprlib.repr("".join(map(str, tokens))) if isinstance(tokens, list) else "it had"
+    what, fix = f"task {config.task!r} gives its characters", f"register the task with the alphabet {alphabet}"
+    if config.model.path is not None:
+        what, fix = f"the tokenizer in {config.model.path!r} gives its tokens", "pass the model it was trained with"
+    raise CheckpointError(
+        f"{root}: {what} other token ids than when it was trained ({how}), so the model would read and write "
+        f"other text; {fix}, and load again"
+    )
 
 
 def _check_optimizer(saved: dict[str, Any], meta: Any, params: list[tuple[int, ...]], root: Path, stem: str) -> None:
@@ -376,6 +400,7 @@ def capture(
     import torch
 
     from rlnb import __version__
+    from rlnb._assembly import model_shape
 
     learner, rollouter = trainer.learner, trainer.rollouter
 
@@ -394,6 +419,7 @@ def capture(
         "python_rng": random.getstate(),  # JSON makes its tuples lists
         "tracker": {"run_id": run_id},
         "reward": reward,  # the name of a custom reward in force (its code is not saved)
+        "vocabulary": vocabulary(model_shape(trainer.config, trainer.task)[0]),  # what each token id means
     }
     tensors: dict[str, dict[str, Any]] = {
         "model": learner.policy.state_dict(),

@@ -412,6 +412,8 @@ DAMAGES = [
      "model.safetensors is damaged"),
     ("custom-reward-not-given", edit("reward", "quarter"), "custom reward function (quarter",
      "reward=quarter"),
+    ("vocabulary-edited", edit("vocabulary", [15]), "checkpoint.json is damaged: vocabulary is [15]",
+     "the size and SHA-256 of the tokens it was trained on"),
 ]  # fmt: skip
 
 

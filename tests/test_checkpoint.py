@@ -193,3 +193,54 @@ def test_a_custom_reward_is_asked_for_again_when_its_checkpoint_loads(tmp_path: 
         sess.save(tmp_path / "again")  # and it is recorded again
     with pytest.raises(rlnb.CheckpointError, match="quarter"):
         rlnb.Session.load(tmp_path / "again", name="again")
+
+
+def test_a_checkpoint_refuses_to_load_where_its_token_ids_mean_other_characters(tmp_path: Path) -> None:
+    """A task's alphabet gives each character its token id: the same task with its
+    alphabet in another order (built from a set, say) makes the model read and write
+    other characters, so a checkpoint records its vocabulary and refuses to load there."""
+    import dataclasses
+
+    from rlnb.data import get_task, register_task
+
+    task = dataclasses.replace(get_task("addition"), name="addition-in-order")
+    register_task(task, replace=True)
+    config = small_config(task=task.name, warmup=rlnb.WarmupConfig())
+    with rlnb.Session(config, name="vocab") as sess:
+        sess.save(tmp_path / "ckpt")
+    saved = json.loads((tmp_path / "ckpt" / "checkpoint.json").read_text())["vocabulary"]
+    assert saved["size"] == 15 and saved["tokens"][3:] == list(task.alphabet)
+    register_task(dataclasses.replace(task, alphabet=task.alphabet[::-1]), replace=True)
+    try:
+        with pytest.raises(rlnb.CheckpointError) as info:
+            rlnb.Session.load(tmp_path / "ckpt", name="vocab")
+        assert rlnb.sessions() == []
+    finally:
+        register_task(task, replace=True)
+    message = str(info.value)
+    assert "task 'addition-in-order' gives its characters other token ids than when it was trained" in message
+    assert "(id 3 was ['0'], is ['='])" in message and f"the alphabet {task.alphabet!r}" in message
+    with rlnb.Session.load(tmp_path / "ckpt", name="vocab") as sess:  # the task as it was: it loads
+        sess.step()
+    # A checkpoint saved before checkpoints recorded the vocabulary has nothing to check against.
+    manifest = json.loads((tmp_path / "ckpt" / "checkpoint.json").read_text())
+    del manifest["vocabulary"]
+    (tmp_path / "ckpt" / "checkpoint.json").write_text(json.dumps(manifest))
+    with rlnb.Session.load(tmp_path / "ckpt", name="vocab") as sess:
+        assert sess.version == 0
+
+
+def test_a_hugging_face_models_checkpoint_refuses_a_tokenizer_that_gives_other_ids(tmp_path: Path) -> None:
+    pytest.importorskip("transformers", reason="the 'hf' extra (transformers) is not installed")
+    from rlnb.models import tiny_llama
+
+    alphabet = "0123456789+="
+    model = tiny_llama(tmp_path / "llama", alphabet=alphabet)
+    other = tiny_llama(tmp_path / "other", alphabet=alphabet[::-1])  # the same shapes, other ids
+    config = small_config(model=rlnb.ModelConfig(path=str(model), max_len=32), warmup=rlnb.WarmupConfig())
+    with rlnb.Session(config, name="hf-vocab") as sess:
+        sess.save(tmp_path / "ckpt")
+    with pytest.raises(rlnb.CheckpointError, match=r"the tokenizer in '.*other' gives its tokens other token ids"):
+        rlnb.Session.load(tmp_path / "ckpt", name="hf-vocab", model_path=other)
+    with rlnb.Session.load(tmp_path / "ckpt", name="hf-vocab", model_path=tmp_path / "llama") as sess:
+        assert sess.version == 0
