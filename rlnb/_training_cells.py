@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlnb._errors import ConfigError
+from rlnb._errors import ConfigError, public_call
 from rlnb._files import write_model_dir
 from rlnb.rollout import Rollouter
 
@@ -39,6 +39,7 @@ class TrainingCells:
         self._check_open()
         return self._trainer.learner.policy
 
+    @public_call("the directory was left as it was", waits_for_rollouts=True)
     def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
         """Write the trained model as a Hugging Face model directory: safetensors weights,
         config.json and the tokenizer, which ``AutoModelForCausalLM.from_pretrained`` and
@@ -71,6 +72,7 @@ class TrainingCells:
         """The learner's policy version: the number of steps taken."""
         return self._trainer.version
 
+    @public_call("nothing was trained", waits_for_rollouts=True)
     def step(self, *, timeout: float | None = None) -> dict[str, float]:
         """One training step; returns its metrics. Blocks.
 
@@ -85,6 +87,7 @@ class TrainingCells:
         self._check()
         return self._trainer.step(timeout=timeout)
 
+    @public_call("call train() again to go on", waits_for_rollouts=True)
     def train(
         self, n_steps: int | None = None, *, until: int | None = None, progress: bool = True
     ) -> list[dict[str, float]]:
@@ -113,6 +116,7 @@ class TrainingCells:
         """Whether training runs in the background (:meth:`start`)."""
         return self._trainer.training
 
+    @public_call("statistics().training says whether it runs")
     def start(self, steps: int | None = None) -> None:
         """Train on the session's own thread and return at once: ``steps`` more steps,
         or until :meth:`stop` (None). The kernel stays free: widgets, :meth:`pause`,
@@ -123,6 +127,7 @@ class TrainingCells:
         self._check()
         self._trainer.start(steps)
 
+    @public_call("the background run still stops after its step; stop() waits again")
     def stop(self, timeout: float | None = None) -> None:
         """End the background run at a step boundary and wait for it (a step that has
         started its update completes; one still waiting trains nothing). Idempotent."""
@@ -130,12 +135,14 @@ class TrainingCells:
         self._trainer.stop(timeout)
         self._check()
 
+    @public_call("the background run goes on: stop() ends it, wait() waits again", waits_for_rollouts=True)
     def wait(self, timeout: float | None = None) -> None:
         """Block until the background run has taken its ``steps`` (or was stopped);
         raises its failure. :class:`TimeoutError` after ``timeout`` s."""
         self._check()
         self._trainer.wait(timeout)
 
+    @public_call("call warmup() again to go on", waits_for_rollouts=True)
     def warmup(self, n_steps: int | None = None, *, progress: bool = True) -> list[dict[str, float]]:
         """Supervised warm-up: ``n_steps`` (``Config.warmup.steps`` by default) of
         teacher-forced cross-entropy on the task's answers, then the weights go to the
@@ -147,6 +154,7 @@ class TrainingCells:
         self._check()
         return self._trainer.warmup(n_steps, progress=progress)
 
+    @public_call("nothing was recorded", waits_for_rollouts=True)
     def evaluate(self, n_prompts: int = 200, *, seed: int = 12345) -> float:
         """Greedy exact-match accuracy on ``n_prompts`` held-out prompts of the task. Blocks."""
         self._check()

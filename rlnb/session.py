@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlnb import _assembly as parts
 from rlnb import checkpoint
-from rlnb._errors import ClosedError
+from rlnb._errors import ClosedError, public_call
 from rlnb._rollout_cells import RolloutCells
 from rlnb._statistics import SessionStatistics
 from rlnb._training_cells import TrainingCells
@@ -97,8 +97,8 @@ class Session(RolloutCells, TrainingCells):
             self._baseline = snapshot()  # what the process held before this session built anything
             for stage in self._STAGES:
                 getattr(self, f"_build_{stage}")()
-        except BaseException:
-            self._closed = True
+        except BaseException as exc:
+            self._closed, self._exit_code = True, exit_code_for(exc)  # a tracker already made says it failed
             self._stack.close()
             raise
         finally:
@@ -239,16 +239,17 @@ class Session(RolloutCells, TrainingCells):
         """A frozen snapshot of the session's figures: training, rollouts, buffer, engine.
 
         Like every public call, raises a background failure not yet reported (once);
-        ``raise_errors=False`` leaves it for the next call (for gauges and dashboards)."""
+        ``raise_errors=False`` leaves it for the next call, and once closed gives the
+        figures the session closed with (for gauges and a dashboard's last frame)."""
         if raise_errors:
             self._check()
-        self._check_open()
         rollouter = self._rollouter
         parts = (self._buffer.statistics(), rollouter.statistics(), self._engine.statistics())
         return SessionStatistics(self._name, self._closed, *parts, self._trainer.statistics())
 
     # -- checkpoints ------------------------------------------------------------------
 
+    @public_call("a checkpoint already at that path was left as it was", waits_for_rollouts=True)
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Save everything needed to go on exactly where this session stands into the
         directory ``path`` (see :mod:`rlnb.checkpoint`); returns it.

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import pickle
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -211,3 +213,17 @@ def test_a_given_engine_is_closed_when_construction_fails(monkeypatch: pytest.Mo
     with pytest.raises(RuntimeError, match="injected"):
         rlnb.Session(name="given-then-broken", engine=engine)
     assert engine.close_calls == 1
+
+
+def test_a_construction_that_fails_after_the_tracker_finishes_its_run_as_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(self: Session) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(Session, "_build_engine", fail)
+    config = rlnb.Config(track=rlnb.TrackConfig(backends=("jsonl",), run_dir=str(tmp_path)))
+    with pytest.raises(RuntimeError, match="injected"):
+        rlnb.Session(config, name="broken")
+    last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["event"] == "finish" and last["exit_code"] == 1
