@@ -13,7 +13,9 @@ whose guard kills them if the actor dies). The session's bridge loop drives them
 * ``update_weights`` puts the weights in Ray's object store once; every replica
   loads them and answers with its version, which must be the one sent;
 * a replica that dies is remade (with the latest weights) up to
-  ``RayConfig.max_restarts`` times in all, counted in ``statistics()``.
+  ``RayConfig.max_restarts`` times in all, counted in ``statistics()``; the engine
+  says so in one line, with the dead worker's log file, in place of the raylet's
+  report (which goes to ``statistics()``).
 
 Ownership (contracts 1 and 8): with ``RayConfig.address=None`` the engine starts
 a local cluster and owns it: ``close()`` kills its actors, removes its placement
@@ -31,13 +33,15 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
+import glob
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from rlnb._errors import ClosedError, ConfigError, EngineError
 from rlnb.rollout._engine import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
-from rlnb.rollout._ray_cluster import Cluster
+from rlnb.rollout._ray_cluster import Cluster, report_deaths
 
 __all__ = ["RayEngine"]
 
@@ -65,12 +69,21 @@ class _Replica:
             policy = policy.to(device)
             self.engine = TinyEngine(policy, eos_id=eos_id, max_batch=max_batch, threads=threads, name="rlnb-replica")
 
-    async def ready(self) -> int:
+    async def ready(self) -> dict[str, Any]:
+        """Start a vLLM engine if asked; then say where this replica runs: its pid,
+        Ray worker id, node and Ray's log files of this worker."""
         if self.engine is None and self._vllm is not None:
             from rlnb.rollout._vllm import VLLMEngine
 
             self.engine = await VLLMEngine.start(**self._vllm)
-        return os.getpid()
+        import ray
+
+        worker_id = ray.get_runtime_context().get_worker_id()
+        logs: list[str] = []
+        with contextlib.suppress(Exception):  # another Ray version: no log files to point at
+            folder = ray._private.worker.global_worker.node.get_logs_dir_path()
+            logs = sorted(os.path.realpath(p) for p in glob.glob(os.path.join(folder, f"*{worker_id}*")))
+        return {"pid": os.getpid(), "worker_id": worker_id, "node": ray.util.get_node_ip_address(), "logs": logs}
 
     async def close(self) -> None:
         """vLLM's EngineCore and Worker are this actor's children: shut them down
@@ -105,11 +118,24 @@ class _Slot:
     index: int
     actor: Any
     pid: int = 0
+    worker_id: str = ""
+    node: str = ""
+    logs: tuple[str, ...] = ()  # Ray's log files of its worker
     in_flight: int = 0
     served: int = 0
     version: int = 0
     restarts: int = 0
     state: str = "starting"  # "running", "restarting", "dead"
+    died: str | None = None  # how its last worker ended, in a line
+
+    def found(self, where: Mapping[str, Any]) -> None:
+        """Take what the replica's ``ready()`` said."""
+        self.pid, self.worker_id, self.node = int(where["pid"]), str(where["worker_id"]), str(where["node"])
+        self.logs = tuple(where["logs"])
+
+    def log(self) -> str | None:
+        """Where its worker's errors go (the worker's stderr file), if Ray said."""
+        return next((p for p in self.logs if p.endswith(".err")), self.logs[0] if self.logs else None)
 
 
 class RayEngine:
@@ -129,6 +155,9 @@ class RayEngine:
         # the pause (all of them after an "abort" one) are waiting, not running.
         self._arrivals, self._cutoff = 0, 0
         self._in_flight: set[int] = set()
+        self._reports: dict[str, str] = {}  # worker id -> the raylet's report of its death
+        self._workers: set[str] = set()  # every replica worker's id, the dead ones' too
+        self._node = ""  # this driver's node address
 
     @classmethod
     def start(
@@ -183,10 +212,14 @@ class RayEngine:
                 ).remote(policy_ref, eos_id, max_batch, threads, None if vllm is None else dict(vllm), device)
 
             engine = cls(ray, cluster, factory, config)
+            with contextlib.suppress(Exception):
+                engine._node = ray.util.get_node_ip_address()
             engine._slots = [_Slot(i, factory(i)) for i in range(config.engine_replicas)]
-            pids = ray.get([s.actor.ready.remote() for s in engine._slots], timeout=config.start_timeout)
-            for slot, pid in zip(engine._slots, pids, strict=True):
-                slot.pid, slot.state = pid, "running"
+            found = ray.get([s.actor.ready.remote() for s in engine._slots], timeout=config.start_timeout)
+            for slot, where in zip(engine._slots, found, strict=True):
+                slot.found(where)
+                slot.state = "running"
+            engine._hear_deaths()
             cluster.watch_new()
             return engine
         except BaseException:
@@ -293,12 +326,16 @@ class RayEngine:
                         "version": s.version,
                         "restarts": s.restarts,
                         "pid": s.pid,
+                        "logs": list(s.logs),
+                        "died": s.died,
                     }
                     for s in self._slots
                 ],
                 "restarts": self._restarts,
                 "requeued": self._counts["requeued"],
                 "ray_owned": self._cluster.owned,
+                "log_dir": self._cluster.logs,
+                "reports": dict(self._reports),
                 "died": None,
             },
         )
@@ -320,6 +357,8 @@ class RayEngine:
             except Exception:  # already gone
                 pass
         self._cluster.close(timeout=timeout)
+        # A report that comes after close is about a replica closed on purpose: dropped.
+        report_deaths(self._ray, dict.fromkeys(self._workers, None))
 
     # -- replicas -------------------------------------------------------------------------
 
@@ -350,25 +389,70 @@ class RayEngine:
 
     async def _replace(self, slot: _Slot, cause: BaseException) -> None:
         """``slot``'s actor died: remake it with the latest weights and the current
-        pause, if the restart budget allows; otherwise mark it dead."""
+        pause, if the restart budget allows; otherwise mark it dead. Either way, say
+        so in one line, with where the dead worker's logs are."""
         if slot.state != "running":  # another caller is on it
             while slot.state == "restarting":
                 await asyncio.sleep(0.05)
             return
+        slot.died = f"pid {slot.pid}, {_exit_of(cause)}"
+        where = slot.log() or self._cluster.logs or "where Ray keeps them (it did not say)"
+        where += "" if slot.node in ("", self._node) else f" on node {slot.node}"
         if self._restarts >= self._config.max_restarts:
             slot.state = "dead"
+            self._say(
+                slot,
+                f"and is not remade: the {self._config.max_restarts} restarts (RayConfig.max_restarts) are spent",
+                where,
+            )
             return
         slot.state, self._restarts, slot.restarts = "restarting", self._restarts + 1, slot.restarts + 1
         try:
             actor = self._factory(slot.index)
-            slot.pid = await actor.ready.remote()
+            slot.found(await actor.ready.remote())
+            self._hear_deaths()
             if self._weights is not None:
                 ref, version = self._weights
                 slot.version = await actor.update_weights.remote(ref, version)
             if self._paused is not None:
                 await actor.pause.remote(self._paused.value)
-        except Exception:
+        except Exception as exc:
             slot.state = "dead"
+            with contextlib.suppress(Exception):  # half made: it would hold its bundle until close
+                self._ray.kill(actor)
+            self._say(slot, f"and could not be remade ({_first_line(exc)})", where)
             return
         slot.actor, slot.state = actor, "running"
         self._cluster.watch_new()
+        self._say(
+            slot,
+            f"and was remade with weights v{slot.version} (restart {self._restarts} of {self._config.max_restarts})",
+            where,
+        )
+
+    def _say(self, slot: _Slot, what: str, where: str) -> None:
+        """One line for a replica that died: the raylet's report of it goes to
+        ``statistics()`` instead of the cell."""
+        print(f"rlnb: Ray replica {slot.index} died ({slot.died}) {what}; its logs: {where}", flush=True)
+
+    def _hear_deaths(self) -> None:
+        """Have the raylet's reports of these replicas' deaths come here (Ray's
+        printing thread calls it), not to the cell."""
+        workers = {s.worker_id for s in self._slots if s.worker_id} - self._workers
+        self._workers |= workers
+        report_deaths(self._ray, dict.fromkeys(workers, self._heard))
+
+    def _heard(self, worker_id: str, report: str) -> None:
+        self._reports[worker_id] = report
+
+
+def _exit_of(cause: BaseException) -> str:
+    """How a replica's worker ended, as Ray says it: its exit type (SYSTEM_ERROR for a
+    process that was killed or crashed), else the error's type."""
+    found = re.search(r"Worker exit type: (\w+)", str(cause))
+    return f"Ray: {found[1]}" if found else type(cause).__name__
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

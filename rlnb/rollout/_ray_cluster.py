@@ -1,16 +1,20 @@
 """Ray as a :class:`~rlnb.rollout._ray.RayEngine` uses it: a local cluster that the
 session starts and owns (its processes watched by a guard, its logs in the run
-dir), or a running cluster it attaches to and leaves be."""
+dir), or a running cluster it attaches to and leaves be; and the raylet's reports of
+replicas that died, which the engine answers in its own words."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import secrets
 import socket
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +22,13 @@ import psutil
 
 from rlnb._errors import ConfigError, EngineError
 
-__all__ = ["Cluster", "is_ray_process"]
+__all__ = ["Cluster", "is_ray_process", "report_deaths"]
+
+# Ray's driver keeps these after ray.shutdown(); said beside the gauges, which leave them out.
+KEPT_AFTER_SHUTDOWN = (
+    "Ray's core worker keeps its threads, event loops, sockets and log files in this process after "
+    "ray.shutdown(), for the life of the process (a few FDs more per ray.init); a kernel restart frees them"
+)
 
 
 class Cluster:
@@ -29,20 +39,25 @@ class Cluster:
         self.connected = connected  # this session called ray.init (and disconnects at close)
         self.placement: Any = None
         self.link: str | None = None  # a short path to the log dir, for Ray's sockets
+        self.logs: str | None = None  # where this process's Ray session keeps its logs (the real path)
         self._procs: dict[int, psutil.Process] = {}
         self._fds_before = _open_fds()
+        self._threads_before = set(_native_threads())
         self._closed = False
 
     @classmethod
     def connect(cls, ray: Any, config: Any, name: str, log_dir: str | None) -> Cluster:
         if ray.is_initialized():  # another session's Ray, or the user's: use it, leave it be
-            return cls(ray, connected=False, owned=False, guard=None)
+            cluster = cls(ray, connected=False, owned=False, guard=None)
+            cluster.logs = _logs_dir(ray)
+            return cluster
         options = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
         if config.address is not None:
             _check_reachable(config.address)
             cluster = cls(ray, connected=True, owned=False, guard=None)
             try:
-                ray.init(address=config.address, namespace=f"rlnb-{name}", **options)
+                with _no_driver_metrics():
+                    ray.init(address=config.address, namespace=f"rlnb-{name}", **options)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 cluster.close()
                 raise ConfigError(
@@ -50,6 +65,7 @@ class Cluster:
                     "start one with `ray start --head`, or use address=None for a local cluster of the session's own "
                     "(a cluster with token authentication also needs RAY_AUTH_MODE=token in this process's environment)"
                 ) from None
+            cluster.logs = _logs_dir(ray)
             return cluster
         return cls._start(ray, config, name, log_dir, options)
 
@@ -75,6 +91,7 @@ class Cluster:
                         num_cpus=max(needed, os.cpu_count() or 1),
                         namespace=f"rlnb-{name}",
                         _node_ip_address="127.0.0.1",
+                        _system_config=dict(_NO_METRICS),  # Ray adds to it: a new one per start
                         **options,
                     )
             except Exception as exc:
@@ -93,6 +110,7 @@ class Cluster:
             except BaseException:
                 cluster.close()
                 raise
+            cluster.logs = _logs_dir(ray)
             cluster.watch_new()
             return cluster
 
@@ -138,13 +156,18 @@ class Cluster:
         self.watch_new()
         if ray.is_initialized():
             ray.shutdown()
-        # Ray's core worker keeps its event loops, a socket and its log files open
-        # after shutdown, for the life of the process (one more socket per init): Ray's,
-        # not this session's, so the leak checks leave them out.
+        # Ray's core worker keeps its threads, event loops, sockets and log files after
+        # shutdown, for the life of the process: Ray's, not this session's, so the leak
+        # checks leave them out and the probe says why.
         from rlnb.runtime import note_process_long
 
         open_now = _open_fds()
-        note_process_long(fds=[fd for fd, where in open_now.items() if self._fds_before.get(fd) != where])
+        note_process_long(
+            fds=[fd for fd, where in open_now.items() if self._fds_before.get(fd) != where],
+            native_threads=[tid for tid in _native_threads() if tid not in self._threads_before],
+            owner="Ray",
+            reason=KEPT_AFTER_SHUTDOWN,
+        )
         if not self.owned:
             return
         deadline = time.monotonic() + (timeout or 10.0)
@@ -161,6 +184,94 @@ class Cluster:
                 os.unlink(self.link)
         if self._guard is not None:
             self._guard.close(kill=False)
+
+
+# Ray's metrics feed its dashboard, which a session does not start. Once a process has
+# called ray.init a second time, the driver's metrics exporter outlives ray.shutdown():
+# it tries to reach the gone cluster's metrics agent every few seconds for good, each
+# try on a new socket (attached, it stays connected to the cluster). Off for a cluster
+# of the session's own (every process of it) and for this driver when it attaches.
+_NO_METRICS = {"enable_metrics_collection": False}
+
+
+@contextlib.contextmanager
+def _no_driver_metrics() -> Iterator[None]:
+    """Turn Ray's metrics off for this process's driver while ``ray.init`` reads its
+    settings (a cluster attached to takes no ``_system_config``; its own processes
+    keep theirs)."""
+    name, before = "RAY_enable_metrics_collection", os.environ.get("RAY_enable_metrics_collection")
+    os.environ[name] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def _logs_dir(ray: Any) -> str | None:
+    """Where the Ray session this process is connected to keeps its logs, as a real
+    path (not through the short link, which close removes); None if Ray does not say."""
+    try:
+        logs = ray._private.worker._global_node.get_logs_dir_path()
+    except Exception:  # another Ray version, or a client connection: no local node
+        return None
+    return os.path.realpath(logs) if logs else None
+
+
+# -- the raylet's reports of dead workers ----------------------------------------------------
+
+# Ray's driver prints every error the cluster publishes for its job, from a thread of
+# its own; for a worker that dies, the raylet's paragraph guessing at the cause (the OOM
+# killer, `ray stop --force`, a segfault). For a replica the engine remakes, the engine
+# says what happened instead, in one line with the worker's log file: the raylet's
+# report about one of those workers goes to the engine, every other message prints.
+_WORKER_ID = re.compile(r"Worker ID: ([0-9a-f]+)")
+_REPORTS_LOCK = threading.Lock()
+_REPORTED: dict[str, Callable[[str, str], None] | None] = {}  # worker id -> whom to tell (None: nobody now)
+
+
+def report_deaths(ray: Any, workers: Mapping[str, Callable[[str, str], None] | None]) -> None:
+    """Hand the raylet's report of each of these workers' deaths to its callback, as
+    ``callback(worker_id, report)`` on Ray's printing thread, instead of printing it
+    (``None``: drop it, the worker's engine has closed). Where Ray prints some other
+    way (another version), its reports print as they did."""
+    _take_over_printer(ray)
+    with _REPORTS_LOCK:
+        _REPORTED.update(workers)
+
+
+def _take_over_printer(ray: Any) -> None:
+    module: Any = getattr(getattr(ray, "_private", None), "worker", None)
+    printer = getattr(module, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "_rlnb_reports", False):
+        return
+
+    @functools.wraps(printer)
+    def print_to_stdstream(data: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(data, dict) and data.get("pid") == "raylet" and _reported(data.get("lines") or []):
+            return None
+        return printer(data, *args, **kwargs)
+
+    print_to_stdstream._rlnb_reports = True  # type: ignore[attr-defined]
+    module.print_to_stdstream = print_to_stdstream
+
+
+def _reported(lines: list[str]) -> bool:
+    """Whether every line is a report about a worker registered here (each then sent on)."""
+    callbacks = []
+    for line in lines:
+        found = _WORKER_ID.search(line) if isinstance(line, str) else None
+        with _REPORTS_LOCK:
+            if found is None or found[1] not in _REPORTED:
+                return False
+            callbacks.append((_REPORTED[found[1]], found[1], line))
+    for callback, worker_id, line in callbacks:
+        if callback is not None:
+            with contextlib.suppress(Exception):  # Ray's printing thread must go on
+                callback(worker_id, line)
+    return bool(callbacks)
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -234,6 +345,29 @@ def _running(proc: psutil.Process) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def _native_threads() -> dict[int, str]:
+    """This process's threads that are a library's own (C++ ones, such as Ray's and
+    gRPC's), by OS thread id: not Python's, and not named as the process is (OpenMP's
+    threads keep its name). Empty where /proc cannot tell."""
+    python = {t.native_id for t in threading.enumerate()}
+    found: dict[int, str] = {}
+    try:
+        with open("/proc/self/comm") as f:
+            own = f.read().strip()
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # ended meanwhile
+            continue
+        if int(task) not in python and name != own:
+            found[int(task)] = name
+    return found
 
 
 def _open_fds() -> dict[int, str]:

@@ -19,6 +19,7 @@ from rlnb.runtime import _bridge
 
 __all__ = [
     "ChildInfo",
+    "ProcessLong",
     "Snapshot",
     "note_process_long",
     "open_runs",
@@ -65,12 +66,31 @@ class ChildInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProcessLong:
+    """What a library keeps for the life of the process once its user has closed it,
+    and why: left out of every snapshot's counts, and said here instead.
+
+    ``owner`` names the library ("Ray"); ``reason`` says, in a sentence, why it keeps
+    them and what frees them; ``fds`` maps each FD it keeps (still open, still pointing
+    where it did when noted) to what it points at; ``threads`` names its threads still
+    alive, Python's and the library's own native ones (which Python does not list).
+    """
+
+    owner: str
+    reason: str
+    fds: Mapping[int, str]
+    threads: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Snapshot:
     """What the process held at one moment.
 
     ``fds`` maps each open FD to what it points at; ``threads`` maps thread ident to
     name; ``children`` holds live (non-zombie) descendants; ``loops`` names the rlnb
-    bridges whose loop is open; ``runs`` labels open tracker runs.
+    bridges whose loop is open; ``runs`` labels open tracker runs. ``process_long``
+    says what libraries keep for the life of the process (noted with
+    :func:`note_process_long`, with an owner), which the other fields leave out.
     """
 
     fds: Mapping[int, str]
@@ -78,6 +98,7 @@ class Snapshot:
     children: frozenset[ChildInfo]
     loops: tuple[str, ...]
     runs: tuple[str, ...]
+    process_long: tuple[ProcessLong, ...] = ()
 
     @property
     def num_fds(self) -> int:
@@ -177,14 +198,77 @@ _NOTED_FDS: dict[int, str] = {}  # fd -> what it pointed to when noted
 _NOTED_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 
-def note_process_long(*, fds: Iterable[int] = (), threads: Iterable[threading.Thread] = ()) -> None:
+@dataclasses.dataclass
+class _Owner:
+    """What one library was noted to keep, and why."""
+
+    reason: str
+    fds: dict[int, str] = dataclasses.field(default_factory=dict)
+    threads: weakref.WeakSet[threading.Thread] = dataclasses.field(default_factory=weakref.WeakSet)
+    native: dict[int, str] = dataclasses.field(default_factory=dict)  # OS thread id -> its name when noted
+
+
+_OWNERS: dict[str, _Owner] = {}
+_OWNERS_LOCK = threading.Lock()
+
+
+def note_process_long(
+    *,
+    fds: Iterable[int] = (),
+    threads: Iterable[threading.Thread] = (),
+    native_threads: Iterable[int] = (),
+    owner: str | None = None,
+    reason: str | None = None,
+) -> None:
     """Mark FDs and threads that a library keeps for the life of the
     process, such as pyzmq's garbage-collector thread and its context, as nobody's
     leak: :func:`snapshot` leaves them out from now on (an FD while it points where
-    it pointed when noted)."""
+    it pointed when noted).
+
+    With ``owner`` (and ``reason``, a sentence saying why it keeps them) they are
+    also said in :attr:`Snapshot.process_long`, with the library's own native threads
+    (``native_threads``: OS thread ids, which Python's thread list leaves out)."""
     open_now = _open_fds()
-    _NOTED_FDS.update({fd: open_now[fd] for fd in fds if fd in open_now})
-    _NOTED_THREADS.update(threads)
+    targets = {fd: open_now[fd] for fd in fds if fd in open_now}
+    kept = list(threads)
+    _NOTED_FDS.update(targets)
+    _NOTED_THREADS.update(kept)
+    if owner is None:
+        return
+    names = {tid: name for tid in native_threads if (name := _native_thread_name(tid)) is not None}
+    with _OWNERS_LOCK:
+        note = _OWNERS.setdefault(owner, _Owner(reason or ""))
+        note.reason = reason or note.reason
+        note.fds.update(targets)
+        note.threads.update(kept)
+        note.native.update(names)
+
+
+def _native_thread_name(tid: int) -> str | None:
+    """The name the OS knows thread ``tid`` of this process by; None once it has ended."""
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _process_long() -> tuple[ProcessLong, ...]:
+    """What each owner noted that it still holds (FDs still pointing where they did,
+    threads still alive); owners that hold nothing any more are left out."""
+    if not _OWNERS:
+        return ()
+    open_fds = _open_fds()
+    with _OWNERS_LOCK:  # copied under the lock: noting may happen on another thread
+        notes = [(owner, n.reason, set(n.fds), list(n.threads), dict(n.native)) for owner, n in _OWNERS.items()]
+    found = []
+    for owner, reason, noted_fds, threads, native in notes:
+        fds = {fd: target for fd, target in open_fds.items() if fd in noted_fds and _noted(fd, target)}
+        names = [t.name for t in threads if t.is_alive()]
+        names += [name for tid, name in native.items() if _native_thread_name(tid) == name]
+        if fds or names:
+            found.append(ProcessLong(owner, reason, fds, tuple(sorted(names))))
+    return tuple(found)
 
 
 def _noted(fd: int, target: str) -> bool:
@@ -230,4 +314,5 @@ def snapshot() -> Snapshot:
         children=frozenset(c for c in _live_children() if c.pid not in helper_pids),
         loops=_bridge.live_loops(),
         runs=open_runs(),
+        process_long=_process_long(),
     )

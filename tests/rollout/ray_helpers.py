@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -24,7 +26,7 @@ def ray_processes(root: psutil.Process | None = None) -> list[psutil.Process]:
     return [p for p in (root or psutil.Process()).children(recursive=True) if is_ray_process(p)]
 
 
-def replicas(sess: rlnb.Session) -> list[dict[str, int | str]]:
+def replicas(sess: rlnb.Session) -> list[dict[str, Any]]:
     return sess.statistics().engine.extra["replicas"]
 
 
@@ -46,3 +48,34 @@ def live_name(proc: psutil.Process) -> str:
         return "" if proc.status() == psutil.STATUS_ZOMBIE else proc.name()
     except psutil.Error:
         return ""
+
+
+def cell_output(kc: Any, code: str, timeout: float = 120.0) -> str:
+    """Execute ``code`` in the kernel behind the client ``kc`` and return everything its
+    cell shows: both streams, displays, results and a traceback, in order."""
+    texts: list[str] = []
+
+    def hook(msg: dict[str, Any]) -> None:
+        content = msg["content"]
+        if msg["msg_type"] == "stream":
+            texts.append(content["text"])
+        elif msg["msg_type"] in ("display_data", "execute_result"):
+            texts.append(content["data"].get("text/plain", "") + "\n")
+        elif msg["msg_type"] == "error":
+            texts.append("\n".join(content["traceback"]))
+
+    kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+    return "".join(texts)
+
+
+def socket_fds() -> dict[int, str]:
+    """This process's open sockets, by FD."""
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile (or the listing's own)
+            continue
+        if target.startswith("socket:"):
+            found[int(name)] = target
+    return found

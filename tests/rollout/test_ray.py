@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing.forkserver
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -20,18 +21,34 @@ import ray
 import rlnb
 import rlnb.models
 from tests.helpers import exited, wait_until
-from tests.rollout.ray_helpers import SMALL, free_port, ray_links, ray_processes, replicas
+from tests.rollout.ray_helpers import (
+    SMALL,
+    cell_output,
+    free_port,
+    ray_links,
+    ray_processes,
+    replicas,
+    socket_fds,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.ray]
 
 
-def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_process(tmp_path: Path) -> None:
+DIED = re.compile(r"rlnb: Ray replica (\d) died \(pid (\d+), ([^)]+)\) (.*); its logs: (\S+)\n")
+
+
+def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     links = ray_links()
     run_dir = tmp_path / "a-run-dir-too-long-for-the-sockets-of-ray"
     with rlnb.Session(SMALL.replace(track=rlnb.TrackConfig(run_dir=str(run_dir))), name="ray") as sess:
         assert ray.is_initialized() and len(replicas(sess)) == 2
         assert list(run_dir.glob("ray/session_*/logs/raylet.out")), "Ray's logs go under the run dir"
         assert len(ray_links() - links) == 1, "its sockets, through a link with a short path"
+        log_dir = Path(sess.statistics().engine.extra["log_dir"])  # the real path, not the link close removes
+        assert log_dir.parent.parent == run_dir.resolve() / "ray" and (log_dir / "raylet.out").is_file()
+        assert all(Path(f).parent == log_dir and Path(f).is_file() for r in replicas(sess) for f in r["logs"])
         assert all(r["state"] == "running" for r in replicas(sess))
         assert len(ray_processes()) >= 4, "a local cluster of the session's own: GCS, raylet, two replicas"
 
@@ -65,10 +82,19 @@ def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_p
             ray.kill(victim)
 
         killer = threading.Thread(target=kill_when_busy)
+        victim_pid = int(replicas(sess)[0]["pid"])
+        victim_err = next(f for f in replicas(sess)[0]["logs"] if f.endswith(".err"))
+        capsys.readouterr()
         killer.start()
         assert sess.step()["version"] == 5
         killer.join()
         assert sess.step()["version"] == 6  # training goes on
+        # said in one line, with the dead worker's log file
+        said = DIED.findall(capsys.readouterr().out)
+        assert len(said) == 1 and said[0][:2] == ("0", str(victim_pid)) and said[0][4] == victim_err, said
+        # the weights it was remade with: step 5's (v4), or v5's if it was found dead at the sync
+        assert said[0][3] in (f"and was remade with weights v{v} (restart 1 of 3)" for v in (4, 5)), said
+        assert replicas(sess)[0]["died"] == f"pid {victim_pid}, {said[0][2]}"
         stats = sess.statistics().engine.extra
         assert stats["restarts"] == 1 and replicas(sess)[0]["restarts"] == 1
         assert [r["state"] for r in replicas(sess)] == ["running", "running"]
@@ -86,7 +112,28 @@ def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_p
     assert all(exited(p) for p in everyone)
     assert ray_processes() == []
     assert ray_links() == links
+    # What Ray's driver keeps in this process for good, and why: the probe says it.
+    kept = {k.owner: k for k in rlnb.probe.snapshot().process_long}["Ray"]
+    assert "ray.shutdown()" in kept.reason and "for the life of the process" in kept.reason
+    assert any(target.startswith(str(log_dir)) for target in kept.fds.values()), kept.fds  # its own log files
+    assert {"gcs_client_io_s", "worker.io"} <= set(kept.threads), kept.threads  # its C++ threads
     sess.close()  # idempotent
+
+
+def test_ray_started_again_in_the_same_process_leaves_nothing_that_comes_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cell re-run starts Ray again in the same kernel. Ray's driver then kept exporting
+    metrics to the gone cluster after close, on a new socket every few seconds (each seen
+    by a later test's leak check): the session turns Ray's metrics off."""
+    monkeypatch.setenv("RAY_metrics_report_interval_ms", "1000")  # were they on, every second
+    config = SMALL.replace(ray=rlnb.RayConfig(engine_replicas=1), data=rlnb.DataConfig(num_workers=0))
+    for _ in range(2):
+        with rlnb.Session(config, name="again") as sess:
+            sess.step()
+    before = socket_fds()
+    deadline = time.monotonic() + 4.0  # Ray exports every second here
+    while time.monotonic() < deadline:
+        assert socket_fds() == before, "a socket came or went after Ray was shut down"
+        time.sleep(0.02)
 
 
 OWNER = """
@@ -262,12 +309,32 @@ sess = rlnb.Session(rlnb.Config(
 sess.step()
 """
 
+# A replica killed as notebook 07 kills one; the cell waits until Ray's raylet has
+# reported the death (else as long as it took to come), so that it shows if printed.
+KILL_CELL = """
+import os, signal, time
+os.kill(sess.statistics().engine.extra["replicas"][1]["pid"], signal.SIGKILL)
+while sess.statistics().engine.extra["replicas"][1]["restarts"] == 0:
+    sess.step()
+deadline = time.monotonic() + 15.0
+while not sess.statistics().engine.extra.get("reports") and time.monotonic() < deadline:
+    time.sleep(0.1)
+"""
+
 
 def test_a_kernel_restart_leaves_no_ray_process_of_the_session(tmp_path: Path) -> None:
     from tests.runtime.test_kernel import kernel, ok
 
     with kernel(tmp_path) as (km, kc):
         ok(kc, KERNEL_CELL)
+        # A killed replica shows in the cell as one line of rlnb's, with its log file:
+        # not as the raylet's report (nine lines guessing at the OOM killer).
+        shown = cell_output(kc, KILL_CELL)
+        assert "(raylet)" not in shown and "OOM" not in shown, shown
+        said = DIED.findall(shown)
+        assert len(said) == 1 and said[0][0] == "1" and said[0][2] == "Ray: SYSTEM_ERROR", shown
+        assert said[0][3].startswith("and was remade with weights v"), shown
+        assert Path(said[0][4]).is_file() and said[0][4].endswith(f"-{said[0][1]}.err"), said
         assert km.provisioner is not None
         everyone = ray_processes(psutil.Process(km.provisioner.process.pid))
         assert len(everyone) >= 4, everyone  # GCS, raylet, two replicas (and Ray's agents)
