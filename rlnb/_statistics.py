@@ -21,8 +21,9 @@ _FIRST_METRICS = ("reward_mean", "accuracy", "loss", "kl")
 
 @dataclasses.dataclass(frozen=True)
 class SessionStatistics:
-    """A snapshot of a session and its parts: training (background run, step,
-    steps/s, last metrics, what a step waits for), rollouts, buffer and engine."""
+    """A snapshot of a session and its parts: training (a blocking call in the
+    foreground or a background run, step, steps/s, last metrics, what a step waits
+    for), rollouts, buffer and engine."""
 
     name: str
     closed: bool
@@ -49,9 +50,15 @@ class SessionStatistics:
 
 
 def _training_lines(training: Any) -> list[str]:
-    rate = training.steps_per_s
+    rate, foreground = training.steps_per_s, training.foreground
+    if training.running:
+        state = "in the background"
+    elif foreground is not None:
+        state = f"{foreground.call} in the foreground"
+    else:
+        state = "idle"
     head = [
-        "running" if training.running else "stopped",
+        state,
         f"step {training.step}",
         *([f"{_reprs.number(rate)} steps/s"] if rate is not None else []),
     ]

@@ -284,6 +284,20 @@ def run_all_cells(page: Page, *, timeout: float = 120.0) -> None:
     wait_for_idle(page, timeout=timeout)
 
 
+def run_cell(page: Page, index: int) -> None:
+    """Run the notebook's ``index``-th code cell (Shift+Enter in it) and return at once."""
+    cell = page.locator(".jp-Notebook .jp-CodeCell").nth(index)
+    cell.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+
+
+def open_file_browser(page: Page) -> None:
+    """Show the file browser in the left sidebar, as Lab starts for a new user."""
+    if not page.locator("#filebrowser").is_visible():
+        page.locator('.jp-SideBar [data-id="filebrowser"]').click()
+    page.locator("#filebrowser").wait_for(state="visible")
+
+
 def wait_for_idle(page: Page, *, timeout: float = 60.0) -> None:
     """Wait until the notebook has a kernel, connected and idle, and no cell is queued."""
     page.wait_for_function(

@@ -22,10 +22,13 @@ from tests.browser import (
     jupyterlab,
     kernel_processes,
     menu,
+    open_file_browser,
     open_notebook,
     restart_kernel,
     run_all_cells,
+    run_cell,
     screenshot,
+    wait_for_idle,
 )
 
 pytestmark = [
@@ -80,8 +83,14 @@ def gauge(page: Page, name: str) -> int:
 
 
 def press(page: Page, method: str) -> None:
-    """Click the dashboard's button for ``method`` (its label; an icon may precede it)."""
-    page.locator(".rlnb-dashboard button", has_text=re.compile(rf"^\W*{method}\s*$")).first.click()
+    """Click the dashboard's button for ``method`` (its label; an icon may precede it)
+    as a person does: once it is on, and has been for a moment."""
+    button = page.locator(".rlnb-dashboard button", has_text=re.compile(rf"^\W*{method}\s*$")).first
+    button.wait_for(state="visible")
+    while button.is_disabled():
+        page.wait_for_timeout(50)
+    page.wait_for_timeout(300)  # nobody clicks a button the moment it comes on
+    button.click()
 
 
 def saved_widget_state(path: Path) -> dict[str, Any] | None:
@@ -157,4 +166,137 @@ def test_the_dashboard_pauses_resumes_and_stops_background_training_in_jupyterla
         page.locator(".rlnb-dashboard .rlnb-gone").first.wait_for(state="visible", timeout=30_000)
         assert "exit code 130" in page.locator(".rlnb-dashboard .rlnb-gone").first.inner_text()
         assert not page.locator(".rlnb-dashboard .rlnb-live").first.is_visible()
+        # ipywidgets draws a broken-link icon on every part of a widget whose kernel is gone;
+        # the epitaph says it once instead
+        icons = page.evaluate(
+            """() => [...document.querySelectorAll('.rlnb-dashboard .jupyter-widgets-disconnected')]
+                .filter(el => getComputedStyle(el, '::before').display !== 'none'
+                              && getComputedStyle(el, '::before').content !== 'none').length"""
+        )
+        assert icons == 0, f"{icons} broken-link icons on the dashboard after the restart"
+        assert not page.locator(".rlnb-dashboard .rlnb-controls").first.is_visible()  # nothing to click
         screenshot(page, SCREENSHOTS, "after-restart.png")
+
+
+TRUTH = [
+    """import time
+import rlnb
+
+config = rlnb.Config(
+    task="reverse",
+    mode="async",
+    seed=0,
+    rollout=rlnb.RolloutConfig(max_policy_lag=None, max_new_tokens=20),
+    buffer=rlnb.BufferConfig(capacity=48),
+)
+sess = rlnb.Session(config, name="truth")
+sess.dashboard()""",
+    "sess.start()",
+    "sess.train(30)",
+    "sess.close()\nprint(sess.version)",
+]
+
+
+def training_word(page: Page) -> str:
+    return str(page.locator(".rlnb-dashboard .rlnb-training-word").first.get_attribute("data-state"))
+
+
+def state_row(page: Page, label: str) -> str:
+    """The text of one row of the dashboard's state table."""
+    row = page.locator(".rlnb-dashboard .rlnb-state tr", has=page.locator(f"th:text-is('{label}')")).first
+    return str(row.locator("td").first.inner_text())
+
+
+def test_the_dashboard_tells_the_truth_through_a_full_buffer_pause_a_foreground_train_and_close(
+    tmp_path: Path,
+) -> None:
+    """At 1280x800 with the file browser open, as a new user sees it: a wait-mode pause
+    with a full buffer while training goes on in the background, clicks while a cell
+    trains in the foreground, and the frame the session closes with.
+
+    JupyterLab sends clicks through a kernel subshell, so they reach the kernel while
+    a cell runs (the dashboard keeps them going there once a click has shown it the
+    subshell): pause and resume work beside a foreground train(), the rest is off. A
+    click the kernel held back until a cell ended is refused, not run late: that path
+    is driven through jupyter_client in tests/notebook/test_dashboard_kernel.py."""
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in TRUTH])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nbformat.write(nb, notebooks / "truth.ipynb")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    generation = ".rlnb-dashboard .rlnb-state-word"
+    with jupyterlab(notebooks) as url, browser(height=800) as page:
+        open_notebook(page, url, "truth.ipynb")
+        open_file_browser(page)
+        run_cell(page, 0)
+        wait_for_idle(page)
+        page.locator(".rlnb-dashboard .rlnb-training-word").first.wait_for()
+        assert (training_word(page), state_word(page)) == ("idle", "stopped")  # not a green RUNNING
+
+        run_cell(page, 1)  # train in the background until the buffer is full
+        wait_for(page, "s => document.querySelector(s)?.innerText.includes('train 48/48 groups')",
+                 ".rlnb-dashboard .rlnb-state", timeout=120)  # fmt: skip
+        board = page.locator(".rlnb-dashboard").first
+        board.scroll_into_view_if_needed()
+        fits = page.evaluate(
+            """() => {
+                const board = document.querySelector('.rlnb-dashboard').getBoundingClientRect();
+                const curves = document.querySelector('.rlnb-dashboard .rlnb-curves').getBoundingClientRect();
+                const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer');
+                return [curves.bottom - board.top, panel.clientHeight, board.width];
+            }"""
+        )
+        print(f"\ndashboard down to the curves: {fits[0]:.0f} of {fits[1]} px, {fits[2]:.0f} px wide")
+        assert fits[0] <= fits[1], f"the dashboard needs {fits[0]:.0f} px down to its curves; the panel shows {fits[1]}"
+        page.screenshot(path=str(SCREENSHOTS / "truth-full-buffer.png"))
+
+        page.locator(".rlnb-dashboard select").first.select_option("wait")
+        press(page, "pause")  # a wait-mode pause with a full buffer, training on: it must settle
+        wait_for(page, "s => document.querySelector(s)?.dataset.state === 'paused'", generation, timeout=60)
+        assert training_word(page) == "background"
+        wait_for(page, "s => document.querySelector(s)?.innerText.includes('generation is paused, so it trains')",
+                 ".rlnb-dashboard .rlnb-state")  # fmt: skip
+        assert "PAUSED (wait)" in page.locator(generation).first.inner_text()
+        page.screenshot(path=str(SCREENSHOTS / "truth-wait-pause.png"))
+        press(page, "resume")
+        wait_for(page, "s => document.querySelector(s)?.dataset.state === 'running'", generation)
+        press(page, "stop")  # training and background generation both
+        wait_for(page, "s => document.querySelector(s)?.dataset.state === 'stopped'", generation)
+        assert training_word(page) == "idle"
+
+        page.locator(".rlnb-dashboard select").first.select_option("abort")
+        run_cell(page, 2)  # train() in the foreground: the kernel's main thread is busy
+        word = ".rlnb-dashboard .rlnb-training-word"
+        wait_for(page, "s => document.querySelector(s)?.dataset.state === 'foreground'", word, timeout=60)
+        notice = page.locator(".rlnb-dashboard .rlnb-notice").first
+        wait_for(page, "s => document.querySelector(s)?.innerText.includes('pause and resume work meanwhile')",
+                 ".rlnb-dashboard .rlnb-notice")  # fmt: skip
+        assert "train(until=" in notice.inner_text()
+        off = page.eval_on_selector_all(
+            ".rlnb-dashboard button", "bs => bs.filter(b => b.disabled).map(b => b.innerText.trim())"
+        )
+        assert {"start", "stop", "step", "evaluate", "save"} <= set(off), off
+        press(page, "pause")  # beside the running cell: it runs now, not when the cell ends
+        wait_for(page, "s => document.querySelector(s)?.dataset.state === 'paused'", generation)
+        assert training_word(page) == "foreground"
+        wait_for(page, "s => document.querySelector(s)?.innerText.includes('rollouts are paused')",
+                 ".rlnb-dashboard .rlnb-state")  # fmt: skip  # the step waits for the resume
+        page.screenshot(path=str(SCREENSHOTS / "truth-foreground.png"))
+        press(page, "resume")
+        wait_for_idle(page, timeout=180)  # the train() cell finishes
+        assert error_outputs(page) == []
+        assert "resumed" in page.locator(".rlnb-dashboard .rlnb-message").first.inner_text()
+
+        run_cell(page, 3)
+        wait_for_idle(page)
+        page.locator(".rlnb-dashboard.rlnb-static").first.wait_for()
+        version = cell_outputs(page)[3].strip()
+        assert state_row(page, "policy version") == f"{version} (engine {version})"  # not the last tick's
+        assert (training_word(page), state_word(page)) == ("closed", "closed")
+        deltas = page.eval_on_selector_all(".rlnb-dashboard .rlnb-gauge", "els => els.map(e => e.dataset.delta)")
+        assert deltas and set(deltas) == {"0"}, deltas  # nothing left behind, at once
+        assert page.locator(".rlnb-dashboard .rlnb-new").count() == 0
+        assert error_outputs(page) == []
+        page.locator(".rlnb-dashboard").first.scroll_into_view_if_needed()
+        page.screenshot(path=str(SCREENSHOTS / "truth-closed.png"))

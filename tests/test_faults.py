@@ -18,8 +18,8 @@ than 2 s.
 | kill -9 at random moments of ``save()`` and ``save_pretrained()``, 30 each | here |
 | SIGTERM to ``rlnb train`` (foreground training, wandb) | ``tests/track/test_tracker.py`` |
 | SIGTERM and SIGKILL of a process training in the background, with loader workers and an offline wandb run | here |
-| a ``make_prompt`` that raises at random prompts (a bad row): raised once or skipped, capacity intact | ``tests/data/test_bad_prompts.py`` |
-| a pause in any mode against a full or empty buffer, a weight sync, foreground or background training | ``tests/test_pause_matrix.py`` |
+| a ``make_prompt`` raising at random: raised once or skipped, capacity intact | ``tests/data/test_bad_prompts.py`` |
+| any pause x full or empty buffer x weight sync x foreground or background training | ``tests/test_pause_matrix.py`` |
 | a callback that stops the run it is part of, or calls back into the session | ``tests/test_pause_matrix.py`` |
 | ``close()`` from another thread during a call | ``tests/test_session_rollout.py`` |
 """

@@ -45,7 +45,7 @@ def test_statistics_read_as_short_lines_with_the_counts(stats: SessionStatistics
     assert f"put {stats.buffer.put}" in text
     assert f"capacity {stats.buffer.capacity}" in text
     assert f"{stats.engine.generated_tokens} tokens generated" in text
-    assert re.search(r"^\s*training\s+stopped, step 0", text, re.MULTILINE), text
+    assert re.search(r"^\s*training\s+idle, step 0", text, re.MULTILINE), text
 
 
 def test_a_training_section_shows_step_rate_metrics_waiting_and_error(stats: SessionStatistics) -> None:
@@ -60,7 +60,7 @@ def test_a_training_section_shows_step_rate_metrics_waiting_and_error(stats: Ses
     )
     text = repr(with_training(stats, training))
     assert_readable(text)
-    assert re.search(r"^\s*training\s+running, step 12, 3.142 steps/s", text, re.MULTILINE), text
+    assert re.search(r"^\s*training\s+in the background, step 12, 3.142 steps/s", text, re.MULTILINE), text
     assert "reward_mean 0.4375, accuracy 0.25" in text  # the metrics a reader looks for come first
     assert "… and" in text  # not all twelve metrics
     assert "waiting: for rollouts <version 3>" in text
@@ -73,7 +73,17 @@ def test_a_training_section_shows_step_rate_metrics_waiting_and_error(stats: Ses
 def test_a_stopped_training_without_rate_or_metrics_is_one_line(stats: SessionStatistics) -> None:
     text = repr(with_training(stats, TrainingStatistics(False, 0, None, {}, None, None)))
     training_lines = [line for line in text.splitlines() if "step 0" in line]
-    assert len(training_lines) == 1 and "stopped" in training_lines[0] and "steps/s" not in text, text
+    assert len(training_lines) == 1 and "idle" in training_lines[0] and "steps/s" not in text, text
+
+
+def test_a_foreground_call_shows_as_the_call_with_its_progress(stats: SessionStatistics) -> None:
+    from rlnb.learn._foreground import ForegroundCall
+
+    call = ForegroundCall("train(until=150)", started=0.0, thread="MainThread", first=10, last=150)
+    training = TrainingStatistics(False, 41, 3.1, {}, None, None, foreground=call)
+    text = repr(with_training(stats, training))
+    assert re.search(r"^\s*training\s+train\(until=150\) in the foreground, step 41, 3.1 steps/s", text, re.M), text
+    assert call.progress(41) == "step 41 of 150 (22 %)"
 
 
 def test_cancelled_rollouts_show_apart_from_failed_ones(stats: SessionStatistics) -> None:

@@ -29,6 +29,7 @@ from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config
 from rlnb.data import Task
 from rlnb.learn._background import BackgroundRun
+from rlnb.learn._foreground import Foreground, ForegroundCall, wait_with_progress
 from rlnb.learn._learner import Learner
 from rlnb.learn._progress import progress_bar
 from rlnb.learn._warmup import Warmup
@@ -63,9 +64,12 @@ class Callback:
 @dataclasses.dataclass(frozen=True)
 class TrainingStatistics:
     """A snapshot of training: ``running`` in the background or not, the policy
-    version (``step``), the steps/s of the current or last background run, the last
-    step's metrics, what a step is waiting for (None when it is not), and a
-    background failure not yet raised."""
+    version (``step``), the steps/s of the foreground ``train`` in progress or else of
+    the current or last background run, the last step's metrics, what a step is
+    waiting for (None when it is not), a background failure not yet raised, the
+    blocking call running in the foreground (``train``, ``step``, ``warmup``,
+    ``evaluate``, ``save`` or ``wait``; None when none is) and the last one that
+    ended (its ``ended`` says when; None before any)."""
 
     running: bool
     step: int
@@ -73,6 +77,8 @@ class TrainingStatistics:
     last_metrics: Mapping[str, float]
     waiting: str | None
     error: str | None
+    foreground: ForegroundCall | None = None
+    last_foreground: ForegroundCall | None = None
 
 
 class Trainer:
@@ -114,6 +120,7 @@ class Trainer:
         self._phase: str | None = None  # what the current step waits for
         self._unpublished: dict[str, float] | None = None  # a trained step whose weights did not reach the engine
         self._run: BackgroundRun | None = None
+        self.foreground = Foreground()  # the blocking call a cell (or a button) is making
 
     @property
     def version(self) -> int:
@@ -129,7 +136,7 @@ class Trainer:
         (``Config.step_timeout`` when None). Ctrl-C raises
         :class:`~rlnb.TrainingInterrupted`, which says what was kept."""
         self.check_idle("step()")
-        with self._explained_interrupts("step()"):
+        with self.foreground.call("step()"), self._explained_interrupts("step()"):
             return self._step(timeout, None)
 
     def _step(self, timeout: float | None, cancel: threading.Event | None) -> dict[str, float]:
@@ -257,7 +264,10 @@ class Trainer:
         target = _target(n_steps, until, self.version)
         call = f"train(until={target})"
         history: list[dict[str, float]] = []
-        with progress_bar(target - self.version, f"rlnb {self.name}", progress) as bar:
+        with (
+            self.foreground.call(call, first=self.version, last=target),
+            progress_bar(target - self.version, f"rlnb {self.name}", progress) as bar,
+        ):
             with self._explained_interrupts(call, bar=bar, counted=lambda: len(history)):
                 while self.version < target:
                     metrics = self._step(None, None)
@@ -292,13 +302,14 @@ class Trainer:
     def warmup(self, n_steps: int | None = None, *, progress: bool = True) -> list[dict[str, float]]:
         """Supervised warm-up (see ``Session.warmup``); the weights go to the engine after."""
         self.check_idle("warmup()")
-        return self.warmup_stage.run(
-            n_steps,
-            sync=self.sync_weights,
-            log=lambda metrics: self.tracker.log(metrics, step=self.learner.version),
-            progress=progress,
-            name=self.name,
-        )
+        with self.foreground.call("warmup()" if n_steps is None else f"warmup({n_steps})"):
+            return self.warmup_stage.run(
+                n_steps,
+                sync=self.sync_weights,
+                log=lambda metrics: self.tracker.log(metrics, step=self.learner.version),
+                progress=progress,
+                name=self.name,
+            )
 
     def evaluate(self, n_prompts: int = 200, *, seed: int = 12345) -> float:
         """Greedy exact-match accuracy on ``n_prompts`` held-out prompts of the task. Blocks.
@@ -308,6 +319,10 @@ class Trainer:
         if not is_int(n_prompts) or n_prompts < 1:
             raise ValueError(f"evaluate(n_prompts={n_prompts!r}) is invalid: use an int >= 1")
         self.check_idle("evaluate()")
+        with self.foreground.call("evaluate()"):
+            return self._evaluate(n_prompts, seed)
+
+    def _evaluate(self, n_prompts: int, seed: int) -> float:
         started = time.perf_counter()
         items = self.task.eval_set(n_prompts, seed=seed)
         max_new = self.config.rollout.max_new_tokens or self.task.max_new_tokens
@@ -320,6 +335,12 @@ class Trainer:
 
     @contextlib.contextmanager
     def quiesced(self) -> Iterator[None]:
+        """:meth:`_quiesced`, marked as the foreground call ``save()``."""
+        with self.foreground.call("save()"), self._quiesced():
+            yield
+
+    @contextlib.contextmanager
+    def _quiesced(self) -> Iterator[None]:
         """Nothing generating inside: dispatch stopped and in-flight groups finished
         into the buffer (kept partial rollouts too); afterwards rollouts are as they were."""
         self.check_idle("save()")
@@ -364,11 +385,17 @@ class Trainer:
         if self._run is not None and not self._run.stop(timeout):
             raise TimeoutError(f"the background run did not stop within {timeout} s; it stops after its step")
 
-    def wait(self, timeout: float | None = None) -> None:
+    def wait(self, timeout: float | None = None, *, progress: bool = True) -> None:
         """Block until the background run ends (its ``steps`` are done, or it was
-        stopped); raise its failure, if any. ``TimeoutError`` after ``timeout`` s."""
-        if self._run is not None and not self._run.wait_ended(timeout):
-            raise TimeoutError(f"the background run is still training after {timeout} s")
+        stopped), with a progress bar of its steps; raise its failure, if any.
+        ``TimeoutError`` after ``timeout`` s."""
+        run = self._run
+        if run is not None and run.running:
+            with self.foreground.call("wait()"):
+                if not wait_with_progress(run, timeout, progress=progress, desc=f"rlnb {self.name} (background)"):
+                    raise TimeoutError(f"the background run is still training after {timeout} s")
+        elif run is not None:
+            run.wait_ended(timeout)  # ended: its thread is joined
         self.raise_pending()
 
     def raise_pending(self) -> None:
@@ -398,17 +425,23 @@ class Trainer:
 
     def statistics(self) -> TrainingStatistics:
         """A frozen snapshot of training; does not block."""
-        run = self._run
-        waiting = self._phase if self.training and self._phase != "updating" else None
+        run, foreground, version = self._run, self.foreground.current, self.version
+        busy = self.training or foreground is not None
+        waiting = self._phase if busy and self._phase != "updating" else None
         if waiting is not None and self.rollouter.state is not RolloutState.RUNNING:
             waiting = "rollouts are paused: resume() them"
+        rate = None if run is None else run.steps_per_s
+        if foreground is not None and foreground.first is not None:
+            rate = foreground.steps_per_s(version)
         return TrainingStatistics(
             running=self.training,
-            step=self.version,
-            steps_per_s=None if run is None else run.steps_per_s,
+            step=version,
+            steps_per_s=rate,
             last_metrics=dict(self.history[-1]) if self.history else {},
             waiting=waiting,
             error=None if run is None or run.error is None else repr(run.error),
+            foreground=foreground,
+            last_foreground=self.foreground.last,
         )
 
 

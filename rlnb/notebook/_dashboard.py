@@ -6,12 +6,19 @@ thread) and its buttons call the session's public methods on the thread that
 clicks. When the session closes, every display of the dashboard is replaced by a
 static copy (HTML, the curves as SVG images), so a saved notebook never shows a dead widget.
 
+While a blocking call (``train()``, ``step()``, ``wait()``, ...) holds the kernel's
+main thread, the ticker turns off every button that cannot run beside it and says
+why; where clicks reach the kernel meanwhile (through JupyterLab's kernel subshell,
+once a click has shown it), pause and resume stay on. A click the kernel held back
+until the call returned is refused rather than run late (see ``_clicks``).
+
 ipywidgets and IPython are imported only when a dashboard is made.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import html
 import threading
@@ -20,7 +27,8 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from rlnb._errors import ClosedError
-from rlnb.runtime import snapshot
+from rlnb.notebook import _clicks
+from rlnb.runtime import release_output_pipes, snapshot
 
 if TYPE_CHECKING:
     from rlnb._statistics import SessionStatistics
@@ -37,15 +45,15 @@ _TIME_SHARE = 40  # and at least this many times a draw's duration: drawing take
 _TOKENS_WINDOW = 2.0  # s of engine token counts the tokens/s figure is taken over
 _JOIN_TIMEOUT = 2.0
 PAUSE_MODES = ("abort", "keep", "wait")
-# (session method, icon); the buttons are keyed, and labelled, by the method they call
+# (session method, icon, what it calls); the buttons are keyed, and labelled, by the method
 _CONTROLS = (
-    ("start", "play"),
-    ("stop", "stop"),
-    ("pause", "pause"),
-    ("resume", "play-circle"),
-    ("step", "step-forward"),
-    ("evaluate", "check"),
-    ("save", "save"),
+    ("start", "play", "sess.start()"),
+    ("stop", "stop", "sess.stop(); sess.stop_rollouts(): training and background generation"),
+    ("pause", "pause", "sess.pause(mode)"),
+    ("resume", "play-circle", "sess.resume()"),
+    ("step", "step-forward", "sess.step()"),
+    ("evaluate", "check", "sess.evaluate()"),
+    ("save", "save", "sess.save(path)"),
 )
 
 _CACHE: weakref.WeakKeyDictionary[Any, Dashboard] = weakref.WeakKeyDictionary()
@@ -79,16 +87,18 @@ class Dashboard:
 
     - ``widget``: the ``ipywidgets.VBox`` holding everything below;
     - ``buttons``: ``ipywidgets.Button`` by the session method each calls (``start``,
-      ``stop``, ``pause``, ``resume``, ``step``, ``evaluate``, ``save``);
+      ``stop``, ``pause``, ``resume``, ``step``, ``evaluate``, ``save``; ``stop`` also
+      stops background generation: ``sess.stop(); sess.stop_rollouts()``);
       ``pause_mode`` (a ``Dropdown``) and ``save_path`` (a ``Text``) are their arguments;
+    - ``notice``: why buttons are off, when they are (``HTML``);
     - ``message``: the last action's result or error (``HTML``);
-    - ``state``, ``gauges``, ``curves``, ``rollouts``: the panels (``HTML``, ``HTML``,
-      ``Image``, ``HTML``);
+    - ``state``, ``gauges``, ``curves``, ``rollouts``: the panels (``HTML`` each);
     - ``ticks`` and ``last_tick_s``: how many updates ran and what the last one took.
 
     A ticker thread ``rlnb-<name>-dashboard`` calls :meth:`tick` every ``interval``
     seconds until :meth:`close` or the session's close, which replaces every display
-    of the dashboard by :meth:`static_html`.
+    of the dashboard by :meth:`static_html`. A click from the page that the kernel
+    held back while a blocking call ran is refused, saying so (see ``_clicks``).
     """
 
     def __init__(self, session: Session, *, interval: float = DEFAULT_INTERVAL) -> None:
@@ -97,11 +107,12 @@ class Dashboard:
         if session.closed:
             raise ClosedError(f"session {session.name!r} is closed; a dashboard needs a live session")
         from rlnb._assembly import describe_model
-        from rlnb.notebook import _panels
+        from rlnb.notebook import _curves, _panels
 
         self.name = session.name
         self.model = describe_model(session.config)
         self.interval = float(interval)
+        self._mode = session.config.mode
         self._session = weakref.ref(session)
         self._baseline = session.baseline
         self._exit_code: int | None = None
@@ -112,13 +123,15 @@ class Dashboard:
         self._busy: set[str] = set()
         self._handles: collections.deque[Any] = collections.deque(maxlen=32)
         self._stats: SessionStatistics | None = None
+        self._page: dict[str, Any] | None = None  # the page's last click that came through a subshell
+        self._pinned: dict[str, Any] | None = None  # what the ticker's updates are sent as caused by
         self._tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._next_curves = 0.0
         self._drawn: tuple[int, int] = (0, 0)
         self._shown_batch = 0
         self.ticks = 0
         self.last_tick_s: float | None = None
-        self._curves = _panels.Curves()
+        self._curves = _curves.Curves()
         self._batch = _panels.LastBatch()
         self._build_widgets()
         self._thread = threading.Thread(target=self._run, name=f"rlnb-{self.name}-dashboard", daemon=True)
@@ -139,28 +152,29 @@ class Dashboard:
 
         auto = w.Layout(width="auto")
         self.buttons: dict[str, Any] = {}
-        for method, icon in _CONTROLS:
-            button = w.Button(description=method, icon=icon, tooltip=f"sess.{method}()", layout=auto)
+        for method, icon, calls in _CONTROLS:
+            button = w.Button(description=method, icon=icon, tooltip=calls, layout=auto)
             button.on_click(functools.partial(self._act, method))
             self.buttons[method] = button
         self.pause_mode = w.Dropdown(options=PAUSE_MODES, value="abort", layout=w.Layout(width="6.5em"))
-        self.save_path = w.Text(value=f"checkpoints/{self.name}", layout=w.Layout(width="16em"))
+        self.save_path = w.Text(value=f"checkpoints/{self.name}", layout=w.Layout(width="12em"))
         b = self.buttons
         row = [b["start"], b["stop"], b["pause"], self.pause_mode, b["resume"], b["step"], b["evaluate"], b["save"]]
         controls = w.HBox([*row, self.save_path], layout=w.Layout(flex_flow="row wrap"))
+        self.notice = w.HTML()
         self.message = w.HTML()
         self.state = w.HTML(value=self._state_html(), layout=w.Layout(margin="0 2em 0 0"))
         self.gauges = w.HTML()
         self.curves = w.HTML(layout=w.Layout(display="none"))
         self.rollouts = w.HTML()
         panels = w.HBox([self.state, self.gauges], layout=w.Layout(flex_flow="row wrap"))
-        self.widget = w.VBox([controls, self.message, panels, self.curves, self.rollouts])
-        classes = [(controls, "controls"), (self.message, "message"), (self.state, "state")]
+        self.widget = w.VBox([controls, self.notice, self.message, panels, self.curves, self.rollouts])
+        classes = [(controls, "controls"), (self.notice, "notice"), (self.message, "message"), (self.state, "state")]
         classes += [(self.gauges, "gauges"), (self.curves, "curves"), (self.rollouts, "rollouts")]
         for widget, name in [*classes, (self.widget, "dashboard")]:
             widget.add_class(f"rlnb-{name}")
         self._widgets = [*b.values(), self.pause_mode, self.save_path, controls, panels, self.widget]
-        self._widgets += [self.message, self.state, self.gauges, self.curves, self.rollouts]
+        self._widgets += [self.notice, self.message, self.state, self.gauges, self.curves, self.rollouts]
 
     def _close_widgets(self) -> None:
         for widget in self._widgets:  # their layouts and styles are widgets with comms too
@@ -170,9 +184,9 @@ class Dashboard:
 
     def _say(self, text: str, *, error: bool = False) -> None:
         text = text if len(text) <= 600 else text[:599] + "…"
-        style = ' style="color:#b00020"' if error else ""
+        style = ' style="color:#b00020;line-height:1.4"' if error else ' style="line-height:1.4"'
         kind = "error" if error else "ok"
-        self.message.value = f'<span class="rlnb-{kind}"{style}>{html.escape(text)}</span>'
+        self.message.value = f'<div class="rlnb-{kind}"{style}>{html.escape(text)}</div>'
 
     # -- the ticker -------------------------------------------------------------------
 
@@ -187,16 +201,25 @@ class Dashboard:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if (page := self._page) is not None and page is not self._pinned:
+                _clicks.send_as_caused_by(page)
+                self._pinned = page
             self.tick()
             if self._stop.wait(self.interval):
                 return
 
+    @property
+    def live_clicks(self) -> bool:
+        """Whether the page's clicks reach the kernel while a cell runs (through a
+        kernel subshell, as a click has shown)."""
+        return self._page is not None
+
     def tick(self, *, wait: bool = True, curves: bool = True) -> None:
         """Update every panel from the session now (the ticker does this each
         ``interval``): one ``statistics()``, one probe snapshot, and the curves at
-        most once a second. Never raises: a failure shows in ``message``.
+        most every ``CURVES_INTERVAL`` s. Never raises: a failure shows in ``message``.
         ``wait=False`` skips the update if one is under way (it shows the same);
-        ``curves=False`` leaves the curves for the ticker (a draw takes ~50 ms)."""
+        ``curves=False`` leaves the curves for the ticker."""
         if not self._tick_lock.acquire(blocking=wait):
             return
         try:
@@ -225,6 +248,10 @@ class Dashboard:
             return
         if stats.training.error is not None:
             self._say(f"background training failed: {stats.training.error}", error=True)
+        if stats.rollout.state == "syncing" and self._stats is not None:
+            # a weight sync is a moment of the state it interrupts (paused, say), not a state to show
+            steady = dataclasses.replace(stats.rollout, state=self._stats.rollout.state)
+            stats = dataclasses.replace(stats, rollout=steady)
         self._stats = stats
         now = time.monotonic()
         self._tokens.append((now, stats.engine.generated_tokens))
@@ -237,10 +264,10 @@ class Dashboard:
         self._sync_buttons(stats)
         if curves and now >= self._next_curves:
             self._draw_curves(sess.history, sess.evaluations)
-            count, groups = self._batch.last  # a table of many samples: at the curves' pace
-            if count != self._shown_batch:
-                self._shown_batch = count
-                self.rollouts.value = _panels.rollouts_html(groups, count)
+            step, groups = self._batch.last  # a table of many samples: at the curves' pace
+            if step != self._shown_batch:
+                self._shown_batch = step
+                self.rollouts.value = _panels.rollouts_html(groups, step)
 
     def _state_html(self) -> str:
         from rlnb.notebook import _panels
@@ -249,7 +276,9 @@ class Dashboard:
         if len(self._tokens) >= 2:
             (t0, n0), (t1, n1) = self._tokens[0], self._tokens[-1]
             rate = (n1 - n0) / (t1 - t0) if t1 > t0 else None
-        return _panels.state_html(self.name, self._stats, rate, exit_code=self._exit_code, model=self.model)
+        return _panels.state_html(
+            self.name, self._stats, rate, exit_code=self._exit_code, model=self.model, mode=self._mode
+        )
 
     def _draw_curves(self, history: list[dict[str, float]], evaluations: list[tuple[int, float]]) -> None:
         """Redraw when the data changed, at most every ``CURVES_INTERVAL`` s and
@@ -266,35 +295,38 @@ class Dashboard:
     # -- the buttons ------------------------------------------------------------------
 
     def _sync_buttons(self, stats: SessionStatistics | None) -> None:
-        """Enable what can be used now; a busy button is left to its handler."""
-        if stats is None or self._closed:
-            usable = dict.fromkeys(self.buttons, False)
-        else:
-            training, state = stats.training.running, stats.rollout.state
-            running = state in ("running", "syncing")  # a sync is a moment of a running state
-            usable = {
-                "start": not training,
-                "stop": training,
-                "pause": running,
-                "resume": state in ("pausing", "paused"),
-                "step": not training and running,
-                "evaluate": not training and running,
-                "save": not training,
-            }
+        """Enable what can be used now and say why the rest is off; a busy button is
+        left to its handler."""
+        from rlnb.notebook import _panels
+
+        stats = None if self._closed else stats
+        usable = _panels.usable(stats, live_clicks=self.live_clicks)
+        notice = _panels.controls_notice(stats, live_clicks=self.live_clicks)
         with self._lock:
             for method, button in self.buttons.items():
                 if method not in self._busy:
                     button.disabled = not usable[method]
             self.pause_mode.disabled = self.save_path.disabled = self._closed
+            self.notice.value = f'<div style="color:#666;line-height:1.4">{html.escape(notice)}</div>' if notice else ""
 
     def _act(self, method: str, _button: Any = None) -> None:
-        """A click: call the session's ``method`` (busy meanwhile) and say what happened."""
+        """A click: call the session's ``method`` (busy meanwhile) and say what happened.
+        A click from the page that was made while a blocking call held the kernel is
+        refused instead (see ``_clicks``)."""
         button = self.buttons[method]
+        page = _clicks.page_message(button)
+        if page is not None and _clicks.through_a_subshell(page):
+            self._page = page  # the page has a subshell for clicks: the ticker keeps them going there
         with self._lock:
             if self._closed or method in self._busy:
                 return
-            self._busy.add(method)
-            button.disabled, button.description = True, f"{method}…"
+            refused = self._refusal(method, button) if page is not None else None
+            if refused is None:
+                self._busy.add(method)
+                button.disabled, button.description = True, f"{method}…"
+        if refused is not None:
+            self._say(refused, error=True)
+            return
         try:
             text = self._call(method)
         except Exception as exc:
@@ -308,6 +340,17 @@ class Dashboard:
         # Show the effect (and the buttons' new states) at once, unless the ticker is
         # drawing: a click must never wait for the curves.
         self.tick(wait=False, curves=False)
+
+    def _refusal(self, method: str, button: Any) -> str | None:
+        """Why a click from the page on ``method`` must not run now, or None."""
+        sess = self._session()
+        if sess is None or sess.closed:
+            return None  # the call says the session is closed
+        from rlnb.notebook import _panels
+
+        stats = sess.statistics(raise_errors=False)
+        why_off = _panels.controls_notice(stats, live_clicks=self.live_clicks)
+        return _clicks.refusal(method, stats, off=button.disabled, why_off=why_off)
 
     def _call(self, method: str) -> str:
         from rlnb.notebook import _panels
@@ -334,12 +377,13 @@ class Dashboard:
     def static_html(self) -> str:
         """The dashboard as plain HTML (the state, the gauges, the last message and
         rollouts, the curves as inline SVG images): what replaces it once closed."""
-        if self._exit_code is not None:
-            status = f"closed, exit code {self._exit_code}"
+        if self._exit_code is not None:  # the state panel says how it closed
+            head = ""
         else:
             status = "open; this is a copy of its dashboard" + (" (closed)" if self._closed else "")
+            head = f"<div><b>rlnb session {html.escape(repr(self.name))}</b>: {status}</div>"
         parts = (
-            f"<div><b>rlnb session {html.escape(repr(self.name))}</b>: {status}</div>",
+            head,
             f'<div class="rlnb-message">{self.message.value}</div>',
             f'<div style="display:flex;flex-wrap:wrap;gap:2em"><div class="rlnb-state">{self.state.value}</div>',
             f'<div class="rlnb-gauges">{self.gauges.value}</div></div>',
@@ -375,13 +419,17 @@ class Dashboard:
             self._thread.join(_JOIN_TIMEOUT)
         with self._tick_lock:  # a tick from a click handler has finished too
             pass
+        # The kernel's output pipes of the ticker and of every other thread that has ended
+        # (ipykernel sweeps them every 10 s): the last frame's gauges count what is left.
+        release_output_pipes()
         try:
             self._final_frame(session_closed)
         finally:
             self._close_widgets()
 
     def _final_frame(self, session_closed: bool) -> None:
-        """Draw the last frame, then swap every display for its static copy."""
+        """Draw the last frame from the figures the session closed with, then swap
+        every display for its static copy."""
         from IPython.display import HTML
 
         from rlnb.notebook import _panels
@@ -393,6 +441,10 @@ class Dashboard:
                 sess.callbacks.remove(self._batch)
             if session_closed:
                 self._exit_code = sess.exit_code
+                try:
+                    self._stats = sess.statistics(raise_errors=False)
+                except Exception:  # the last figures seen open stay
+                    pass
             with _CACHE_LOCK:
                 if _CACHE.get(sess) is self:
                     del _CACHE[sess]
@@ -400,6 +452,9 @@ class Dashboard:
         try:
             if history or evaluations:
                 self._draw_curves(history, evaluations)
+            step, groups = self._batch.last
+            if step != self._shown_batch:
+                self.rollouts.value = _panels.rollouts_html(groups, step)
         finally:
             self._curves.close()
         self.state.value = self._state_html()

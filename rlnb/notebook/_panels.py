@@ -1,5 +1,6 @@
-"""The dashboard's panels: the live-state and resource-gauge HTML, the curves as
-small SVG charts, and the callback that keeps the last batch.
+"""The dashboard's panels as HTML: the live state (training and generation, each in
+its own words), what the buttons can do now and why, the resource gauges, the last
+batch, and the callback that keeps that batch.
 
 Imported only when a dashboard is made: it loads :mod:`rlnb.learn` (torch, which
 a session has loaded already). Nothing here holds a session.
@@ -7,9 +8,7 @@ a session has loaded already). Nothing here holds a session.
 
 from __future__ import annotations
 
-import base64
 import html
-import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,52 +19,308 @@ from rlnb.runtime import Snapshot
 
 if TYPE_CHECKING:
     from rlnb._statistics import SessionStatistics
+    from rlnb.learn._foreground import ForegroundCall
     from rlnb.session import Session
 
-__all__ = ["Curves", "LastBatch", "call", "gauges_html", "replicas_html", "rollouts_html", "state_html"]
+__all__ = [
+    "LastBatch",
+    "beside",
+    "call",
+    "controls_notice",
+    "gauges_html",
+    "generation_state",
+    "generation_text",
+    "kept_html",
+    "replicas_html",
+    "rollouts_html",
+    "state_html",
+    "training_state",
+    "training_text",
+    "usable",
+]
 
 SHOWN_GROUPS = 2  # groups of the last batch in the rollouts table
-_MAX_POINTS = 400  # per curve; longer histories are thinned evenly
+METHODS = ("start", "stop", "pause", "resume", "step", "evaluate", "save")
 
-_STATE_COLOURS = {
+_COLOURS = {
     "running": "#1b7f3b",
-    "syncing": "#1f5fbf",
+    "background": "#1b7f3b",
+    "foreground": "#1f5fbf",
     "pausing": "#b26a00",
     "paused": "#b26a00",
+    "stopped": "#666666",
+    "idle": "#666666",
     "closed": "#666666",
 }
 _MUTED = "color:#666"
+_COMPACT = "line-height:1.4"  # widget HTML takes the widgets' 28 px line height otherwise
+_LEFT = "text-align:left;padding:0 0.8em 0 0;vertical-align:top"
 
 # The kernel cannot update the page once a restart or shutdown has begun (JupyterLab
 # stops routing the old kernel's messages first), so the state panel carries its own
-# epitaph: ipywidgets marks a widget whose kernel is gone with this class, and the
-# CSS swaps the live state word for the line that says how the session ended.
+# epitaph: ipywidgets marks a widget whose kernel is gone with this class (and draws a
+# broken-link icon on each of its parts, hidden here), and the CSS swaps the live
+# state for the line that says how the session ended.
 _GONE = (
     "<style>.rlnb-gone{display:none}"
-    ".jupyter-widgets-disconnected .rlnb-gone{display:inline;color:#b00020;font-weight:bold}"
-    ".jupyter-widgets-disconnected .rlnb-live{display:none}</style>"
-    '<span class="rlnb-gone">kernel gone: a restart or shutdown closed the session '
-    "(tracker exit code 130); run the notebook again to go on</span>"
+    ".jupyter-widgets-disconnected .rlnb-gone{display:block;color:#b00020;font-weight:bold}"
+    ".jupyter-widgets-disconnected .rlnb-live{display:none}"
+    ".rlnb-dashboard .jupyter-widgets-disconnected::before,"
+    ".rlnb-dashboard.jupyter-widgets-disconnected::before{display:none!important}"
+    # the buttons, the notice and the gauges spoke of a process that is gone
+    ".rlnb-controls.jupyter-widgets-disconnected,.rlnb-notice.jupyter-widgets-disconnected,"
+    ".rlnb-gauges.jupyter-widgets-disconnected{display:none!important}</style>"
+    '<div class="rlnb-gone">kernel gone: a restart or shutdown closed the session '
+    "(tracker exit code 130); run the notebook again to go on</div>"
 )
-_LEFT = "text-align:left;padding:0 0.8em 0 0;vertical-align:top"
 
 
 class LastBatch(Callback):
-    """Keeps the last training batch and counts batches; holds no session.
+    """Keeps the last trained batch and the step it trained; holds no session.
 
-    ``last`` is ``(count, groups)``, replaced in one assignment so a reader on
-    another thread never sees a count that does not match its groups.
+    ``last`` is ``(step, groups)`` (``(0, ())`` before the first step), replaced in
+    one assignment so a reader on another thread never sees a step that does not
+    match its groups. A batch that was not trained on (an interrupted step) is not kept.
     """
 
     def __init__(self) -> None:
         self.last: tuple[int, tuple[Group, ...]] = (0, ())
+        self._batch: tuple[Group, ...] = ()
 
     def on_batch(self, groups: Sequence[Group]) -> None:
-        self.last = (self.last[0] + 1, tuple(groups))
+        self._batch = tuple(groups)
+
+    def on_step_end(self, metrics: Mapping[str, float]) -> None:
+        step = int(metrics.get("version", self.last[0] + 1))
+        self.last = (step, self._batch)
+
+
+# -- what the session is doing ------------------------------------------------------------
+
+
+def training_state(stats: SessionStatistics | None, *, closed: bool = False) -> str:
+    """``"closed"``, ``"foreground"`` (a blocking call such as ``train()`` holds the
+    kernel), ``"background"`` (``start()``'s thread trains) or ``"idle"``."""
+    if closed or stats is None or stats.closed:
+        return "closed"
+    t = stats.training
+    if t.running:
+        return "background"
+    return "foreground" if t.foreground is not None and t.foreground.call != "wait()" else "idle"
+
+
+def generation_state(stats: SessionStatistics | None, *, closed: bool = False) -> str:
+    """``"closed"``, ``"pausing"``, ``"paused"``, ``"running"`` (dispatching in the
+    background or generating for a step; a weight sync is a moment of it) or
+    ``"stopped"`` (nothing in flight and nothing dispatching)."""
+    if closed or stats is None or stats.closed:
+        return "closed"
+    r = stats.rollout
+    if r.state in ("pausing", "paused", "closed"):
+        return r.state
+    return "running" if r.dispatching or r.in_flight else "stopped"
+
+
+def _word(kind: str, state: str, text: str) -> str:
+    """A state as its own element (``rlnb-<kind>-word``, ``data-state``), so a browser test can read it."""
+    colour = _COLOURS.get(state, "#000")
+    return (
+        f'<span class="rlnb-{kind}-word" data-state="{html.escape(state)}" '
+        f'style="font-weight:bold;color:{colour}">{html.escape(text)}</span>'
+    )
+
+
+def state_html(
+    name: str,
+    stats: SessionStatistics | None,
+    tokens_per_s: float | None,
+    *,
+    exit_code: int | None = None,
+    model: str | None = None,
+    mode: str | None = None,
+) -> str:
+    """The live state: a head line with training's and generation's state words, then
+    the model, policy version, training, generation, samples, buffer, tokens/s.
+
+    ``exit_code`` (not None once the session closed) turns both words to CLOSED;
+    the figures are then those the session closed with. ``mode``: the config's."""
+    closed = exit_code is not None
+    training, generation = training_state(stats, closed=closed), generation_state(stats, closed=closed)
+    words = (
+        f"training {_word('training', training, training.upper())} · "
+        f"generation {_word('state', generation, _generation_word(stats, generation))}"
+    )
+    head = f'<b>session {html.escape(repr(name))}</b> <span class="rlnb-live">{words}</span>'
+    if closed:
+        head += f' <span class="rlnb-exit-code">closed, exit code {exit_code}</span>'
+        table = "" if stats is None else _table(_rows(stats, None, model, mode, closed=True))
+        return f'<div style="{_COMPACT}">{head}</div>{table}'
+    if stats is None:
+        return f'<div style="{_COMPACT}">{head}</div>{_GONE}'
+    table = _table(_rows(stats, tokens_per_s, model, mode, closed=False))
+    return f'<div style="{_COMPACT}">{head}</div>{_GONE}<div class="rlnb-live">{table}</div>'
+
+
+def _generation_word(stats: SessionStatistics | None, state: str) -> str:
+    mode = None if stats is None else stats.engine.paused
+    return f"{state.upper()} ({mode})" if state in ("pausing", "paused") and mode else state.upper()
+
+
+def _rows(
+    stats: SessionStatistics, tokens_per_s: float | None, model: str | None, mode: str | None, *, closed: bool
+) -> list[tuple[str, str]]:
+    r, t = stats.rollout, stats.training
+    rows = [] if model is None else [("model", html.escape(model))]
+    rows += [
+        ("policy version", f"{t.step} (engine {stats.engine.version})"),
+        ("training", html.escape(training_text(stats, closed=closed))),
+    ]
+    if t.waiting and not closed:
+        rows.append(("a step waits for", html.escape(t.waiting)))
+    rows.append(("generation", html.escape(generation_text(stats, mode, closed=closed))))
+    samples = _reprs.pairs(
+        ("in flight", r.in_flight),
+        ("kept partial", r.kept_partial),
+        ("finished", r.finished),
+        ("failed", r.failed),
+        ("cancelled", r.cancelled),
+    )
+    rows.append(("samples", html.escape(samples)))
+    rows.append(("buffer", html.escape(_buffer(stats))))
+    rate = "-" if tokens_per_s is None or closed else f"{tokens_per_s:,.0f}"
+    rows.append(("generated", f"{rate} tokens/s, {stats.engine.generated_tokens:,} in all"))
+    replicas = stats.engine.extra.get("replicas")
+    if replicas:
+        rows.append(("engine replicas", replicas_html(replicas, stats.engine.extra)))
+    return rows
+
+
+def training_text(stats: SessionStatistics, *, closed: bool = False) -> str:
+    """Training in a sentence: idle, a foreground call and its progress, or the
+    background run and its steps/s (and where its batches come from while generation pauses)."""
+    t = stats.training
+    rate = "" if t.steps_per_s is None else f", {t.steps_per_s:.3g} steps/s"
+    state = training_state(stats, closed=closed)
+    if state == "closed":
+        return f"ended at step {t.step}" + ("" if t.steps_per_s is None else f" (last run {t.steps_per_s:.3g} steps/s)")
+    if state == "foreground":
+        assert t.foreground is not None
+        progress = t.foreground.progress(t.step)
+        return f"{t.foreground.call} in the foreground" + (f": {progress}" if progress else "") + rate
+    if state == "background":
+        text = f"in the background{rate}"
+        if generation_state(stats) in ("pausing", "paused"):
+            groups = sum(stats.buffer.sizes.values())
+            text += f"; generation is paused, so it trains on the {groups} groups in the buffer"
+        return text
+    return "idle" + ("" if t.steps_per_s is None else f" (last run {t.steps_per_s:.3g} steps/s)")
+
+
+def generation_text(stats: SessionStatistics, mode: str | None = None, *, closed: bool = False) -> str:
+    """Generation in a sentence: running (how, and how many in flight), pausing,
+    paused (mode, what was kept) or stopped (and what starts it)."""
+    r, state = stats.rollout, generation_state(stats, closed=closed)
+    pause_mode = stats.engine.paused or "?"
+    if state == "closed":
+        return f"closed ({r.cancelled} cancelled in all)"
+    if state == "pausing":
+        return f"pausing ({pause_mode}): {r.in_flight} in flight finish first"
+    if state == "paused":
+        kept = {"abort": f"{r.kept_partial} kept as partial rollouts", "keep": f"{r.in_flight} frozen in the engine"}
+        return f"paused ({pause_mode}): " + kept.get(pause_mode, f"{r.in_flight} in flight, {r.kept_partial} kept")
+    if state == "running":
+        if r.dispatching:
+            full = [p for p, n in stats.buffer.sizes.items() if n >= stats.buffer.capacity]
+            if not r.in_flight and full:
+                return f"in the background, held: the buffer is full ({full[0]} {stats.buffer.capacity} groups)"
+            budget = "" if r.groups_allowed is None else f", {r.groups_live} of {r.groups_allowed} groups allowed live"
+            return f"in the background: {r.in_flight} in flight{budget}"
+        if mode == "sync":
+            return f"for the step in progress (sync mode): {r.in_flight} in flight"
+        return f"{r.in_flight} in flight; nothing new is dispatched in the background"
+    if mode == "sync":
+        return "stopped: each step rolls out its own batch (sync mode)"
+    return "stopped: start(), step() or start_rollouts() starts it"
+
+
+def _buffer(stats: SessionStatistics) -> str:
+    b = stats.buffer
+    fill = ", ".join(f"{p} {n}/{b.capacity} groups ({b.samples.get(p, 0)} samples)" for p, n in b.sizes.items())
+    return f"{fill or 'empty'}; evicted stale {b.evicted_stale}"
+
+
+def _table(rows: Sequence[tuple[str, str]]) -> str:
+    """``(label, html)`` rows; the labels are escaped here, the values by the caller."""
+    body = "".join(
+        f'<tr><th style="{_LEFT};white-space:nowrap">{html.escape(k)}</th><td style="{_LEFT}">{v}</td></tr>'
+        for k, v in rows
+    )
+    return f'<table style="border-collapse:collapse;max-width:36em;{_COMPACT}"><tbody>{body}</tbody></table>'
+
+
+# -- the buttons ---------------------------------------------------------------------------
+
+
+def beside(call: ForegroundCall) -> frozenset[str]:
+    """The buttons that may run beside the blocking ``call`` (on another thread):
+    pause and resume, and stop while ``wait()`` waits on the background run."""
+    return frozenset({"pause", "resume", "stop"} if call.call == "wait()" else {"pause", "resume"})
+
+
+def usable(stats: SessionStatistics | None, *, live_clicks: bool = False) -> dict[str, bool]:
+    """Which buttons can run now. While a blocking call holds the kernel's main thread,
+    only those that may run beside it, and only if clicks reach the kernel meanwhile
+    (``live_clicks``: JupyterLab sends them through a kernel subshell); a click that
+    would wait for the call is never queued."""
+    if stats is None or stats.closed:
+        return dict.fromkeys(METHODS, False)
+    training, state = stats.training.running, stats.rollout.state
+    running = state in ("running", "syncing")  # a sync is a moment of a running state
+    now = {
+        "start": not training,
+        "stop": training or stats.rollout.dispatching,
+        "pause": running,
+        "resume": state in ("pausing", "paused"),
+        "step": not training and running,
+        "evaluate": not training and running,
+        "save": not training,
+    }
+    if (call := stats.training.foreground) is not None:
+        allowed = beside(call) if live_clicks else frozenset()
+        now = {method: on and method in allowed for method, on in now.items()}
+    return now
+
+
+def controls_notice(stats: SessionStatistics | None, *, live_clicks: bool = False) -> str:
+    """Why buttons are off now, in a line (empty when nothing needs saying)."""
+    if stats is None or stats.closed:
+        return ""
+    t = stats.training
+    if t.foreground is not None:
+        progress = t.foreground.progress(t.step)
+        what = f"{t.foreground.call} is running in the foreground" + (f", at {progress}" if progress else "")
+        stop = "stop waiting (training goes on)" if t.foreground.call == "wait()" else "stop it"
+        if live_clicks:
+            works = " and ".join(sorted(beside(t.foreground), key=METHODS.index))
+            return (
+                f"{what}: {works} work meanwhile; the other buttons are off until it returns; "
+                f"interrupt the kernel (■) to {stop}"
+            )
+        return (
+            f"{what}: the kernel runs clicks only once it returns, so the buttons are off until then "
+            f"(a click is never run late); interrupt the kernel (■) to {stop}"
+        )
+    if t.running:
+        return "training in the background: stop it to step, evaluate or save"
+    if stats.rollout.state in ("pausing", "paused"):
+        return "generation is paused: resume it to step or evaluate"
+    return ""
 
 
 def call(sess: Session, method: str, *, pause_mode: str, save_path: str) -> str:
-    """Call the session's public ``method`` (a button's) and say what it did, in a line."""
+    """Call the session's public ``method`` (a button's) and say what it did, in a line.
+    The stop button ends background training and background generation both:
+    ``sess.stop(); sess.stop_rollouts()``."""
     if method == "pause":
         sess.pause(pause_mode)
         r = sess.statistics().rollout
@@ -90,76 +345,17 @@ def call(sess: Session, method: str, *, pause_mode: str, save_path: str) -> str:
         return f"saved to {sess.save(save_path)}"
     if method == "start":
         sess.start()
-        return "training in the background; stop ends it at a step boundary"
+        return "training in the background; stop ends it at a step boundary, and background generation with it"
     if method == "stop":
         sess.stop()
-        return f"stopped at step {sess.version}"
+        sess.stop_rollouts()
+        r = sess.statistics().rollout
+        finishing = f"; {r.in_flight} samples in flight finish into the buffer" if r.in_flight else ""
+        return f"stopped at step {sess.version}: training and background generation{finishing}"
     raise ValueError(f"no dashboard control calls {method!r}")
 
 
-def _table(rows: Sequence[tuple[str, str]]) -> str:
-    """``(label, html)`` rows; the labels are escaped here, the values by the caller."""
-    body = "".join(f'<tr><th style="{_LEFT}">{html.escape(k)}</th><td style="{_LEFT}">{v}</td></tr>' for k, v in rows)
-    return f'<table style="border-collapse:collapse"><tbody>{body}</tbody></table>'
-
-
-def state_word(state: str) -> str:
-    """The rollout state as its own element, so a browser test can read it."""
-    colour = _STATE_COLOURS.get(state, "#000")
-    return (
-        f'<span class="rlnb-state-word" data-state="{html.escape(state)}" '
-        f'style="font-weight:bold;color:{colour}">{html.escape(state.upper())}</span>'
-    )
-
-
-def state_html(
-    name: str,
-    stats: SessionStatistics | None,
-    tokens_per_s: float | None,
-    *,
-    exit_code: int | None = None,
-    model: str | None = None,
-) -> str:
-    """The live state: the model, rollout state, policy version, training, samples,
-    buffer, tokens/s.
-
-    ``exit_code`` (not None once the session closed) turns the state word to CLOSED;
-    the figures are then the last ones seen while the session was open."""
-    closed = exit_code is not None
-    state = "closed" if closed or stats is None or stats.closed else stats.rollout.state
-    head = f'<b>session {html.escape(repr(name))}</b> <span class="rlnb-live">{state_word(state)}</span>'
-    if not closed:
-        head += _GONE
-    if closed:
-        head += f' <span class="rlnb-exit-code">closed, exit code {exit_code}</span>'
-    if stats is None:
-        return f"<div>{head}</div>"
-    r, t = stats.rollout, stats.training
-    rows = [] if model is None else [("model", html.escape(model))]
-    rows += [
-        ("policy version", f"{t.step} (engine {stats.engine.version})"),
-        ("training", html.escape(_training(t, closed))),
-    ]
-    if t.waiting and not closed:
-        rows.append(("a step waits for", html.escape(t.waiting)))
-    rows.append(("rollouts", "dispatching" if r.dispatching else "not dispatching"))
-    samples = _reprs.pairs(
-        ("in flight", r.in_flight),
-        ("kept partial", r.kept_partial),
-        ("finished", r.finished),
-        ("failed", r.failed),
-        ("cancelled", r.cancelled),
-    )
-    rows.append(("samples", html.escape(samples)))
-    rows.append(("buffer", html.escape(_buffer(stats))))
-    rate = "-" if tokens_per_s is None or closed else f"{tokens_per_s:,.0f}"
-    rows.append(("generated", f"{rate} tokens/s, {stats.engine.generated_tokens:,} in all"))
-    replicas = stats.engine.extra.get("replicas")
-    if replicas:
-        rows.append(("engine replicas", replicas_html(replicas, stats.engine.extra)))
-    if closed:
-        head += f' <span style="{_MUTED}">(figures as last seen open)</span>'
-    return f"<div>{head}</div>{_table(rows)}"
+# -- engine replicas, gauges, the last batch ------------------------------------------------
 
 
 def replicas_html(replicas: Sequence[Mapping[str, Any]], extra: Mapping[str, Any]) -> str:
@@ -186,20 +382,6 @@ def replicas_html(replicas: Sequence[Mapping[str, Any]], extra: Mapping[str, Any
 
 _REPLICA_COLUMNS = ("replica", "state", "in flight", "version", "restarts", "served")
 
-
-def _training(t: Any, closed: bool) -> str:
-    if t.running and not closed:
-        rate = "" if t.steps_per_s is None else f", {t.steps_per_s:.3g} steps/s"
-        return f"running in the background{rate}"
-    return "not running" + ("" if t.steps_per_s is None else f" (last run {t.steps_per_s:.3g} steps/s)")
-
-
-def _buffer(stats: SessionStatistics) -> str:
-    b = stats.buffer
-    fill = ", ".join(f"{p} {n}/{b.capacity} groups ({b.samples.get(p, 0)} samples)" for p, n in b.sizes.items())
-    return f"{fill or 'empty'}; evicted stale {b.evicted_stale}"
-
-
 GAUGES = ("open FDs", "threads", "child processes", "event loops", "tracker runs")
 
 
@@ -213,7 +395,8 @@ def gauges_html(now: Snapshot, baseline: Snapshot, *, final: bool = False) -> st
     """Each gauge's count and its change since ``baseline`` ("threads 1 (+0)").
 
     ``final``: the counts after the session closed; a change that is not zero is
-    shown in red and what is new is listed, so a leak is seen at once."""
+    shown in red and what is new is listed, so a leak is seen at once, and under them
+    what libraries keep for the life of the process (not counted; see :func:`kept_html`)."""
     before = gauge_counts(baseline)
     items = []
     for gauge, value in gauge_counts(now).items():
@@ -227,88 +410,55 @@ def gauges_html(now: Snapshot, baseline: Snapshot, *, final: bool = False) -> st
     out = f'<div style="{_MUTED}">{title}</div>' + "".join(items)
     if final:
         for kind, names in now.new_since(baseline).items():
+            names = [_tail(name) for name in names] if kind == "fds" else names
             listed = html.escape(_reprs.name_list(names, width=200, each=60))
-            out += f'<div style="color:#b00020">new {html.escape(kind)}: {listed}</div>'
+            out += f'<div class="rlnb-new" style="color:#b00020">new {html.escape(kind)}: {listed}</div>'
+        out += kept_html(now)
+    return f'<div style="{_COMPACT}">{out}</div>'
+
+
+def kept_html(now: Snapshot) -> str:
+    """What each library keeps for the life of the process once closed (Ray's driver
+    after ``ray.shutdown()``: its threads, sockets and log files), which the gauges
+    leave out: a line each, with the library's own reason."""
+    out = ""
+    for kept in getattr(now, "process_long", ()):
+        targets = list(kept.fds.values())
+        kinds = _reprs.pairs(
+            ("log files", sum(t.startswith("/") for t in targets)),
+            ("sockets", sum(t.startswith("socket:") for t in targets)),
+            ("event FDs", sum(t.startswith("anon_inode:") for t in targets)),
+        )
+        threads = _reprs.name_list(_counted(kept.threads), width=120, each=24)
+        text = f"{kept.owner} keeps {len(targets)} FDs ({kinds}) and {len(kept.threads)} threads ({threads}), "
+        text += f"not counted above: {kept.reason}"
+        out += f'<div class="rlnb-kept" style="{_MUTED};max-width:26em">{html.escape(text)}</div>'
     return out
 
 
-def rollouts_html(groups: Sequence[Group], count: int) -> str:
-    """The first groups of the last batch as a table (nothing before the first batch)."""
+def _counted(names: Sequence[str]) -> list[str]:
+    """["a", "b", "a"] as ["a x2", "b"]."""
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    return [f"{name} x{n}" if n > 1 else name for name, n in counts.items()]
+
+
+def _tail(fd: str, keep: int = 44) -> str:
+    """ "fd 58 -> /a/long/path/to/a/file" with the path's end kept: the file's name says most."""
+    head, arrow, target = fd.partition(" -> ")
+    return fd if len(target) <= keep else f"{head}{arrow}…{target[-keep:]}"
+
+
+def rollouts_html(groups: Sequence[Group], step: int) -> str:
+    """The first groups of the batch that trained step ``step``, as a table (nothing
+    before the first step)."""
     if not groups:
         return ""
     shown = RolloutBatch(groups[:SHOWN_GROUPS])
-    caption = f"last batch (#{count}): {len(shown)} of {len(groups)} groups"
-    return f'<div style="{_MUTED}">{caption}</div>{shown._repr_html_()}'
-
-
-class Curves:
-    """reward_mean and entropy per step and held-out accuracy per evaluation, as
-    three small SVG charts built from strings: a redraw costs well under a
-    millisecond and never holds the GIL long enough to stall training or a click
-    (a matplotlib draw took ~50 ms). Use from one thread at a time."""
-
-    _SERIES = (("reward_mean", "reward_mean"), ("entropy", "entropy"), ("eval", "held-out accuracy"))
-    WIDTH, HEIGHT = 270, 140
-
-    def render(self, history: Sequence[Mapping[str, float]], evaluations: Sequence[tuple[int, float]]) -> str:
-        """The charts as one HTML block (each chart an ``<img>`` of SVG, so that it
-        survives in a saved notebook's sanitised output too)."""
-        stride = max(1, len(history) // _MAX_POINTS)  # 400 points look the same as 4,000
-        shown = list(history[::stride]) + ([history[-1]] if history and (len(history) - 1) % stride else [])
-        steps = [float(m.get("version", i * stride + 1)) for i, m in enumerate(shown)]
-        charts = []
-        for key, title in self._SERIES:
-            if key == "eval":
-                svg = self.chart(title, [(float(v), a) for v, a in evaluations], y_range=(0.0, 1.0), dots=True)
-            else:
-                values = [float(m.get(key, math.nan)) for m in shown]
-                svg = self.chart(title, [(x, y) for x, y in zip(steps, values, strict=True) if math.isfinite(y)])
-            data = base64.b64encode(svg.encode()).decode()
-            charts.append(f'<img alt="{html.escape(title)}" src="data:image/svg+xml;base64,{data}">')
-        return '<div style="display:flex;gap:8px;flex-wrap:wrap">' + "".join(charts) + "</div>"
-
-    def chart(
-        self,
-        title: str,
-        points: Sequence[tuple[float, float]],
-        *,
-        y_range: tuple[float, float] | None = None,
-        dots: bool = False,
-    ) -> str:
-        """One chart as an SVG document: a line through ``points``, its ranges labelled."""
-        w, h = self.WIDTH, self.HEIGHT
-        left, right, top, bottom = 40, w - 8, 20, h - 22
-        parts = [
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
-            'font-size="10">',
-            f'<text x="{w / 2}" y="13" text-anchor="middle" font-size="11">{html.escape(title)}</text>',
-            f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" fill="none" stroke="#999"/>',
-        ]
-        if not points:
-            middle = f'x="{(left + right) / 2}" y="{(top + bottom) / 2}"'
-            parts.append(f'<text {middle} text-anchor="middle" fill="#999">no data yet</text></svg>')
-            return "".join(parts)
-        xs, ys = [p[0] for p in points], [p[1] for p in points]
-        x0, x1 = min(xs), max(xs)
-        y0, y1 = y_range if y_range is not None else (min(ys), max(ys))
-        x0, x1 = (x0 - 1, x1 + 1) if x1 == x0 else (x0, x1)
-        y0, y1 = (y0 - 0.5, y1 + 0.5) if y1 == y0 else (y0, y1)
-        at = [
-            (left + (x - x0) / (x1 - x0) * (right - left), bottom - (y - y0) / (y1 - y0) * (bottom - top))
-            for x, y in points
-        ]
-        line = " ".join(f"{px:.1f},{py:.1f}" for px, py in at)
-        parts.append(f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="1.4"/>')
-        if dots:
-            parts += [f'<circle cx="{px:.1f}" cy="{py:.1f}" r="2.5" fill="#1f77b4"/>' for px, py in at]
-        parts += [
-            f'<text x="{left - 3}" y="{top + 8}" text-anchor="end">{_reprs.number(y1)}</text>',
-            f'<text x="{left - 3}" y="{bottom}" text-anchor="end">{_reprs.number(y0)}</text>',
-            f'<text x="{left}" y="{h - 8}">step {_reprs.number(x0)}</text>',
-            f'<text x="{right}" y="{h - 8}" text-anchor="end">{_reprs.number(x1)}</text>',
-            "</svg>",
-        ]
-        return "".join(parts)
-
-    def close(self) -> None:
-        """Nothing to release: the charts are strings."""
+    caption = f"the batch of step {step}: {len(shown)} of {len(groups)} groups"
+    # Widget HTML and a saved notebook's output are styled differently (headers centred
+    # in one, cells right-aligned in the other): align every cell here, the same in both.
+    cell = f'style="{_LEFT};padding:1px 1em 1px 0"'
+    table = shown._repr_html_().replace("<th>", f"<th {cell}>").replace("<td", f"<td {cell}")
+    return f'<div class="rlnb-batch" style="{_COMPACT}"><div style="{_MUTED}">{caption}</div>{table}</div>'

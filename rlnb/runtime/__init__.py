@@ -6,7 +6,7 @@ This layer never imports torch, wandb, ray or ipywidgets.
 
 from rlnb.runtime._bridge import AsyncBridge, warm_up_loop_backend
 from rlnb.runtime._interrupts import Deferred, defer_interrupts
-from rlnb.runtime._ipython import notebook_cell
+from rlnb.runtime._ipython import notebook_cell, release_output_pipes
 from rlnb.runtime._probe import (
     ChildInfo,
     Snapshot,
@@ -44,6 +44,7 @@ __all__ = [
     "register_run",
     "register_session",
     "register_view",
+    "release_output_pipes",
     "replace_session",
     "sessions",
     "snapshot",

@@ -11,11 +11,12 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import psutil
 
 from rlnb import _reprs
-from rlnb.runtime import _bridge
+from rlnb.runtime import _bridge, _ipython
 
 __all__ = [
     "ChildInfo",
@@ -305,11 +306,62 @@ def _process_long_thread(thread: threading.Thread) -> bool:
     return thread in _NOTED_THREADS or type(thread).__module__.partition(".")[0] in _KERNEL_PACKAGES
 
 
+# A kernel thread's FDs never change while it lives: found once per thread.
+_KERNEL_THREAD_FDS: weakref.WeakKeyDictionary[threading.Thread, frozenset[int]] = weakref.WeakKeyDictionary()
+
+
+def _kernel_fds(open_fds: Mapping[int, str]) -> frozenset[int]:
+    """The FDs that the Jupyter kernel opens for itself when it needs them, like its
+    threads: a subshell's (JupyterLab asks for one once a notebook is open: its event
+    loop's epoll and self-pipe, its zmq socket pairs' eventfds), the output pipe a
+    kernel thread gets the first time it sends (the control thread, on its first
+    reply), and IPython's history database and its journal."""
+    fds: set[int] = set()
+    pipes = _ipython.output_pipes()
+    for thread in threading.enumerate():
+        if type(thread).__module__.partition(".")[0] != "ipykernel":
+            continue
+        if (found := _KERNEL_THREAD_FDS.get(thread)) is None:
+            found = _KERNEL_THREAD_FDS[thread] = _thread_fds(thread)
+        fds |= found
+        if (pipe := pipes.get(thread)) is not None:
+            fds |= _thread_fds_of([pipe])
+    if history := _ipython.history_file():
+        fds |= {fd for fd, target in open_fds.items() if target.startswith(history)}
+    return frozenset(fds)
+
+
+def _thread_fds(thread: threading.Thread) -> frozenset[int]:
+    fds: set[int] = set()
+    loop = getattr(getattr(thread, "io_loop", None), "asyncio_loop", None)
+    if (selector := getattr(loop, "_selector", None)) is not None:
+        fds.add(selector.fileno())
+    fds |= {sock.fileno() for sock in (getattr(loop, "_ssock", None), getattr(loop, "_csock", None)) if sock}
+    pairs = [getattr(thread, name, None) for name in ("shell_channel_to_subshell", "subshell_to_shell_channel")]
+    sockets = [getattr(pair, side, None) for pair in pairs for side in ("from_socket", "to_socket")]
+    return frozenset(fd for fd in fds | _thread_fds_of(sockets) if fd >= 0)
+
+
+def _thread_fds_of(sockets: Iterable[Any]) -> frozenset[int]:
+    """The FDs of zmq ``sockets`` (a socket's FD is its mailbox's eventfd)."""
+    fds = set()
+    for sock in sockets:
+        try:
+            fd = sock.FD if sock is not None and not sock.closed else None
+        except Exception:  # closed meanwhile
+            continue
+        if isinstance(fd, int):
+            fds.add(fd)
+    return frozenset(fds)
+
+
 def snapshot() -> Snapshot:
     """Take a :class:`Snapshot` of this process now. Does not block."""
     helper_pids, helper_fds = _process_long_helpers()
+    open_fds = _open_fds()
+    helper_fds |= _kernel_fds(open_fds)
     return Snapshot(
-        fds={fd: target for fd, target in _open_fds().items() if fd not in helper_fds and not _noted(fd, target)},
+        fds={fd: target for fd, target in open_fds.items() if fd not in helper_fds and not _noted(fd, target)},
         threads={t.ident or 0: t.name for t in threading.enumerate() if t.is_alive() and not _process_long_thread(t)},
         children=frozenset(c for c in _live_children() if c.pid not in helper_pids),
         loops=_bridge.live_loops(),

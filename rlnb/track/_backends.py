@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlnb.runtime import notebook_cell
+from rlnb.runtime import notebook_cell, release_output_pipes
 
 __all__ = ["ConsoleBackend", "JsonlBackend", "PlotBackend"]
 
@@ -32,16 +32,19 @@ HEADLINE = (
 
 class ConsoleBackend:
     """One compact line every ``every`` steps (and for any step with an eval). In a
-    notebook the line updates in place in the cell that is training (a new line
-    starts in each cell that logs); in a terminal it is printed above any progress
-    bar."""
+    notebook the line updates in place: a cell that trains (``train()``, ``step()``)
+    has its own line, and a background run keeps one line where it first appeared
+    (ipykernel 7 sends a thread's output to whichever cell ran last, so it would
+    otherwise follow the user from cell to cell). In a terminal it is printed above
+    any progress bar."""
 
     name = "console"
 
     def __init__(self, every: int = 10) -> None:
         self.every = every
         self._handle: Any = None
-        self._cell: int | None = None  # the notebook cell the handle's line is in
+        self._key: tuple[str, int] | None = None  # whose line the handle is: a cell's, or a thread's
+        self._threads: set[threading.Thread] = set()  # other threads that displayed a line
         self._last = ""
 
     @staticmethod
@@ -63,11 +66,15 @@ class ConsoleBackend:
 
             tqdm.write(line, file=sys.stdout)
             return
-        if self._handle is None or cell != self._cell:
+        thread = threading.current_thread()
+        key = ("cell", cell) if thread is threading.main_thread() else ("thread", thread.ident or 0)
+        if self._handle is None or key != self._key:
             from IPython.display import display
 
             self._handle = display({"text/plain": line}, raw=True, display_id=True)
-            self._cell = cell
+            self._key = key
+            if thread is not threading.main_thread():
+                self._threads.add(thread)
         else:
             self._handle.update({"text/plain": line}, raw=True)
 
@@ -77,6 +84,10 @@ class ConsoleBackend:
             self._handle.update({"text/plain": line}, raw=True)  # where the run's last line is
         elif notebook_cell() is None:
             print(line, file=sys.stdout, flush=True)
+        # The kernel's output pipes of the training threads that showed a line: gone now,
+        # not in ipykernel's next sweep (an FD each, counted against a closed session).
+        release_output_pipes(self._threads)
+        self._threads.clear()
 
 
 class JsonlBackend:

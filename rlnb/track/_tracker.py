@@ -97,7 +97,8 @@ class Tracker:
         except BaseException:
             self.finish(EXIT_FAILURE, raise_errors=False)  # the ones already started
             raise
-        register_run(self, f"rlnb:{self.run_id}")
+        if any(b.name != "console" for b in self._backends):  # a console line alone is no run to finish
+            register_run(self, f"rlnb:{self.run_id}")
 
     def _make(
         self,

@@ -1,5 +1,7 @@
 """The wandb backend: one run, finished and torn down in-band.
 
+The run is made at the first log (or the first look at ``run``), so a session that
+logs nothing (a cell run again before it trained, say) leaves no empty run behind.
 ``run.finish()`` returns in milliseconds but leaves the ``wandb-core`` service and
 its threads until ``wandb.teardown()``; the backend calls both in ``finish``, the
 teardown only once no other rlnb wandb run in this process is open (the service is
@@ -24,6 +26,8 @@ FLUSH_INTERVAL = 1.0
 
 
 class WandbBackend:
+    """One wandb run, made when first needed; see the module docstring."""
+
     name = "wandb"
 
     def __init__(
@@ -36,10 +40,33 @@ class WandbBackend:
         mode: str,
         project: str,
     ) -> None:
+        self.run_dir = run_dir
+        self._init: dict[str, Any] = {
+            "run_id": run_id, "name": name, "config": dict(config or {}), "mode": mode, "project": project,
+        }  # fmt: skip
+        self._run: Any = None
+        self._lock = threading.Lock()  # the first log may come from a training thread
+        self._finished = False
+
+    @property
+    def started(self) -> bool:
+        """Whether the run has been made (it is at the first log)."""
+        return self._run is not None
+
+    @property
+    def run(self) -> Any:
+        """The wandb run, made now if it was not yet."""
+        with self._lock:
+            if self._run is None:
+                if self._finished:
+                    raise RuntimeError("this wandb backend has finished; it makes no new run")
+                self._run = self._start(**self._init)
+            return self._run
+
+    def _start(self, *, run_id: str, name: str | None, config: dict[str, Any], mode: str, project: str) -> Any:
         global _OPEN
         import wandb
 
-        self.run_dir = run_dir
         if mode != "online":
             # wandb's usage analytics follow its process-wide settings, not this
             # run's mode: an offline run would still start two exporter threads
@@ -58,12 +85,12 @@ class WandbBackend:
             save_code=False,
             **extra,
         )
-        self.run = wandb.init(
+        run = wandb.init(
             project=project,
-            dir=str(run_dir),
+            dir=str(self.run_dir),
             id=run_id,
             name=name,
-            config=dict(config or {}),
+            config=config,
             mode=mode,  # type: ignore[arg-type]
             resume="allow",
             reinit="create_new",
@@ -71,7 +98,7 @@ class WandbBackend:
         )
         with _OPEN_LOCK:
             _OPEN += 1
-        self._finished = False
+        return run
 
     @property
     def files(self) -> Path:
@@ -87,9 +114,12 @@ class WandbBackend:
 
     def finish(self, exit_code: int) -> None:
         global _OPEN
-        if self._finished:
-            return
-        self._finished = True
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            if self._run is None:  # nothing was logged: no run was made
+                return
         try:
             self.run.finish(exit_code=exit_code)
         finally:

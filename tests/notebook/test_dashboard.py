@@ -41,7 +41,21 @@ def gauge(dash: Dashboard, name: str) -> tuple[int, int]:
 
 
 def state_word(dash: Dashboard) -> str:
-    found = re.search(r'class="rlnb-state-word"[^>]*>([A-Z]+)<', dash.state.value)
+    """Generation's state word as the panel shows it ("PAUSED (abort)")."""
+    found = re.search(r'class="rlnb-state-word"[^>]*>([A-Z]+(?: \(\w+\))?)<', dash.state.value)
+    assert found, dash.state.value
+    return found[1]
+
+
+def training_word(dash: Dashboard) -> str:
+    found = re.search(r'class="rlnb-training-word"[^>]*>([A-Z]+)<', dash.state.value)
+    assert found, dash.state.value
+    return found[1]
+
+
+def row(dash: Dashboard, label: str) -> str:
+    """The text of one row of the state table."""
+    found = re.search(rf"<th[^>]*>{label}</th><td[^>]*>(.*?)</td>", dash.state.value)
     assert found, dash.state.value
     return found[1]
 
@@ -162,7 +176,7 @@ def test_pause_in_each_mode_then_resume(mode: str) -> None:
         if mode == "abort":
             assert f"{stats.kept_partial} samples kept as partial rollouts" in dash.message.value
         # one tick sets the state word, then the buttons: wait for both
-        wait_until(lambda: state_word(dash) == "PAUSED" and dash.buttons["pause"].disabled, "the paused panel")
+        wait_until(lambda: state_word(dash) == f"PAUSED ({mode})" and dash.buttons["pause"].disabled, "paused")
         assert not dash.buttons["resume"].disabled
         assert dash.buttons["step"].disabled  # a step needs running rollouts
 
@@ -170,6 +184,7 @@ def test_pause_in_each_mode_then_resume(mode: str) -> None:
         assert sess.statistics().rollout.state == "running" and "resumed:" in dash.message.value
         # the click's own refresh is skipped while the ticker is mid-tick: the next tick shows it
         wait_until(lambda: state_word(dash) == "RUNNING" and dash.buttons["resume"].disabled, "the running panel")
+        assert "in the background: " in row(dash, "generation")
         assert not dash.buttons["pause"].disabled
 
 
@@ -205,7 +220,10 @@ def test_state_and_gauges_follow_the_session() -> None:
     with rlnb.Session(CONFIG.replace(mode="async"), name="dash-live") as sess:
         dash = sess.dashboard()
         wait_until(lambda: dash.ticks > 0, "the first tick")
-        assert state_word(dash) == "RUNNING" and "policy version</th>" in dash.state.value
+        # a fresh session does nothing: it says so, in each of its two words
+        assert (training_word(dash), state_word(dash)) == ("IDLE", "STOPPED"), dash.state.value
+        assert row(dash, "training") == "idle" and row(dash, "generation").startswith("stopped: start()")
+        assert "policy version</th>" in dash.state.value
         assert "model</th><td" in dash.state.value and "tiny policy (d_model 32, 1 layer) on CPU" in dash.state.value
         threads_before, _ = gauge(dash, "threads")
 
@@ -213,11 +231,12 @@ def test_state_and_gauges_follow_the_session() -> None:
         wait_until(lambda: sess.version >= 2, "two steps")
         wait_until(lambda: gauge(dash, "threads")[0] > threads_before, "the training thread in the gauges")
         wait_until(lambda: gauge(dash, "event loops")[1] == 1, "the session's bridge loop in the gauges")
-        wait_until(lambda: "running in the background" in dash.state.value, "training in the state")
-        wait_until(lambda: "dispatching" in dash.state.value, "dispatch in the state")
+        wait_until(lambda: training_word(dash) == "BACKGROUND", "training in the state")
+        wait_until(lambda: row(dash, "training").startswith("in the background, "), "its steps/s")
+        wait_until(lambda: state_word(dash) == "RUNNING", "generation in the state")
         wait_until(lambda: re.search(r"[1-9][\d,]* tokens/s", dash.state.value) is not None, "tokens/s")
         wait_until(lambda: "<table>" in dash.rollouts.value, "the last rollouts")
-        assert "2 of 4 groups" in dash.rollouts.value
+        assert re.search(r"the batch of step \d+: 2 of 4 groups", dash.rollouts.value), dash.rollouts.value
         training_threads = gauge(dash, "threads")[0]
         sess.stop()
         shows_version = re.compile(rf"policy version</th><td[^>]*>{sess.version} \(engine {sess.version}\)")
@@ -274,7 +293,7 @@ def test_closing_the_session_stops_the_ticker_and_leaves_a_static_copy(
     print(f"\nsession close with a dashboard: {(time.monotonic() - started) * 1e3:.1f} ms")
     assert not ticker.is_alive() and dash.closed
     assert len(sess.callbacks) == callbacks - 1  # its last-batch callback is gone
-    assert state_word(dash) == "CLOSED" and "closed, exit code 1" in dash.state.value
+    assert (training_word(dash), state_word(dash)) == ("CLOSED", "CLOSED") and "closed, exit code 1" in dash.state.value
     for name in ("open FDs", "threads", "child processes", "event loops", "tracker runs"):
         assert gauge(dash, name)[1] == 0, dash.gauges.value  # everything released
     assert "after close" in dash.gauges.value and "threads <b>" in dash.gauges.value
@@ -376,3 +395,123 @@ def test_the_cost_of_a_tick() -> None:
         started = time.perf_counter()
         dash.close()
         print(f"dash.close() with a 60 s interval: {(time.perf_counter() - started) * 1e3:.1f} ms")
+
+
+class _OnStep(Callback):
+    """Runs ``fn`` inside the step whose policy version is ``at`` (on the training thread)."""
+
+    def __init__(self, at: int, fn: Any) -> None:
+        self.at, self.fn = at, fn
+
+    def on_step_end(self, metrics: Any) -> None:
+        if int(metrics["version"]) == self.at:
+            self.fn()
+
+
+def test_a_foreground_train_shows_as_such_and_turns_every_button_off() -> None:
+    seen: dict[str, Any] = {}
+    with rlnb.Session(CONFIG, name="dash-fg") as sess:
+        dash = sess.dashboard()
+
+        def look() -> None:  # the cell is busy training: only the ticker can tell the page
+            wait_until(lambda: "step 3 of 5 (60 %)" in row(dash, "training"), "the train() call in the panel")
+            wait_until(lambda: all(b.disabled for b in dash.buttons.values()), "every button off")
+            seen.update(word=training_word(dash), row=row(dash, "training"), notice=dash.notice.value)
+            seen["stats"] = sess.statistics(raise_errors=False).training
+
+        sess.callbacks.append(_OnStep(3, look))
+        sess.train(5, progress=False)
+        assert seen["word"] == "FOREGROUND"
+        assert seen["row"].startswith("train(until=5) in the foreground: step 3 of 5 (60 %)")
+        assert "train(until=5) is running in the foreground, at step 3 of 5 (60 %)" in seen["notice"]
+        assert "buttons are off until then" in seen["notice"]
+        foreground = seen["stats"].foreground
+        assert foreground.call == "train(until=5)" and (foreground.first, foreground.last) == (0, 5)
+        after = sess.statistics().training
+        assert after.foreground is None and after.last_foreground is not None
+        assert after.last_foreground.call == "train(until=5)" and after.last_foreground.ended >= foreground.started
+        wait_until(lambda: training_word(dash) == "IDLE" and not dash.buttons["step"].disabled, "the buttons back")
+        assert dash.notice.value == ""
+
+
+def test_wait_is_a_foreground_call_with_a_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    with rlnb.Session(CONFIG, name="dash-wait") as sess:
+        dash = sess.dashboard()
+        shown: list[Any] = []
+        sess.callbacks.append(_OnStep(2, lambda: shown.append(sess.statistics(raise_errors=False).training)))
+        capsys.readouterr()
+        sess.start(steps=4)
+        sess.wait()
+        assert sess.version == 4
+        (during,) = shown
+        assert during.running and during.foreground is not None and during.foreground.call == "wait()"
+        err = capsys.readouterr().err
+        assert "rlnb dash-wait (background): 4/4 steps (100%)" in err, err
+        del dash
+
+
+def test_training_on_while_generation_pauses_says_where_its_batches_come_from() -> None:
+    with rlnb.Session(CONFIG.replace(mode="async"), name="dash-paused-training") as sess:
+        dash = sess.dashboard()
+        sess.start()
+        wait_until(lambda: sess.version >= 1 and sess.statistics().buffer.sizes.get("train", 0) >= 1, "a batch")
+        sess.pause("abort")
+        wait_until(lambda: state_word(dash) == "PAUSED (abort)", "generation paused")
+        # the learner may go on from what the buffer holds: legitimate, and said so
+        assert training_word(dash) == "BACKGROUND"
+        wait_until(lambda: "generation is paused, so it trains on the" in row(dash, "training"), "the reason")
+        sess.resume()
+        sess.stop()
+
+
+def test_the_last_frame_shows_the_figures_the_session_closed_with(
+    shown: list[tuple[Any, FakeHandle | None]],
+) -> None:
+    sess = rlnb.Session(CONFIG.replace(mode="async"), name="dash-final")
+    sess.train(3, progress=False)  # before the dashboard: the batch shown is named by its step, not counted
+    dash = rlnb.notebook.dashboard(sess, interval=60.0)  # its ticker ticks once, then waits
+    wait_until(lambda: dash.ticks == 1, "the ticker's one tick")
+    dash.buttons["step"].click()
+
+    def drawn() -> bool:  # the table follows at the curves' pace: tick until it is drawn
+        dash.tick()
+        return "the batch of step 4:" in dash.rollouts.value
+
+    wait_until(drawn, "step 4's batch")
+    sess.start()
+    wait_until(lambda: sess.version >= 7, "background steps")
+    sess.close()
+    version = sess.version
+    assert version >= 7
+    assert row(dash, "policy version") == f"{version} (engine {version})"  # not the one tick's 3
+    assert row(dash, "samples").startswith("in flight 0,")
+    assert row(dash, "generation").startswith("closed (")
+    assert row(dash, "training").startswith(f"ended at step {version}")
+    assert f"the batch of step {version}:" in dash.rollouts.value
+    assert f"the batch of step {version}:" in dash.static_html()
+
+
+def test_stop_ends_background_generation_too() -> None:
+    with rlnb.Session(CONFIG.replace(mode="async"), name="dash-stop") as sess:
+        dash = sess.dashboard()
+        sess.start_rollouts()  # generating into the buffer, nothing training
+        wait_until(lambda: not dash.buttons["stop"].disabled, "stop on for background rollouts")
+        dash.buttons["stop"].click()
+        assert not sess.statistics().rollout.dispatching
+        assert "training and background generation" in dash.message.value
+
+        dash.buttons["start"].click()
+        wait_until(lambda: sess.version >= 1 and sess.statistics().rollout.dispatching, "training")
+        dash.buttons["stop"].click()
+        stats = sess.statistics()
+        assert not sess.training and not stats.rollout.dispatching
+        assert f"stopped at step {sess.version}: training and background generation" in dash.message.value
+        wait_until(lambda: dash.buttons["stop"].disabled, "stop off once everything stopped")
+        assert "sess.stop_rollouts()" in dash.buttons["stop"].tooltip
+
+
+def test_a_session_that_tracks_nothing_holds_no_tracker_run() -> None:
+    with rlnb.Session(CONFIG, name="dash-no-run") as sess:  # the console backend only
+        dash = sess.dashboard()
+        wait_until(lambda: dash.ticks > 0, "a tick")
+        assert gauge(dash, "tracker runs") == (0, 0)

@@ -92,3 +92,176 @@ def test_show_click_and_close_in_a_real_kernel(tmp_path: Path) -> None:
         assert set(opened) <= closed  # every widget, layout and style: no model left for a saved notebook
         threads = ok(kc, "import threading; print([t.name for t in threading.enumerate()])")
         assert "rlnb-" not in threads
+
+
+def opened_widgets(msgs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every widget the messages opened, by comm id, with the state it has after them."""
+    opened = {m["content"]["comm_id"]: m["content"]["data"]["state"] for m in msgs if m["msg_type"] == "comm_open"}
+    for m in msgs:  # classes are added after a widget opens
+        if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] in opened:
+            opened[m["content"]["comm_id"]].update(m["content"]["data"].get("state", {}))
+    return opened
+
+
+def widget(opened: dict[str, dict[str, Any]], *, button: str | None = None, css: str | None = None) -> str:
+    """The comm id of the button labelled ``button``, or of the widget with class ``css``."""
+    for comm_id, s in opened.items():
+        if button is not None and s["_model_name"] == "ButtonModel" and s["description"] == button:
+            return comm_id
+        if css is not None and css in s.get("_dom_classes", ()):
+            return comm_id
+    raise AssertionError(f"no widget {button or css}")
+
+
+def click(kc: BlockingKernelClient, comm_id: str, *, subshell: str | None = None) -> None:
+    """What the page sends when a button is clicked (through ``subshell``, as JupyterLab
+    does by default, or to the main shell)."""
+    msg = kc.session.msg("comm_msg", {"comm_id": comm_id, "data": {"method": "custom", "content": {"event": "click"}}})
+    if subshell is not None:
+        msg["header"]["subshell_id"] = subshell
+    kc.shell_channel.send(msg)
+
+
+def make_subshell(kc: BlockingKernelClient) -> str:
+    """Ask the kernel for a subshell, as JupyterLab does for widgets' messages; its id."""
+    kc.control_channel.send(kc.session.msg("create_subshell_request", {}))
+    reply = kc.control_channel.get_msg(timeout=TIMEOUT)["content"]
+    assert reply["status"] == "ok", reply
+    return str(reply["subshell_id"])
+
+
+SLOW_STEPS = """
+import time
+from rlnb.learn import Callback
+class Slow(Callback):
+    def on_step_end(self, metrics):
+        time.sleep(0.1)
+sess.callbacks.append(Slow())
+"""
+
+
+def test_a_click_made_during_a_foreground_train_is_refused_not_run_late(tmp_path: Path) -> None:
+    from rlnb.notebook._clicks import CLICK_GRACE
+
+    with kernel(tmp_path) as (_, kc):
+        ok(kc, SETUP)
+        opened = opened_widgets(execute(kc, "sess.dashboard()"))
+        pause, message = widget(opened, button="pause"), widget(opened, css="rlnb-message")
+        state = widget(opened, css="rlnb-state")
+        started = tmp_path / "training"
+        # ~2.5 s of steps (a tenth of a second each at least): the ticker sees the call
+        ok(kc, SLOW_STEPS)
+        msg_id = kc.execute(f"open({str(started)!r}, 'w').close(); sess.train(25, progress=False)")
+        deadline = time.monotonic() + TIMEOUT
+        while not started.exists():
+            assert time.monotonic() < deadline, "the cell never started"
+            time.sleep(0.01)
+        click(kc, pause)  # the kernel is busy: it holds the click until train() returns
+
+        def refused(msgs: list[dict[str, Any]]) -> bool:
+            return any("not run" in v for v in states(msgs, message, "value"))
+
+        during = read_until(kc, refused, "the refused click")
+        replies = [m for m in during if m["msg_type"] == "status" and m["parent_header"].get("msg_id") == msg_id]
+        assert replies, "the click was handled before the cell ended"
+        (said,) = [v for v in states(during, message, "value") if "not run" in v]
+        assert "pause: not run. It was clicked while train(until=25) held the kernel" in said
+        assert "pause…" not in states(during, pause, "description")  # it never ran
+        # meanwhile the ticker showed the call and turned the buttons off
+        assert True in states(during, pause, "disabled")
+        assert any('data-state="foreground"' in v and "train(until=25)" in v for v in states(during, state, "value"))
+        assert ok(kc, "print(sess.statistics().rollout.state, sess.version)").split() == ["running", "25"]
+
+        time.sleep(CLICK_GRACE + 0.5)  # a click made once the call returned and the button came on: it runs
+        click(kc, pause)
+        after = read_until(kc, lambda msgs: states(msgs, pause, "description")[-1:] == ["pause"], "the pause")
+        assert "paused (abort)" in states(after, message, "value")[-1]
+        assert ok(kc, "print(sess.statistics().rollout.state)").strip() == "paused"
+        ok(kc, "sess.close()")
+
+
+def test_through_a_subshell_pause_and_resume_work_beside_a_foreground_train(tmp_path: Path) -> None:
+    with kernel(tmp_path) as (_, kc):
+        ok(kc, SETUP.replace("rlnb.Config(", "rlnb.Config(mode='async', "))
+        ok(kc, SLOW_STEPS)
+        opened = opened_widgets(execute(kc, "sess.dashboard()"))
+        subshell = make_subshell(kc)  # JupyterLab makes one and sends clicks with its id
+        pause, resume, step = (widget(opened, button=name) for name in ("pause", "resume", "step"))
+        message, state = widget(opened, css="rlnb-message"), widget(opened, css="rlnb-state")
+        # A first click shows the dashboard the page's subshell: ipykernel routes a widget's
+        # clicks to where its last update came from, and the dashboard's updates now say so.
+        click(kc, pause, subshell=subshell)
+        read_until(kc, lambda msgs: "paused (abort)" in "".join(states(msgs, message, "value")), "the first pause")
+        click(kc, resume, subshell=subshell)
+        read_until(kc, lambda msgs: "resumed" in "".join(states(msgs, message, "value")), "the first resume")
+        assert ok(kc, "print(sess.dashboard().live_clicks)").strip() == "True"
+        started = tmp_path / "training"
+        msg_id = kc.execute(f"open({str(started)!r}, 'w').close(); sess.train(30, progress=False)")
+        deadline = time.monotonic() + TIMEOUT
+        while not started.exists():
+            assert time.monotonic() < deadline, "the cell never started"
+            time.sleep(0.01)
+
+        def busy(msgs: list[dict[str, Any]]) -> bool:
+            return any('data-state="foreground"' in v for v in states(msgs, state, "value"))
+
+        during = read_until(kc, busy, "the foreground call in the panel")
+        click(kc, step, subshell=subshell)
+        during += read_until(kc, lambda msgs: bool(states(msgs, message, "value")), "the step's answer")
+        assert "step: not run. train(until=30) is running in the foreground" in states(during, message, "value")[-1]
+        click(kc, pause, subshell=subshell)
+        during += read_until(kc, lambda msgs: "paused (abort)" in "".join(states(msgs, message, "value")), "pause")
+        click(kc, resume, subshell=subshell)
+        during += read_until(kc, lambda msgs: "resumed" in "".join(states(msgs, message, "value")), "resume")
+        ended = [m for m in during if m["msg_type"] == "status" and m["parent_header"].get("msg_id") == msg_id]
+        assert not [m for m in ended if m["content"]["execution_state"] == "idle"], "the cell had ended: not beside it"
+        notice = widget(opened, css="rlnb-notice")
+        assert any("pause and resume work meanwhile" in v for v in states(during, notice, "value"))
+        assert "step…" not in states(during, step, "description")
+        reply = kc.get_shell_msg(timeout=TIMEOUT)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=TIMEOUT)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        assert ok(kc, "print(sess.version)").strip() == "30"
+        ok(kc, "sess.close()")
+
+
+CLOSE_LEAVES_NOTHING = """
+import rlnb
+from rlnb.runtime import snapshot
+sess = rlnb.Session(rlnb.Config(
+    mode="async",
+    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
+    track=rlnb.TrackConfig(backends=("console",), console_every=2),
+), name="k")
+dash = sess.dashboard()
+sess.start(steps=6)
+"""
+
+
+def test_close_returns_once_what_it_closed_is_gone_and_the_last_frame_says_so(tmp_path: Path) -> None:
+    with kernel(tmp_path) as (_, kc):
+        ok(kc, CLOSE_LEAVES_NOTHING)
+        # JupyterLab asks the kernel for a subshell once a notebook is open: its thread
+        # and FDs are the kernel's, made after the session's baseline
+        make_subshell(kc)
+        ok(kc, "sess.wait()")  # the training thread wrote console lines: ipykernel gave it a pipe
+        out = ok(kc, "sess.close(); print(snapshot().new_since(sess.baseline))")
+        assert out.strip() == "{}", out  # at once: close() returned once everything was gone
+        gauges = ok(kc, "print(dash.gauges.value)")  # the last frame was drawn after that
+        assert 'data-gauge="open FDs"' in gauges and "rlnb-new" not in gauges, gauges
+
+
+def test_a_background_runs_console_line_stays_where_it_appeared(tmp_path: Path) -> None:
+    with kernel(tmp_path) as (_, kc):
+        ok(kc, CLOSE_LEAVES_NOTHING.replace("sess.start(steps=6)", "sess.start(steps=30)"))
+        msgs = execute(kc, "import time; time.sleep(0.5)")
+        msgs += execute(kc, "sess.wait()")  # ipykernel 7 sends a thread's output to the cell that ran last
+        msgs += execute(kc, "sess.close()")
+        lines = [m for m in msgs if m["msg_type"] in ("display_data", "update_display_data")]
+        lines = [m for m in lines if m["content"]["data"].get("text/plain", "").startswith(("step ", "rlnb: run"))]
+        shown = [m for m in lines if m["msg_type"] == "display_data"]
+        assert len(shown) <= 1, [m["parent_header"].get("msg_id") for m in shown]  # one line, not one per cell
+        ids = {m["content"]["transient"]["display_id"] for m in lines}
+        assert len(ids) == 1 and "exit code 0" in lines[-1]["content"]["data"]["text/plain"]
