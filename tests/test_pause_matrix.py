@@ -215,3 +215,19 @@ def test_a_callback_that_waits_for_its_own_run_gets_an_error_not_a_hang() -> Non
         with pytest.raises(rlnb.TrainingError) as raised:
             sess.wait()
         assert "would wait for itself" in str(raised.value.__cause__)
+
+
+@pytest.mark.parametrize("call", ["start", "step", "train", "evaluate", "save"])
+def test_a_second_thread_cannot_train_beside_a_call_in_progress(call: str, tmp_path: Any) -> None:
+    config = small_config("sync")
+    engine = HookedEngine(config)
+    with rlnb.Session(config, engine=engine, name="matrix") as sess:
+        started = engine.slow_down(0.5)  # the cell's step is surely still rolling out
+        cell = Foreground(sess, 1)
+        assert started.wait(HANG)
+        args = {"save": (tmp_path / "ckpt",)}.get(call, ())
+        with pytest.raises(RuntimeError, match=r"cannot run while train\(until=1\) runs on another thread"):
+            getattr(sess, call)(*args)
+        engine.before_generate = None
+        cell.join()
+        assert cell.error is None and sess.version == 1

@@ -119,6 +119,7 @@ class Trainer:
         self.warmup_stage = Warmup(learner, task, config)
         self._phase: str | None = None  # what the current step waits for
         self._unpublished: dict[str, float] | None = None  # a trained step whose weights did not reach the engine
+        self._pending_lock = threading.Lock()  # a failed step is published once, by one thread
         self._run: BackgroundRun | None = None
         self.foreground = Foreground()  # the blocking call a cell (or a button) is making
 
@@ -153,8 +154,16 @@ class Trainer:
         groups: list[Group] = []
         self._phase = "rolling out"  # statistics() says "paused" while rollouts are
         try:
-            # In the background a pause is waited out (a stop cancels the wait), not an error.
-            collect = rollouter.collect(self.config.rollout.groups_per_step, into=groups, wait=cancel is not None)
+            # The background waits out a pause (a stop cancels the wait); a cell gives up
+            # on one after step_timeout, saying so (it cannot be resumed from a busy kernel).
+            background = cancel is not None
+            collect = rollouter.collect(
+                self.config.rollout.groups_per_step,
+                into=groups,
+                wait=background,
+                paused_timeout=None if background else self.config.step_timeout,
+                call="step()",
+            )
             self.bridge.run(collect, timeout=timeout, cancel=cancel)
             self._call("on_batch", groups)
             with defer_interrupts():
@@ -208,34 +217,36 @@ class Trainer:
     def _update(self, groups: list[Group]) -> dict[str, float]:
         """Update on ``groups``, then publish the step (callers defer SIGINT)."""
         self._phase = "updating"
-        self._unpublished = metrics = self.learner.step(groups)
-        self._publish()
+        metrics = self.learner.step(groups)
+        self._publish(metrics)
         return metrics
 
     def publish_pending(self) -> None:
-        """Publish a trained step whose weights did not reach the engine (see ``_publish``)."""
-        if self._unpublished is not None:
-            self._publish()
+        """Publish a trained step whose weight sync failed (see ``_publish``). A step
+        being published on another thread is its own: only a failed one is pending."""
+        with self._pending_lock:
+            metrics, self._unpublished = self._unpublished, None
+        if metrics is not None:
+            self._publish(metrics)
 
-    def _publish(self) -> None:
+    def _publish(self, metrics: dict[str, float]) -> None:
         """Send the trained step's weights to the engine, then record the step: buffer
         version, history, tracker, ``on_step_end``. Update and sync are all-or-nothing
         for what anyone sees: if the sync fails, the step stays trained but unpublished,
         rollouts stay paused (on the old weights), and the next step, train or resume
         sends the weights again before anything else."""
-        metrics = self._unpublished
-        assert metrics is not None
         try:
             self.sync_weights()
-        except WeightSyncError as exc:
-            if isinstance(exc.__cause__, EngineError):
+        except BaseException as exc:
+            with self._pending_lock:
+                self._unpublished = metrics
+            if not isinstance(exc, WeightSyncError) or isinstance(exc.__cause__, EngineError):
                 raise  # no retry can help: it says to make a new session
             raise WeightSyncError(
                 f"step {self.learner.version} was trained, but its weights did not reach the engine, so "
                 "rollouts are paused on the old ones; the next step(), train() or resume() sends them again "
                 "(the step is recorded once they arrive)"
             ) from exc
-        self._unpublished = None
         self.buffer.set_version(self.learner.version)
         self.history.append(metrics)
         self.tracker.log(metrics, step=self.learner.version)
@@ -326,7 +337,8 @@ class Trainer:
         started = time.perf_counter()
         items = self.task.eval_set(n_prompts, seed=seed)
         max_new = self.config.rollout.max_new_tokens or self.task.max_new_tokens
-        results = self.bridge.run(self.rollouter.evaluate(items, max_new_tokens=max_new))
+        evaluate = self.rollouter.evaluate(items, max_new_tokens=max_new, paused_timeout=self.config.step_timeout)
+        results = self.bridge.run(evaluate)
         accuracy = sum(reward >= 1.0 for _, reward in results) / len(results)
         self.evaluations.append((self.version, accuracy))
         seconds = round(time.perf_counter() - started, 4)
@@ -351,7 +363,7 @@ class Trainer:
             if not rollouter.engine_dead:  # a dead engine generates nothing; what was learnt can still be saved
                 run(rollouter.resume())  # kept partial rollouts finish too
                 run(rollouter.pause(PauseMode.WAIT))
-                run(rollouter.wait_paused(), timeout=self.config.step_timeout)
+                run(rollouter.wait_paused(timeout=self.config.step_timeout))
             yield
         finally:
             if not rollouter.engine_dead:
@@ -382,7 +394,7 @@ class Trainer:
         """End the background run at a step boundary (a step that has started its update
         completes; one still waiting trains nothing) and wait for it. Idempotent.
         Raises ``TimeoutError`` if it has not ended after ``timeout`` s."""
-        if self._run is not None and not self._run.stop(timeout):
+        if self._run is not None and not self._run.stop(timeout) and not self._run.on_own_thread():
             raise TimeoutError(f"the background run did not stop within {timeout} s; it stops after its step")
 
     def wait(self, timeout: float | None = None, *, progress: bool = True) -> None:
@@ -417,10 +429,19 @@ class Trainer:
             self._run.stop(timeout)
 
     def check_idle(self, call: str) -> None:
+        """Raise RuntimeError if ``call`` would train beside training already going
+        on: a background run, or a blocking call made on another thread (two threads
+        stepping one learner at once corrupt it)."""
         if self.training:
             raise RuntimeError(
                 f"{call} cannot run while training goes on in the background: call stop() first "
                 "(or wait() for it to finish)"
+            )
+        other = self.foreground.current
+        if other is not None and other.thread_id != threading.get_ident():
+            raise RuntimeError(
+                f"{call} cannot run while {other.call} runs on another thread ({other.thread}): "
+                "wait for it to return first"
             )
 
     def statistics(self) -> TrainingStatistics:
