@@ -80,10 +80,24 @@ def _metrics(metrics: Mapping[str, float], limit: int = 5) -> str:
 
 
 def _rollout_lines(r: RolloutStatistics) -> list[str]:
+    if r.state != "running":  # pausing, paused, syncing, closed
+        what = r.state + (", background dispatch stopped" if not r.dispatching and r.state != "closed" else "")
+    elif r.dispatching and r.in_flight:
+        what = "generating in the background"
+    elif r.dispatching:  # held back: the policy-lag budget is spent, or the buffer is full
+        spent = r.groups_allowed is not None and r.groups_live >= r.groups_allowed
+        what = "dispatching in the background, held: " + (
+            f"the policy-lag budget is spent ({r.groups_live} of {r.groups_allowed} groups live)"
+            if spent
+            else "the buffer is full"
+        )
+    else:  # a step (sync mode), rollout() or evaluate() generates for its caller; nothing else does
+        what = "generating for a call in progress" if r.in_flight else "idle (nothing dispatched in the background)"
     return [
-        f"{r.state}, {'dispatching' if r.dispatching else 'not dispatching'}, version {r.version}",
+        f"{what}, version {r.version}",
         _reprs.pairs(
             ("in flight", r.in_flight),
+            *((("of them queued", r.queued),) if r.queued else ()),
             ("kept partial", r.kept_partial),
             ("finished", r.finished),
             ("failed", r.failed),
@@ -95,8 +109,9 @@ def _rollout_lines(r: RolloutStatistics) -> list[str]:
 
 def _buffer_lines(b: BufferStatistics) -> list[str]:
     sizes = ", ".join(f"{p} {n} ({b.samples.get(p, 0)} samples)" for p, n in b.sizes.items())
+    held = sum(b.held.values())
     lines = [
-        f"groups: {sizes or 'no partitions'}",
+        f"groups: {sizes or 'no partitions'}" + (f"; {held} more finished, waiting for room" if held else ""),
         _reprs.pairs(("put", b.put), ("taken", b.taken), ("evicted stale", b.evicted_stale))
         + f", capacity {b.capacity} per partition"
         + (", closed" if b.closed else ""),

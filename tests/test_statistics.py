@@ -97,3 +97,24 @@ def test_statistics_render_as_an_html_table(stats: SessionStatistics) -> None:
     for section in ("session", "rollouts", "buffer", "engine"):
         assert f">{section}</th>" in page
     assert "&#x27;repr&#x27;" in page  # the quoted name, escaped
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({}, "idle (nothing dispatched in the background)"),
+        ({"in_flight": 126}, "generating for a call in progress"),  # a sync step's own rollout
+        ({"dispatching": True, "in_flight": 8}, "generating in the background"),
+        ({"dispatching": True, "groups_live": 32, "groups_allowed": 32}, "held: the policy-lag budget is spent"),
+        ({"state": "paused", "in_flight": 8, "queued": 8}, "paused, background dispatch stopped"),
+    ],
+)
+def test_the_rollouts_line_says_what_generates_and_why(
+    stats: SessionStatistics, change: dict[str, object], said: str
+) -> None:
+    rollout = dataclasses.replace(stats.rollout, **{"dispatching": False, "in_flight": 0, **change})
+    text = repr(dataclasses.replace(stats, rollout=rollout))
+    line = next(line for line in text.splitlines() if line.strip().startswith("rollouts"))
+    assert said in line and "not dispatching" not in text, text
+    if rollout.queued:
+        assert "of them queued 8" in text
