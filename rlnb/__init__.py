@@ -69,6 +69,7 @@ def __getattr__(name: str) -> object:
         return importlib.import_module(f"rlnb.{name}")
     raise AttributeError(f"module 'rlnb' has no attribute {name!r}")
 
+
 __all__ = [
     "AsyncBridge",
     "BridgeReentryError",

@@ -259,6 +259,9 @@ def test_a_task_from_the_main_script_makes_its_prompts_here_with_a_warning(
         def __call__(self, completion: str, answer: str) -> float:
             return 1.0
 
+    # pytest's own __main__ is a module, but a pytest-xdist worker's is neither a module
+    # nor a file: give it the file a script's __main__ has.
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", __file__, raising=False)
     for obj in (make_prompt, Reward):  # made here, as if defined at the top of the main script
         obj.__module__, obj.__qualname__ = "__main__", obj.__name__
         monkeypatch.setattr(sys.modules["__main__"], obj.__name__, obj, raising=False)

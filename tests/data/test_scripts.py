@@ -128,7 +128,10 @@ def test_a_task_from_a_module_next_to_the_script_keeps_its_workers(tmp_path: Pat
     assert "Warning" not in err, err
 
 
-def test_only_the_thread_that_starts_workers_leaves_the_main_script_out() -> None:
+def test_only_the_thread_that_starts_workers_leaves_the_main_script_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pytest's own __main__ is a module, but a pytest-xdist worker's is neither a module
+    # nor a file: give it the file a script's __main__ has.
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", __file__, raising=False)
     keys = {"init_main_from_path", "init_main_from_name"}
     seen: dict[str, set[str]] = {}
 
@@ -141,5 +144,5 @@ def test_only_the_thread_that_starts_workers_leaves_the_main_script_out() -> Non
         thread.start()
         thread.join()
     seen["after"] = keys & set(multiprocessing.spawn.get_preparation_data("x"))
-    assert seen["after"], "pytest's __main__ is a module or a file: its processes would run it"
+    assert seen["after"], "__main__ is a module or a file: its processes would run it"
     assert seen == {"inside": set(), "other": seen["after"], "after": seen["after"]}
