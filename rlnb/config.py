@@ -69,7 +69,10 @@ class DataConfig:
     """The prompt pipeline (torchdata's ``StatefulDataLoader``).
 
     num_workers: worker processes making prompts (0: in this process). The prompt
-        order is the same for any number.
+        order is the same for any number. With 0, ``make_prompt`` runs on the
+        session's event loop, so a slow one (tens of ms) holds up ``pause()`` and
+        every other call meanwhile: keep workers for a slow ``make_prompt``, and
+        enough of them to keep ahead of the learner.
     prefetch_factor: prompts each worker keeps ready.
     multiprocessing_context: how workers start: "forkserver" (the default: a worker
         forked from a process with other threads, as a kernel always is, can hang in
