@@ -166,9 +166,12 @@ def test_restart_closes_sessions_and_exits_gracefully(tmp_path: Path) -> None:
         assert km.provisioner is not None and km.provisioner.process.pid == pid
         stop_gracefully(km, log_file, restart=True)
         assert km.provisioner.process.pid != pid
-        # Read the answer from the reply, not from stdout: the client's IOPub socket may
-        # still be re-subscribing to the new kernel and miss its first messages.
-        reply = kc.execute_interactive("import rlnb", user_expressions={"live": "rlnb.sessions()"}, timeout=TIMEOUT)
+        # Read the answer from the shell reply alone: the client's IOPub socket may still be
+        # re-subscribing to the new kernel and miss its messages, the idle status that
+        # execute_interactive() waits for among them (it timed out so once in CI).
+        msg_id = kc.execute("import rlnb", user_expressions={"live": "rlnb.sessions()"})
+        while (reply := kc.get_shell_msg(timeout=TIMEOUT))["parent_header"].get("msg_id") != msg_id:
+            pass
         assert reply["content"]["user_expressions"]["live"]["data"]["text/plain"] == "[]"
 
 
