@@ -12,6 +12,12 @@ if [ "${RLNB_NETNS:-}" != "1" ]; then
     fi
     echo "scripts/test.sh: cannot make a network namespace here; server and cluster tests will be skipped" >&2
 fi
+# --fast: the unit tier only (no subprocess, kernel, browser, vLLM or Ray; see the tiers in
+# tests/conftest.py), about a minute on two cores: the loop to run after every change.
+if [ "${1:-}" = "--fast" ]; then
+    shift
+    exec .venv/bin/python -m pytest -m unit -n "${RLNB_TEST_WORKERS:-2}" --dist loadfile "$@"
+fi
 # Two pytest processes: Ray's driver keeps C++ threads that open sockets after
 # ray.shutdown(), which the leak checks of later tests in the same process would
 # see; the tests that start Ray (marker "ray") run in a process of their own.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import signal
 from collections.abc import Iterator
 
@@ -23,7 +24,31 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# The tiers, marked from what a test touches (so a new heavy test cannot land in the fast
+# one by accident): "system" starts a kernel, a browser, vLLM, Ray or needs a GPU (marked
+# netns, ray or gpu); "integration" starts other processes (CLI runs, scripts, lint and
+# types, loader workers killed or signalled) or is marked slow; "unit" is everything
+# else, run by `scripts/test.sh --fast`.
+INTEGRATION_MODULES = {"test_cli.py", "test_lint.py", "test_soak.py", "test_scripts.py"}
+STARTS_A_PROCESS = ("subprocess.", "sys.executable", "os.fork", "os.kill(", "pthread_kill")
+
+
+def tier(item: pytest.Item) -> str:
+    if {"netns", "ray", "gpu"} & set(item.keywords):
+        return "system"
+    if "slow" in item.keywords or item.path.name in INTEGRATION_MODULES:
+        return "integration"
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        source = ""
+    return "integration" if any(call in source for call in STARTS_A_PROCESS) else "unit"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(getattr(pytest.mark, tier(item)))
     skips = {}
     if not LOOPBACK_ONLY:
         skips["netns"] = pytest.mark.skip(
