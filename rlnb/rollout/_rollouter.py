@@ -15,7 +15,7 @@ import asyncio
 import collections
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 from rlnb._errors import ClosedError, PromptError, RolloutError
 from rlnb._samples import Group, PromptItem
@@ -30,7 +30,6 @@ from rlnb.rollout._waits import all_or_first_error, call_soon, pause_limited
 __all__ = ["Rollouter"]
 
 _DEFAULT_SAMPLING = SamplingParams()
-_T = TypeVar("_T")
 
 
 class Rollouter:
