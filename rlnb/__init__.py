@@ -49,8 +49,8 @@ from rlnb.config import (
     TrackConfig,
     WarmupConfig,
 )
+from rlnb.engines import PauseMode
 from rlnb.notebook import load_ipython_extension, unload_ipython_extension
-from rlnb.rollout import PauseMode
 from rlnb.runtime import AsyncBridge, close_all, sessions
 from rlnb.session import Session, SessionStatistics
 from rlnb.track import Tracker, TrackerError

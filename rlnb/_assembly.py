@@ -16,7 +16,8 @@ from rlnb._errors import CheckpointError, ConfigError
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config, ModelConfig
 from rlnb.data import Task
-from rlnb.rollout import Engine, Rollouter, SamplingParams
+from rlnb.engines import Engine, SamplingParams
+from rlnb.rollout import Rollouter
 
 if TYPE_CHECKING:
     from rlnb.data import PromptLoader
@@ -230,7 +231,7 @@ def make_learner(config: Config, model: ModelConfig, tokenizer: Tokenizer) -> Le
 def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name: str, bridge: AsyncBridge) -> Engine:
     """The engine ``config`` asks for. vLLM starts on the session's bridge loop, which
     drives it from then on (its processes are checked and refused before any starts)."""
-    from rlnb.rollout import TinyEngine
+    from rlnb.engines import TinyEngine
 
     e, m, replicas = config.engine, config.model, config.ray.engine_replicas
     vllm: dict[str, Any] | None = None  # VLLMEngine.start's arguments, here or in each Ray replica
@@ -240,12 +241,12 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
                 "seed": config.seed, "dtype": m.dtype, "gpu_memory_utilization": e.gpu_memory_utilization,
                 "name": f"{name}-replica" if replicas else name}  # fmt: skip
     if vllm is not None and not replicas:
-        from rlnb.rollout import VLLMEngine
+        from rlnb.engines import VLLMEngine
 
         engine: Engine = bridge.run(VLLMEngine.start(**vllm), timeout=_VLLM_START_TIMEOUT)
         return engine
     if replicas:
-        from rlnb.rollout import RayEngine
+        from rlnb.engines import RayEngine
 
         log_dir = config.ray.log_dir
         if log_dir is None and config.track.run_dir is not None:

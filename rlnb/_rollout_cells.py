@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from rlnb._errors import public_call
 from rlnb._samples import RolloutBatch
-from rlnb.rollout import PauseMode, Rollouter, SamplingParams
+from rlnb.engines import PauseMode, SamplingParams
+from rlnb.rollout import Rollouter
 from rlnb.runtime import AsyncBridge
 
 if TYPE_CHECKING:

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from rlnb import _reprs
 from rlnb.buffer import BufferStatistics
-from rlnb.rollout import EngineStatistics, RolloutStatistics
+from rlnb.engines import EngineStatistics
+from rlnb.rollout import RolloutStatistics
 
 if TYPE_CHECKING:
     from rlnb.learn import TrainingStatistics  # torch: not at `import rlnb`

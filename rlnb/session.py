@@ -26,7 +26,8 @@ from rlnb._training_cells import TrainingCells
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config
 from rlnb.data import Task, get_task
-from rlnb.rollout import Engine, Rollouter
+from rlnb.engines import Engine
+from rlnb.rollout import Rollouter
 from rlnb.runtime import (
     AsyncBridge,
     Snapshot,

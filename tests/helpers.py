@@ -16,9 +16,10 @@ import pytest
 
 import rlnb
 from rlnb.data import get_task
+from rlnb.engines import EngineStatistics, GenerateRequest, GenerateResult, PauseMode, TinyEngine
 from rlnb.learn import Callback
 from rlnb.models import CharTokenizer, TinyPolicy
-from rlnb.rollout import EngineStatistics, GenerateRequest, GenerateResult, PauseMode, RolloutStatistics, TinyEngine
+from rlnb.rollout import RolloutStatistics
 
 
 @contextlib.contextmanager

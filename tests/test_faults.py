@@ -7,7 +7,7 @@ than 2 s.
 | fault | tested in |
 |---|---|
 | a reward that raises, hangs or returns garbage | ``tests/rollout/test_reward.py`` |
-| an engine thread that dies: every waiter and every later request fails | ``tests/rollout/test_tiny_engine.py`` |
+| an engine thread that dies: every waiter and every later request fails | ``tests/engines/test_tiny.py`` |
 | ... during ``rollout()`` | ``tests/test_session_rollout.py`` |
 | ... mid-generation while training in the background (``start()``) | here |
 | a loader worker killed with SIGKILL | ``tests/data/test_loader.py`` |

@@ -16,7 +16,7 @@ import pytest
 
 import rlnb
 from rlnb import RolloutBatch
-from rlnb.rollout import GenerateRequest
+from rlnb.engines import GenerateRequest
 from tests.helpers import HookedEngine, assert_counts_add_up, cause_chain, ctrl_c_once, wait_until
 
 CONFIG = rlnb.Config(

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rlnb.bench._common import BenchResult, Target, median
-from rlnb.rollout import Engine, GenerateRequest, PauseMode, SamplingParams
+from rlnb.engines import Engine, GenerateRequest, PauseMode, SamplingParams
 
 PROMPTS, SAMPLES, TOKENS = 16, 8, 5
 MAX_LEN = 64
@@ -100,8 +100,8 @@ def _vllm_installed() -> bool:
 
 def run() -> BenchResult:
     from rlnb.config import ModelConfig
+    from rlnb.engines import TinyEngine
     from rlnb.models import CharTokenizer, TinyPolicy, load_hf_model, load_hf_tokenizer, tiny_llama
-    from rlnb.rollout import TinyEngine
 
     figures: dict[str, Any] = {"workload": f"{PROMPTS} prompts x {SAMPLES} samples x {TOKENS} tokens"}
     with tempfile.TemporaryDirectory(prefix="rlnb-bench-engines-") as tmp:
@@ -123,7 +123,7 @@ def run() -> BenchResult:
             "hf": _run(start_hf, hf_tokenizer, policy.state_dict),
         }
         if _vllm_installed():
-            from rlnb.rollout import VLLMEngine
+            from rlnb.engines import VLLMEngine
 
             async def start_vllm() -> Engine:
                 engine: Engine = await VLLMEngine.start(

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from rlnb.bench._common import BenchResult, Target, median
-from rlnb.rollout import Engine, GenerateRequest, SamplingParams
+from rlnb.engines import Engine, GenerateRequest, SamplingParams
 
 PROMPTS, SAMPLES, TOKENS = 16, 8, 5
 HOPS = 60
@@ -70,8 +70,8 @@ def _measure(engine: Engine, state: dict[str, Any]) -> dict[str, Any]:
 
 def run() -> BenchResult:
     import rlnb
+    from rlnb.engines import RayEngine, TinyEngine
     from rlnb.models import TinyPolicy
-    from rlnb.rollout import RayEngine, TinyEngine
 
     policy = TinyPolicy(rlnb.ModelConfig(vocab_size=16))
     state = {k: v.clone() for k, v in policy.state_dict().items()}

@@ -22,7 +22,8 @@ from rlnb._samples import PromptItem
 from rlnb.bench._common import BenchResult, Target, median, p99, time_ms
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import BufferConfig, Config, ModelConfig, RolloutConfig
-from rlnb.rollout import FakeEngine, GenerateRequest, PauseMode, Rollouter, SamplingParams
+from rlnb.engines import FakeEngine, GenerateRequest, PauseMode, SamplingParams
+from rlnb.rollout import Rollouter
 from rlnb.runtime import AsyncBridge
 from rlnb.session import Session
 
@@ -127,8 +128,8 @@ def _pause_abort_latency(trials: int) -> dict[str, float]:
 
 
 def _batching_tokens_per_s(requests: int) -> dict[str, float]:
+    from rlnb.engines import TinyEngine
     from rlnb.models import TinyPolicy
-    from rlnb.rollout import TinyEngine
 
     policy = TinyPolicy(ModelConfig(vocab_size=16, max_len=256))
     rng = random.Random(2)

@@ -28,12 +28,13 @@ from rlnb._samples import Group
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config
 from rlnb.data import Task
+from rlnb.engines import PauseMode
 from rlnb.learn._background import BackgroundRun
 from rlnb.learn._foreground import Foreground, ForegroundCall, wait_with_progress
 from rlnb.learn._learner import Learner
 from rlnb.learn._progress import progress_bar
 from rlnb.learn._warmup import Warmup
-from rlnb.rollout import PauseMode, Rollouter, RolloutState
+from rlnb.rollout import Rollouter, RolloutState
 from rlnb.runtime import AsyncBridge, Deferred, defer_interrupts
 
 __all__ = ["Callback", "Trainer", "TrainingStatistics"]

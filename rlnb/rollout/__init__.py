@@ -1,43 +1,38 @@
-"""Generation: the ``Engine`` protocol, its backends and the asynchronous ``Rollouter``."""
+"""Rollouts: the asynchronous ``Rollouter`` that drives an engine.
+
+It turns prompts into scored groups in the replay buffer, pauses and resumes
+generation (keeping partial rollouts), and waits out weight syncs. It speaks to an
+engine only through the ``Engine`` protocol of :mod:`rlnb.engines`; the protocol's
+names and the engines are importable from here too, as they were before
+``rlnb.engines`` existed.
+"""
 
 import typing as _typing
 
+import rlnb.engines as _engines
 from rlnb._samples import PromptItem
-from rlnb.rollout._accounting import RolloutStatistics
-from rlnb.rollout._check import compare_logprobs
-from rlnb.rollout._engine import (
+from rlnb.engines import (
     Engine,
     EngineStatistics,
+    FakeEngine,
     GenerateRequest,
     GenerateResult,
     PauseMode,
     SamplingParams,
+    compare_logprobs,
 )
-from rlnb.rollout._fake import FakeEngine
+from rlnb.rollout._accounting import RolloutStatistics
 from rlnb.rollout._rollouter import Rollouter
 from rlnb.rollout._state import RolloutState
 
 if _typing.TYPE_CHECKING:
-    from rlnb.rollout._ray import RayEngine
-    from rlnb.rollout._tiny import TinyEngine
-    from rlnb.rollout._vllm import VLLMEngine
+    from rlnb.engines import RayEngine, TinyEngine, VLLMEngine
 else:
 
     def __getattr__(name: str) -> object:
-        # TinyEngine needs torch, VLLMEngine vLLM, RayEngine Ray: imported when first
-        # asked for, so `import rlnb` stays light.
-        if name == "RayEngine":
-            from rlnb.rollout._ray import RayEngine
-
-            return RayEngine
-        if name == "TinyEngine":
-            from rlnb.rollout._tiny import TinyEngine
-
-            return TinyEngine
-        if name == "VLLMEngine":
-            from rlnb.rollout._vllm import VLLMEngine
-
-            return VLLMEngine
+        # The heavy engines, from rlnb.engines when first asked for.
+        if name in ("RayEngine", "TinyEngine", "VLLMEngine"):
+            return getattr(_engines, name)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from rlnb._errors import ClosedError, EngineError, RolloutError
 from rlnb._samples import Group, PromptItem, Sample
 from rlnb.buffer import ReplayBuffer
+from rlnb.engines import Engine, GenerateRequest, GenerateResult, SamplingParams
 from rlnb.rollout._accounting import Counters, Ticket, is_cancellation
-from rlnb.rollout._engine import Engine, GenerateRequest, GenerateResult, SamplingParams
 from rlnb.rollout._reward import BadReward, CallTimedOut, PoolFull, RewardPool, finite_reward, short_repr
 from rlnb.rollout._state import StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor

@@ -20,8 +20,8 @@ from typing import Any
 from rlnb._errors import ClosedError, PromptError, RolloutError
 from rlnb._samples import Group, PromptItem
 from rlnb.buffer import ReplayBuffer
+from rlnb.engines import Engine, PauseMode, SamplingParams
 from rlnb.rollout._accounting import Counters, RolloutStatistics, Ticket, is_cancellation
-from rlnb.rollout._engine import Engine, PauseMode, SamplingParams
 from rlnb.rollout._group import GroupRunner, RewardFn
 from rlnb.rollout._state import RolloutState, StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor

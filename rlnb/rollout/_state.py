@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlnb._errors import ClosedError, EngineError, WeightSyncError
-from rlnb.rollout._engine import Engine, PauseMode
+from rlnb.engines import Engine, PauseMode
 from rlnb.rollout._supervisor import TaskSupervisor
 
 __all__ = ["RolloutState", "StateMachine"]

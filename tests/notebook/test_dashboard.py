@@ -248,7 +248,7 @@ def test_state_and_gauges_follow_the_session() -> None:
 
 def test_the_state_shows_one_row_per_engine_replica() -> None:
     """With Ray replicas the engine reports each one; the state panel lists them
-    (a live cluster's rows are checked in tests/rollout/test_ray.py)."""
+    (a live cluster's rows are checked in tests/engines/test_ray.py)."""
     import dataclasses
 
     from rlnb.notebook import _panels

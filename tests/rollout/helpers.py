@@ -14,7 +14,8 @@ from typing import Any
 
 import rlnb
 from rlnb.buffer import ReplayBuffer
-from rlnb.rollout import FakeEngine, GenerateRequest, GenerateResult, PauseMode, PromptItem, Rollouter, SamplingParams
+from rlnb.engines import FakeEngine, GenerateRequest, GenerateResult, PauseMode, SamplingParams
+from rlnb.rollout import PromptItem, Rollouter
 
 EOS = 2  # FakeEngine ends every "stop" sequence with this token
 DELAY = 0.01  # FakeEngine seconds per token where a test acts mid-generation

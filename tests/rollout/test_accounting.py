@@ -12,7 +12,8 @@ import asyncio
 import pytest
 
 import rlnb
-from rlnb.rollout import GenerateRequest, RolloutStatistics
+from rlnb.engines import GenerateRequest
+from rlnb.rollout import RolloutStatistics
 from tests.helpers import assert_counts_add_up
 from tests.rollout.helpers import DELAY, SLOW, RecordingEngine, groups_ended, make_rollouter, parse_id, until
 

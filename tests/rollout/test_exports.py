@@ -22,7 +22,7 @@ def test_tiny_engine_is_exported_and_imports_torch_only_when_asked_for() -> None
         "import sys, rlnb.rollout; "
         "before = 'torch' in sys.modules; "
         "from rlnb.rollout import TinyEngine; "
-        "from rlnb.rollout._tiny import TinyEngine as Private; "
+        "from rlnb.engines._tiny import TinyEngine as Private; "
         "print(before, 'torch' in sys.modules, TinyEngine is Private)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

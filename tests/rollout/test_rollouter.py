@@ -12,7 +12,8 @@ import asyncio
 import pytest
 
 import rlnb
-from rlnb.rollout import FakeEngine, GenerateRequest, PromptItem, RolloutStatistics
+from rlnb.engines import FakeEngine, GenerateRequest
+from rlnb.rollout import PromptItem, RolloutStatistics
 from tests.helpers import assert_counts_add_up, cause_chain
 from tests.rollout.helpers import (
     DELAY,

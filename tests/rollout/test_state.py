@@ -14,7 +14,8 @@ import pytest
 
 import rlnb
 from rlnb.buffer import ReplayBuffer
-from rlnb.rollout import GenerateRequest, Rollouter, RolloutState
+from rlnb.engines import GenerateRequest
+from rlnb.rollout import Rollouter, RolloutState
 from tests.helpers import assert_counts_add_up
 from tests.rollout.helpers import (
     DELAY,

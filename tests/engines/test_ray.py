@@ -20,8 +20,7 @@ import ray
 
 import rlnb
 import rlnb.models
-from tests.helpers import exited, wait_until
-from tests.rollout.ray_helpers import (
+from tests.engines.ray_helpers import (
     SMALL,
     cell_output,
     free_port,
@@ -30,6 +29,7 @@ from tests.rollout.ray_helpers import (
     replicas,
     socket_fds,
 )
+from tests.helpers import exited, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.ray]
 

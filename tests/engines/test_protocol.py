@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import rlnb
-from rlnb.rollout import SamplingParams
+from rlnb.engines import SamplingParams
 
 
 @pytest.mark.parametrize(

@@ -23,9 +23,10 @@ from typing import Any
 import torch
 
 from rlnb._errors import ClosedError, EngineError
+from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
+from rlnb.engines._sampling import sample_next
+from rlnb.engines._shared import deliver
 from rlnb.models import HFPolicy, TinyPolicy
-from rlnb.rollout._engine import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
-from rlnb.rollout._sampling import sample_next
 
 __all__ = ["TinyEngine"]
 
@@ -47,23 +48,6 @@ class _Seq:
 
 def _slot(seq: _Seq) -> int:
     return seq.slot
-
-
-def _deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any) -> None:
-    """Resolve an asyncio future from the engine thread (a no-op if its loop is gone)."""
-
-    def settle() -> None:
-        if future.done():
-            return
-        if isinstance(result, BaseException):
-            future.set_exception(result)
-        else:
-            future.set_result(result)
-
-    try:
-        loop.call_soon_threadsafe(settle)
-    except RuntimeError:  # the loop closed: nobody is waiting any more
-        pass
 
 
 class TinyEngine:
@@ -218,11 +202,11 @@ class TinyEngine:
             barriers, self._barriers = self._barriers, []
             updates, self._updates = self._updates, []
         for seq in pending:
-            _deliver(seq.loop, seq.future, error)
+            deliver(seq.loop, seq.future, error)
         for loop, fut in barriers:
-            _deliver(loop, fut, pause_result)
+            deliver(loop, fut, pause_result)
         for _, _, loop, fut in updates:
-            _deliver(loop, fut, error)
+            deliver(loop, fut, error)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -287,7 +271,7 @@ class TinyEngine:
             except BaseException as exc:  # the thread dies: the updates it had taken hear why too
                 self._die(exc)
                 for _, _, loop, fut in updates:
-                    _deliver(loop, fut, self._death)
+                    deliver(loop, fut, self._death)
                 return
             try:
                 if stepping:
@@ -299,7 +283,7 @@ class TinyEngine:
             with self._cond:
                 barriers, self._barriers = self._barriers, []
             for loop, fut in barriers:
-                _deliver(loop, fut, None)
+                deliver(loop, fut, None)
 
     def _take_aborted(self) -> list[_Seq]:
         """Remove aborted sequences (queued or active) and free their slots. Lock held."""
@@ -328,10 +312,10 @@ class TinyEngine:
             try:
                 self._model.load_state_dict(state)
             except Exception as exc:
-                _deliver(loop, fut, exc)
+                deliver(loop, fut, exc)
             else:
                 self._version = version
-                _deliver(loop, fut, None)
+                deliver(loop, fut, None)
 
     def _prefill(self, seqs: list[_Seq]) -> None:
         inputs = [(*s.request.prompt_ids, *s.request.prefix_ids) for s in seqs]
@@ -394,7 +378,7 @@ class TinyEngine:
         result = GenerateResult(
             seq.request.request_id, tuple(seq.tokens), tuple(seq.logprobs), tuple(seq.versions), reason
         )
-        _deliver(seq.loop, seq.future, result)
+        deliver(seq.loop, seq.future, result)
 
     def _fail_active(self, exc: Exception) -> None:
         with self._cond:
@@ -402,4 +386,4 @@ class TinyEngine:
             for seq in failed:
                 heapq.heappush(self._free, seq.slot)
         for seq in failed:
-            _deliver(seq.loop, seq.future, exc)
+            deliver(seq.loop, seq.future, exc)

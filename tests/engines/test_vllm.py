@@ -38,7 +38,7 @@ import torch
 
 import rlnb
 import rlnb.models
-from rlnb.rollout import GenerateRequest, GenerateResult, SamplingParams, VLLMEngine, compare_logprobs
+from rlnb.engines import GenerateRequest, GenerateResult, SamplingParams, VLLMEngine, compare_logprobs
 from rlnb.runtime import AsyncBridge
 from tests.helpers import wait_until
 
@@ -400,7 +400,7 @@ def test_close_leaves_no_process_and_is_idempotent_and_a_dead_engine_is_an_engin
 
 OWNER = """
 import asyncio, sys, time
-from rlnb.rollout._vllm import VLLMEngine
+from rlnb.engines._vllm import VLLMEngine
 
 # No `if __name__ == "__main__":` on purpose: the engine must not need one.
 engine = asyncio.run(VLLMEngine.start(sys.argv[1], eos_id={eos}, max_len=64, max_batch=4))

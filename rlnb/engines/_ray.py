@@ -40,8 +40,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlnb._errors import ClosedError, ConfigError, EngineError
-from rlnb.rollout._engine import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
-from rlnb.rollout._ray_cluster import Cluster, report_deaths
+from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
+from rlnb.engines._ray_cluster import Cluster, report_deaths
 
 __all__ = ["RayEngine"]
 
@@ -60,7 +60,7 @@ class _Replica:
     ) -> None:
         import torch
 
-        from rlnb.rollout._tiny import TinyEngine
+        from rlnb.engines._tiny import TinyEngine
 
         torch.set_num_threads(threads)
         self._vllm = vllm  # VLLMEngine.start's arguments: it starts in ready(), on this actor's loop
@@ -73,7 +73,7 @@ class _Replica:
         """Start a vLLM engine if asked; then say where this replica runs: its pid,
         Ray worker id, node and Ray's log files of this worker."""
         if self.engine is None and self._vllm is not None:
-            from rlnb.rollout._vllm import VLLMEngine
+            from rlnb.engines._vllm import VLLMEngine
 
             self.engine = await VLLMEngine.start(**self._vllm)
         import ray

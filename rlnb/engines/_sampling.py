@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rlnb.rollout._engine import GenerateRequest
+from rlnb.engines._protocol import GenerateRequest
 
 
 def sample_next(

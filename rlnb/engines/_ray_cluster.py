@@ -1,4 +1,4 @@
-"""Ray as a :class:`~rlnb.rollout._ray.RayEngine` uses it: a local cluster that the
+"""Ray as a :class:`~rlnb.engines._ray.RayEngine` uses it: a local cluster that the
 session starts and owns (its processes watched by a guard, its logs in the run
 dir), or a running cluster it attaches to and leaves be; and the raylet's reports of
 replicas that died, which the engine answers in its own words."""
@@ -75,7 +75,7 @@ class Cluster:
         can take longer to import than the raylet waits for them (30 s; the raylet
         then aborts and ``ray.init`` raises): such a start is cleaned up and tried
         again, with the imports now cached, while ``start_timeout`` allows."""
-        from rlnb.rollout._guard import Guard
+        from rlnb.engines._guard import Guard
 
         deadline = time.monotonic() + config.start_timeout
         needed = int(config.engine_replicas * config.num_cpus + 0.999)

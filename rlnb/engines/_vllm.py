@@ -23,9 +23,10 @@ from typing import Any
 import psutil
 
 from rlnb._errors import ClosedError, EngineError
-from rlnb.rollout._engine import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
-from rlnb.rollout._guard import Guard
-from rlnb.rollout._vllm_setup import (
+from rlnb.engines._guard import Guard
+from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
+from rlnb.engines._shared import deliver
+from rlnb.engines._vllm_setup import (
     _FINISH,
     _WORKER_EXTENSION,
     _cancel,
@@ -37,7 +38,6 @@ from rlnb.rollout._vllm_setup import (
     _Pending,
     _read_config,
     _retrieve,
-    _settle,
     _spawn_without_main,
     _stat_logger,
     _to_safetensors,
@@ -320,7 +320,7 @@ class VLLMEngine:
             pending, self._pending = list(self._pending.values()), {}
             background, self._background = list(self._background), set()
         for loop, waiter, task in pending:
-            _settle(loop, waiter, ClosedError("the engine closed"))
+            deliver(loop, waiter, ClosedError("the engine closed"))
             _cancel(loop, task)
         for task in background:
             _cancel(task.get_loop(), task)
@@ -432,9 +432,9 @@ class VLLMEngine:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            _settle(loop, waiter, self._translate(exc))
+            deliver(loop, waiter, self._translate(exc))
             return
-        _settle(loop, waiter, result)
+        deliver(loop, waiter, result)
 
     def _result(self, request: GenerateRequest, output: Any, version: int) -> GenerateResult:
         reason = _FINISH.get(str(output.finish_reason))

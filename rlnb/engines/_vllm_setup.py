@@ -1,4 +1,4 @@
-"""What :class:`~rlnb.rollout._vllm.VLLMEngine` needs around vLLM itself: importing it
+"""What :class:`~rlnb.engines._vllm.VLLMEngine` needs around vLLM itself: importing it
 quietly, checking a model directory before any process starts, starting vLLM
 without the caller's ``__main__``, a thread whose result an event loop awaits, and the per-token weight versions."""
 
@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from rlnb._errors import ConfigError
-from rlnb.rollout._engine import GenerateResult
-from rlnb.rollout._tiny import _deliver
+from rlnb.engines._protocol import GenerateResult
 
-_WORKER_EXTENSION = "rlnb.rollout._vllm_worker.RlnbWorkerExtension"
+_WORKER_EXTENSION = "rlnb.engines._vllm_worker.RlnbWorkerExtension"
 _FINISH = {"stop": "stop", "length": "length", "abort": "aborted"}
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
 
@@ -241,8 +240,6 @@ def _versions(output: Any, count: int, fallback: int) -> tuple[int, ...]:
         out[span.start : span.end] = [version] * (span.end - span.start)
     return tuple(out)
 
-
-_settle = _deliver  # resolve an asyncio future from any thread, as TinyEngine does
 
 _Pending = tuple[asyncio.AbstractEventLoop, "asyncio.Future[GenerateResult]", "asyncio.Task[None]"]
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import rlnb
+from rlnb.engines import GenerateRequest, GenerateResult, PauseMode, SamplingParams
+from rlnb.engines._tiny import TinyEngine
 from rlnb.models import CharTokenizer, TinyPolicy
-from rlnb.rollout import GenerateRequest, GenerateResult, PauseMode, SamplingParams
-from rlnb.rollout._tiny import TinyEngine
 from rlnb.runtime import AsyncBridge
 from tests.helpers import ctrl_c_once
 

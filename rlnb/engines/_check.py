@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from rlnb.rollout._engine import Engine, GenerateRequest
+from rlnb.engines._protocol import Engine, GenerateRequest
 
 __all__ = ["compare_logprobs"]
 

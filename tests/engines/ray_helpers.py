@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 
 import rlnb
-from rlnb.rollout._ray_cluster import is_ray_process
+from rlnb.engines._ray_cluster import is_ray_process
 
 SMALL = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlnb._errors import ClosedError
-from rlnb.rollout._engine import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
+from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
 
 __all__ = ["FakeEngine"]
 

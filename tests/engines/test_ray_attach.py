@@ -24,8 +24,8 @@ import ray
 
 import rlnb
 import rlnb.models
+from tests.engines.ray_helpers import SMALL, free_port, live_name, ray_processes, replicas
 from tests.helpers import exited, wait_until
-from tests.rollout.ray_helpers import SMALL, free_port, live_name, ray_processes, replicas
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.ray]
 
