@@ -303,9 +303,8 @@ def _model_shapes(
     size, once the tokenizer has been found to mean what ``vocab`` (the saved one) says."""
     import torch
 
-    from rlnb._assembly import model_shape
     from rlnb.data import get_task
-    from rlnb.models import TinyPolicy, hf_model_on_meta
+    from rlnb.models import TinyPolicy, hf_model_on_meta, model_shape
 
     if config.model.path is not None and not Path(config.model.path).expanduser().is_dir():
         raise CheckpointError(
@@ -400,7 +399,7 @@ def capture(
     import torch
 
     from rlnb import __version__
-    from rlnb._assembly import model_shape
+    from rlnb.models import model_shape
 
     learner, rollouter = trainer.learner, trainer.rollouter
 

@@ -39,6 +39,8 @@ __all__ = [
     "RolloutConfig",
     "TrackConfig",
     "WarmupConfig",
+    "describe_model",
+    "engine_kind",
 ]
 
 
@@ -511,3 +513,24 @@ PARTS: dict[str, type] = {
     "track": TrackConfig,
     "ray": RayConfig,
 }
+
+
+def describe_model(config: Config) -> str:
+    """The model, where it learns and what serves it, in words (``rlnb train``'s header,
+    the dashboard's "model" row)."""
+    m, r = config.model, config.ray
+    if m.path is None:
+        text = f"tiny policy (d_model {m.d_model}, {m.n_layers} layer{'s' * (m.n_layers != 1)}) on CPU"
+    else:
+        text = f"Hugging Face model {m.path!r} ({m.dtype}, learner on {m.device}) on the {engine_kind(config)!r} engine"
+    if r.engine_replicas:
+        where = "a local Ray cluster of its own" if r.address is None else f"the Ray cluster at {r.address}"
+        text += f", {r.engine_replicas} engine replicas on {where}"
+    return text
+
+
+def engine_kind(config: Config) -> str:
+    """The engine ``config`` asks for: ``EngineConfig.kind``, or the model's own."""
+    if config.engine.kind is not None:
+        return config.engine.kind
+    return "tiny" if config.model.path is None else "hf"

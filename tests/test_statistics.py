@@ -8,8 +8,8 @@ import re
 import pytest
 
 import rlnb
-from rlnb._statistics import SessionStatistics
 from rlnb.learn import TrainingStatistics
+from rlnb.session import SessionStatistics
 
 CONFIG = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),

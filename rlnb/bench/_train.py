@@ -48,7 +48,7 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(*, steps: int = 40, longtail_steps: int = 20, max_new_tokens: int = 48, rounds: int = 3) -> BenchResult:
-    from rlnb._run import demo_settings
+    from rlnb.cli import demo_settings
 
     demo, _ = demo_settings()
     loop = _loop(demo.replace(warmup=WarmupConfig(), track=TrackConfig(backends=())), steps)  # RL steps only

@@ -19,6 +19,7 @@ from rlnb.models._hf import (
 )
 from rlnb.models._kvcache import KVCache
 from rlnb.models._policy import TinyPolicy
+from rlnb.models._shape import model_shape
 from rlnb.models._tokenizer import CharTokenizer
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "hf_model_on_meta",
     "load_hf_model",
     "load_hf_tokenizer",
+    "model_shape",
     "tiny_llama",
 ]
 

@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlnb._statistics import SessionStatistics
+    from rlnb.session import SessionStatistics
 
 __all__ = ["CLICK_GRACE", "page_message", "refusal", "send_as_caused_by", "through_a_subshell"]
 

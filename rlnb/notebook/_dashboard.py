@@ -27,12 +27,12 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from rlnb._errors import ClosedError
+from rlnb.config import describe_model
 from rlnb.notebook import _clicks
 from rlnb.runtime import release_output_pipes, snapshot
 
 if TYPE_CHECKING:
-    from rlnb._statistics import SessionStatistics
-    from rlnb.session import Session
+    from rlnb.session import Session, SessionStatistics
 
 __all__ = ["Dashboard", "dashboard"]
 
@@ -106,7 +106,6 @@ class Dashboard:
             raise ValueError(f"Dashboard(interval={interval!r}): use a positive number of seconds")
         if session.closed:
             raise ClosedError(f"session {session.name!r} is closed; a dashboard needs a live session")
-        from rlnb._assembly import describe_model
         from rlnb.notebook import _curves, _panels
 
         self.name = session.name

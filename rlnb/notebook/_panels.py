@@ -18,9 +18,8 @@ from rlnb.learn import Callback
 from rlnb.runtime import Snapshot
 
 if TYPE_CHECKING:
-    from rlnb._statistics import SessionStatistics
     from rlnb.learn._foreground import ForegroundCall
-    from rlnb.session import Session
+    from rlnb.session import Session, SessionStatistics
 
 __all__ = [
     "LastBatch",

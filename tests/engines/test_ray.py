@@ -286,8 +286,8 @@ def test_an_address_where_nothing_listens_is_a_config_error_at_once() -> None:
 def test_the_ray_flags_of_rlnb_train_set_the_ray_config() -> None:
     """``--ray-replicas``/``--ray-address`` reach ``RayConfig``; a whole run on replicas
     is the session test above (a cluster start more here would cost a minute)."""
-    from rlnb._assembly import describe_model
     from rlnb.cli import _build_parser, _train_config
+    from rlnb.config import describe_model
 
     args = _build_parser().parse_args(["train", "--steps", "1", "--run-dir", "r", "--ray-replicas", "2"])
     config, _ = _train_config(args)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from rlnb._errors import CheckpointError, ConfigError
 from rlnb.buffer import ReplayBuffer
-from rlnb.config import Config, ModelConfig
+from rlnb.config import Config, ModelConfig, engine_kind
 from rlnb.data import Task
 from rlnb.engines import Engine, SamplingParams
 from rlnb.rollout import Rollouter
@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_session_args",
-    "describe_model",
-    "engine_kind",
     "load_checkpoint",
     "make_buffer",
     "make_engine",
@@ -40,7 +38,6 @@ __all__ = [
     "make_rollouter",
     "make_tracker",
     "make_trainer",
-    "model_shape",
 ]
 
 
@@ -109,68 +106,6 @@ def load_checkpoint(
             hint = f"to load it on this machine's CPU: rlnb.Session.load({str(path)!r}, device='cpu')"
             raise ConfigError(f"{path}: {exc}; {hint}") from None
     return config, (manifest, tensors, Path(path))
-
-
-def model_shape(config: Config, task: Task) -> tuple[Tokenizer, ModelConfig]:
-    """The tokenizer (the task's characters, or the Hugging Face model's own) and the
-    model's config with its vocabulary filled in.
-
-    Imports torch but runs no torch work (the prompt loader forks after this)."""
-    from rlnb.models import CharTokenizer
-
-    tokenizer: Tokenizer
-    if config.model.path is not None:
-        from rlnb.models import load_hf_tokenizer
-
-        tokenizer = load_hf_tokenizer(config.model.path, max_len=config.model.max_len)
-        unknown = "".join(c for c in task.alphabet if tokenizer.decode(tokenizer.encode(c)) != c)
-        if unknown:
-            raise ConfigError(
-                f"ModelConfig.path={config.model.path!r} is invalid for task {task.name!r}: its tokenizer cannot "
-                f"write {unknown!r} (they do not come back from encode and decode); use a model whose tokenizer "
-                f"knows every character of the task, e.g. one made by `rlnb make-tiny-llama DIR --task {task.name}`"
-            )
-    else:
-        tokenizer = CharTokenizer(task.alphabet)
-    # The longest of a sample of prompts, as the model sees it, and the completion.
-    positions = max(len(tokenizer.encode(task.item(config.seed, i).prompt, bos=True)) for i in range(16))
-    positions += config.rollout.max_new_tokens or task.max_new_tokens
-    if config.model.max_len < positions:
-        raise ConfigError(
-            f"ModelConfig.max_len={config.model.max_len} is invalid: task {task.name!r} needs {positions} positions "
-            f"(a prompt and up to {config.rollout.max_new_tokens or task.max_new_tokens} new tokens); "
-            f"use max_len >= {positions}, or a smaller RolloutConfig.max_new_tokens"
-        )
-    model, needed = config.model, tokenizer.vocab_size
-    if model.vocab_size is None:
-        return tokenizer, model.replace(vocab_size=needed)
-    if model.vocab_size < needed:
-        raise ConfigError(
-            f"ModelConfig.vocab_size={model.vocab_size} is invalid: task {task.name!r} needs {needed} "
-            "token ids; use None (the task's) or a larger size"
-        )
-    return tokenizer, model
-
-
-def describe_model(config: Config) -> str:
-    """The model, where it learns and what serves it, in words (``rlnb train``'s header,
-    the dashboard's "model" row)."""
-    m, r = config.model, config.ray
-    if m.path is None:
-        text = f"tiny policy (d_model {m.d_model}, {m.n_layers} layer{'s' * (m.n_layers != 1)}) on CPU"
-    else:
-        text = f"Hugging Face model {m.path!r} ({m.dtype}, learner on {m.device}) on the {engine_kind(config)!r} engine"
-    if r.engine_replicas:
-        where = "a local Ray cluster of its own" if r.address is None else f"the Ray cluster at {r.address}"
-        text += f", {r.engine_replicas} engine replicas on {where}"
-    return text
-
-
-def engine_kind(config: Config) -> str:
-    """The engine ``config`` asks for: ``EngineConfig.kind``, or the model's own."""
-    if config.engine.kind is not None:
-        return config.engine.kind
-    return "tiny" if config.model.path is None else "hf"
 
 
 def make_loader(config: Config, task: Task, state: dict[str, Any] | None) -> PromptLoader:

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from rlnb._checks import ENGINE_KINDS, MODEL_DTYPES, SEED_LIMIT
+from rlnb.cli._run import demo_settings
 
-__all__ = ["main"]
+__all__ = ["demo_settings", "main"]
 
 BENCHES = ("bridge", "close", "engines", "notebook", "ray", "rollout", "soak", "train")
 
@@ -205,7 +206,6 @@ def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """The config and run options for ``rlnb train`` or ``rlnb demo``: the demo's, with
     the command's flags applied one by one, so a ConfigError names the flag that caused it."""
     from rlnb import ConfigError
-    from rlnb._run import demo_settings
 
     config, options = demo_settings()
     if args.dtype is not None and args.model is None:
@@ -265,7 +265,7 @@ def _trackers(args: argparse.Namespace) -> tuple[str, ...]:
 
 def _train(args: argparse.Namespace) -> int:
     import rlnb
-    from rlnb._run import run
+    from rlnb.cli._run import run
 
     try:
         config, options = _train_config(args)

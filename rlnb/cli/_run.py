@@ -85,10 +85,10 @@ def run(
     ``trackers`` are the session's tracker backends ("wandb" follows ``WANDB_MODE``,
     offline by default); they all write under ``run_dir``."""
     import rlnb
-    from rlnb._assembly import check_session_args, describe_model, engine_kind, model_shape
-    from rlnb.config import TrackConfig
+    from rlnb.config import TrackConfig, describe_model, engine_kind
     from rlnb.data import get_task
     from rlnb.learn import progress_bar
+    from rlnb.models import check_device, model_shape
     from rlnb.track import wandb_mode_from_env
 
     if not isinstance(steps, int) or steps < 0:
@@ -104,7 +104,8 @@ def run(
         )
     )  # validated here, before anything starts
     # The device, a model directory and max_len, before the run dir is made (a Session checks them again).
-    check_session_args(config, "run", None)
+    if config.model.path is not None:
+        check_device(config.model.device)
     model_shape(config, get_task(config.task))
     root.mkdir(parents=True, exist_ok=True)
     (root / "metrics.jsonl").unlink(missing_ok=True)  # this run's records only

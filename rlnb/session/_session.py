@@ -17,16 +17,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlnb import _assembly as parts
 from rlnb import checkpoint
 from rlnb._errors import ClosedError, public_call
-from rlnb._rollout_cells import RolloutCells
-from rlnb._statistics import SessionStatistics
-from rlnb._training_cells import TrainingCells
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config
 from rlnb.data import Task, get_task
 from rlnb.engines import Engine
+from rlnb.models import model_shape
 from rlnb.rollout import Rollouter
 from rlnb.runtime import (
     AsyncBridge,
@@ -39,12 +36,14 @@ from rlnb.runtime import (
     unregister_session,
     warm_up_loop_backend,
 )
+from rlnb.session import _assembly as parts
+from rlnb.session._rollout_cells import RolloutCells
+from rlnb.session._statistics import SessionStatistics
+from rlnb.session._training_cells import TrainingCells
 from rlnb.track import EXIT_FAILURE, EXIT_SIGINT, Tracker, exit_code_for
 
 if TYPE_CHECKING:
     from rlnb.learn import Callback
-
-__all__ = ["Session", "SessionStatistics"]
 
 
 class Session(RolloutCells, TrainingCells):
@@ -92,7 +91,7 @@ class Session(RolloutCells, TrainingCells):
             self._name, self._callbacks, self._restore = name, callbacks, _restore
             self._lock = threading.Lock()
             self._task: Task = get_task(self._config.task)
-            self._tokenizer, self._model = parts.model_shape(self._config, self._task)
+            self._tokenizer, self._model = model_shape(self._config, self._task)
             replace_session(name)
             warm_up_loop_backend()  # its process-long FDs are not this session's
             self._baseline = snapshot()  # what the process held before this session built anything
