@@ -28,7 +28,6 @@ from rlnb._samples import Group
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config
 from rlnb.data import Task
-from rlnb.engines import PauseMode
 from rlnb.learn._background import BackgroundRun
 from rlnb.learn._foreground import Foreground, ForegroundCall, wait_with_progress
 from rlnb.learn._learner import Learner
@@ -354,25 +353,18 @@ class Trainer:
 
     @contextlib.contextmanager
     def _quiesced(self) -> Iterator[None]:
-        """Nothing generating inside: dispatch stopped and in-flight groups finished
-        into the buffer (kept partial rollouts too); afterwards rollouts are as they were."""
+        """Nothing generating inside (``Rollouter.quiesce``): dispatch stopped and
+        in-flight groups finished into the buffer; afterwards rollouts are as they were."""
         self.check_idle("save()")
-        rollouter, run = self.rollouter, self.bridge.run
-        was_dispatching, was_state = rollouter.dispatching, rollouter.state
-        try:  # from the first change on: a Ctrl-C anywhere still leaves rollouts as they were
-            run(rollouter.stop())
-            if not rollouter.engine_dead:  # a dead engine generates nothing; what was learnt can still be saved
-                run(rollouter.resume())  # kept partial rollouts finish too
-                run(rollouter.pause(PauseMode.WAIT))
-                run(rollouter.wait_paused(timeout=self.config.step_timeout))
+        quiescence = self.rollouter.quiesce(timeout=self.config.step_timeout)
+        try:
+            self.bridge.run(quiescence.enter())
             yield
         finally:
-            if not rollouter.engine_dead:
-                with defer_interrupts():
-                    if was_state is RolloutState.RUNNING:
-                        run(rollouter.resume())
-                    if was_dispatching:
-                        run(rollouter.start())
+            # Also after a failed or cancelled enter(): a Ctrl-C ends the bridge call
+            # before its own undo may have finished, and restore() waits for that.
+            with defer_interrupts():
+                self.bridge.run(quiescence.restore())
 
     # -- in the background ------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from rlnb.buffer import ReplayBuffer
 from rlnb.engines import Engine, PauseMode, SamplingParams
 from rlnb.rollout._accounting import Counters, RolloutStatistics, Ticket, is_cancellation
 from rlnb.rollout._group import GroupRunner, RewardFn
+from rlnb.rollout._quiesce import Quiescence
 from rlnb.rollout._state import RolloutState, StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor
 from rlnb.rollout._waits import all_or_first_error, call_soon, pause_limited
@@ -142,6 +143,19 @@ class Rollouter:
             if state is RolloutState.RUNNING:
                 what = "rollouts were resumed meanwhile"
             raise TimeoutError(f"wait_paused() waited {timeout:g} s and rollouts are {state.value}: {what}") from None
+
+    def quiesce(self, timeout: float | None = None) -> Quiescence:
+        """Rollouts with nothing generating inside an ``async with`` block (a checkpoint's).
+
+        Entering stops dispatch, resumes (so kept partial rollouts finish too), pauses
+        WAIT and waits for the drain: every group in flight ends, in the buffer (held
+        there when it is full). Leaving puts rollouts back as they were: running or
+        paused, dispatching or not. An interruption anywhere, entering included, puts
+        them back too. With a dead engine nothing generates: entering only stops
+        dispatch and leaving changes nothing. Entering raises TimeoutError, as
+        :meth:`wait_paused` does, when the drain takes longer than ``timeout`` s.
+        """
+        return Quiescence(self, timeout)
 
     async def sync_weights(self, weights: Mapping[str, Any], version: int) -> None:
         """The weight-sync transaction: pause (KEEP) → ``update_weights`` → resume.
