@@ -1,32 +1,74 @@
 """``rlnb.Config``: one frozen dataclass per component, validated when it is made.
 
 Every error names the field and the fix, and is raised before any work starts.
-The checks themselves live in :mod:`rlnb._checks`; the parts these configs build
-take them validated and do not check them again.
+Each class checks its own fields in ``__post_init__``, beside their documentation
+(with the helpers of :mod:`rlnb._checks` that the parts built without a config share);
+the parts these configs build take them validated and do not check them again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import os
-from typing import Any
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from rlnb._checks import (
     check_buffer,
-    check_engine,
     check_int,
-    check_model,
     check_number,
-    check_ray,
     check_sampling,
     check_seed,
     check_tracking,
     is_int,
     require,
 )
-from rlnb._checks import keywords as _keywords
 from rlnb._errors import ConfigError
 from rlnb.data import get_task
+
+ENGINE_KINDS = ("tiny", "hf", "vllm")
+MODEL_DTYPES = ("float32", "bfloat16")
+
+_C = TypeVar("_C")
+
+
+def _keywords(**renames: str) -> Callable[[type[_C]], type[_C]]:
+    """A config that refuses a keyword it does not have with a ConfigError naming the
+    nearest field, and whose fields ``old=new`` were renamed: the old keyword gives
+    the new name (checkpoints of older versions are migrated by
+    :func:`rlnb.checkpoint.config_from_dict` through ``RENAMED``). For ``rlnb.config``'s classes."""
+
+    def decorate(cls: type[_C]) -> type[_C]:
+        init = cls.__init__
+        fields = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            for key in kwargs:
+                if key in renames:
+                    raise ConfigError(
+                        f"{cls.__name__}.{key} was renamed: use {cls.__name__}({renames[key]}={kwargs[key]!r})"
+                    )
+                if key not in fields:
+                    near = difflib.get_close_matches(key, fields, n=1)
+                    hint = f"did you mean {near[0]}=...? " if near else ""
+                    raise ConfigError(f"{cls.__name__} has no field {key!r}: {hint}its fields are {', '.join(fields)}")
+            init(self, *args, **kwargs)
+
+        cls.__init__ = __init__  # type: ignore[method-assign]
+        if renames:
+            RENAMED[cls.__name__] = dict(renames)
+        return cls
+
+    return decorate
+
+
+# class name -> {old field: new field}, for configs saved by older versions
+RENAMED: dict[str, dict[str, str]] = {}
+
 
 __all__ = [
     "BufferConfig",
@@ -39,6 +81,8 @@ __all__ = [
     "RolloutConfig",
     "TrackConfig",
     "WarmupConfig",
+    "config_from_dict",
+    "config_to_dict",
     "describe_model",
     "engine_kind",
 ]
@@ -142,7 +186,40 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if isinstance(self.path, os.PathLike):
             object.__setattr__(self, "path", os.fspath(self.path))
-        check_model(self)
+        require(
+            self.path is None or (isinstance(self.path, str) and self.path.strip() != ""),
+            "ModelConfig.path",
+            self.path,
+            "use None (the built-in policy) or the local directory of a Hugging Face causal LM",
+        )
+        require(self.dtype in MODEL_DTYPES, "ModelConfig.dtype", self.dtype, f"use one of {MODEL_DTYPES}")
+        require(
+            self.path is not None or self.dtype == "float32",
+            "ModelConfig.dtype",
+            self.dtype,
+            "the built-in policy trains in float32; dtype applies to a Hugging Face model (ModelConfig.path)",
+        )
+        require(
+            isinstance(self.device, str) and re.fullmatch(r"cpu|cuda(:\d+)?", self.device) is not None,
+            "ModelConfig.device",
+            self.device,
+            'use "cpu", "cuda" or "cuda:N" (GPU N)',
+        )
+        require(
+            self.path is not None or self.device == "cpu",
+            "ModelConfig.device",
+            self.device,
+            "the built-in policy runs on the CPU; device applies to a Hugging Face model (ModelConfig.path)",
+        )
+        check_int("ModelConfig.vocab_size", self.vocab_size, minimum=1, optional=True, example="vocab_size=16")
+        for field, example in (("d_model", 128), ("n_layers", 2), ("n_heads", 4), ("max_len", 32), ("mlp_ratio", 4)):
+            check_int(f"ModelConfig.{field}", getattr(self, field), minimum=1, example=f"{field}={example}")
+        require(
+            self.d_model % self.n_heads == 0,
+            "ModelConfig.n_heads",
+            self.n_heads,
+            f"use a divisor of d_model={self.d_model}, e.g. n_heads=4",
+        )
 
     @property
     def head_dim(self) -> int:
@@ -178,7 +255,21 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.3
 
     def __post_init__(self) -> None:
-        check_engine(self)
+        require(
+            self.kind is None or self.kind in ENGINE_KINDS,
+            "EngineConfig.kind",
+            self.kind,
+            f"use None or one of {ENGINE_KINDS}",
+        )
+        check_int("EngineConfig.max_batch", self.max_batch, minimum=1, example="max_batch=128")
+        check_int("EngineConfig.threads", self.threads, minimum=1, example="threads=1")
+        check_number(
+            "EngineConfig.gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            gt=0,
+            le=1,
+            fix="use a fraction in (0, 1], e.g. gpu_memory_utilization=0.3",
+        )
 
 
 @_keywords()
@@ -211,7 +302,31 @@ class RayConfig:
     log_dir: str | None = None
 
     def __post_init__(self) -> None:
-        check_ray(self)
+        require(
+            self.address is None or (isinstance(self.address, str) and self.address.strip() != ""),
+            "RayConfig.address",
+            self.address,
+            'use None (a local cluster of the session\'s own), "auto", "HOST:PORT" or "ray://HOST:PORT"',
+        )
+        check_int("RayConfig.engine_replicas", self.engine_replicas, minimum=0, example="engine_replicas=2")
+        check_number("RayConfig.num_cpus", self.num_cpus, gt=0, fix="use a number of CPUs > 0, e.g. num_cpus=1")
+        check_number("RayConfig.num_gpus", self.num_gpus, ge=0, fix="use a number of GPUs >= 0, e.g. num_gpus=1")
+        strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+        require(self.strategy in strategies, "RayConfig.strategy", self.strategy, f"use one of {strategies}")
+        check_int("RayConfig.max_restarts", self.max_restarts, minimum=0, example="max_restarts=3")
+        check_number("RayConfig.start_timeout", self.start_timeout, gt=0, fix="use seconds > 0, e.g. 120.0")
+        require(
+            self.log_dir is None or (isinstance(self.log_dir, str) and self.log_dir.strip() != ""),
+            "RayConfig.log_dir",
+            self.log_dir,
+            "use None (under the run dir) or a directory path",
+        )
+        require(
+            self.log_dir is None or self.address is None,
+            "RayConfig.log_dir",
+            self.log_dir,
+            "it applies to a local cluster (address=None); an attached cluster keeps its logs where it was started",
+        )
 
 
 @_keywords(max_staleness="max_policy_lag")
@@ -534,3 +649,34 @@ def engine_kind(config: Config) -> str:
     if config.engine.kind is not None:
         return config.engine.kind
     return "tiny" if config.model.path is None else "hf"
+
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    """``config`` as JSON-safe data (paths become strings; tuples become lists in JSON)."""
+    data = dataclasses.asdict(config)
+    data["track"]["run_dir"] = None if config.track.run_dir is None else os.fspath(config.track.run_dir)
+    return data
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """The :class:`Config` of :func:`config_to_dict`; ConfigError for unknown fields.
+    Fields renamed since the config was saved are read under their new names."""
+    data = dict(data)
+    parts = {}
+    for field, cls in PARTS.items():
+        values = dict(data.pop(field, {}))
+        for old, new in RENAMED.get(cls.__name__, {}).items():
+            if old in values and new not in values:
+                values[new] = values.pop(old)
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(values) - set(known)
+        if unknown:
+            raise ConfigError(f"{cls.__name__} has no field(s) {sorted(unknown)}")
+        for name, value in values.items():
+            if isinstance(value, list):  # JSON has no tuples
+                values[name] = tuple(value)
+        parts[field] = cls(**values)
+    unknown = set(data) - {f.name for f in dataclasses.fields(Config)}
+    if unknown:
+        raise ConfigError(f"Config has no field(s) {sorted(unknown)}")
+    return Config(**data, **parts)

@@ -23,8 +23,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rlnb._checks import ENGINE_KINDS, MODEL_DTYPES, SEED_LIMIT
+from rlnb._checks import SEED_LIMIT
 from rlnb.cli._run import demo_settings
+from rlnb.config import ENGINE_KINDS, MODEL_DTYPES
 
 __all__ = ["demo_settings", "main"]
 

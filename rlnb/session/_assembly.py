@@ -172,9 +172,16 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
     vllm: dict[str, Any] | None = None  # VLLMEngine.start's arguments, here or in each Ray replica
     if engine_kind(config) == "vllm":
         assert m.path is not None  # Config refuses kind="vllm" without a path
-        vllm = {"model_dir": m.path, "eos_id": tokenizer.EOS, "max_len": m.max_len, "max_batch": e.max_batch,
-                "seed": config.seed, "dtype": m.dtype, "gpu_memory_utilization": e.gpu_memory_utilization,
-                "name": f"{name}-replica" if replicas else name}  # fmt: skip
+        vllm = {
+            "model_dir": m.path,
+            "eos_id": tokenizer.EOS,
+            "max_len": m.max_len,
+            "max_batch": e.max_batch,
+            "seed": config.seed,
+            "dtype": m.dtype,
+            "gpu_memory_utilization": e.gpu_memory_utilization,
+            "name": f"{name}-replica" if replicas else name,
+        }
     if vllm is not None and not replicas:
         from rlnb.engines import VLLMEngine
 
@@ -187,9 +194,15 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
         if log_dir is None and config.track.run_dir is not None:
             log_dir = str(Path(config.track.run_dir) / "ray")
         return RayEngine.start(
-            learner.policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, config=config.ray,
-            name=name, log_dir=log_dir, vllm=vllm,
-        )  # fmt: skip
+            learner.policy,
+            eos_id=tokenizer.EOS,
+            max_batch=e.max_batch,
+            threads=e.threads,
+            config=config.ray,
+            name=name,
+            log_dir=log_dir,
+            vllm=vllm,
+        )
     return TinyEngine(learner.policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name)
 
 

@@ -23,7 +23,6 @@ from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config
 from rlnb.data import Task, get_task
 from rlnb.engines import Engine
-from rlnb.models import model_shape
 from rlnb.rollout import Rollouter
 from rlnb.runtime import (
     AsyncBridge,
@@ -91,6 +90,8 @@ class Session(RolloutCells, TrainingCells):
             self._name, self._callbacks, self._restore = name, callbacks, _restore
             self._lock = threading.Lock()
             self._task: Task = get_task(self._config.task)
+            from rlnb.models import model_shape  # torch: not at `import rlnb`
+
             self._tokenizer, self._model = model_shape(self._config, self._task)
             replace_session(name)
             warm_up_loop_backend()  # its process-long FDs are not this session's
@@ -140,10 +141,18 @@ class Session(RolloutCells, TrainingCells):
 
     def _build_trainer(self) -> None:
         self._trainer = parts.make_trainer(
-            self._config, self._task, self._learner, self._rollouter, self._buffer, self._bridge, self._tracker,
-            name=self._name, callbacks=self._callbacks, restore=self._restore,
+            self._config,
+            self._task,
+            self._learner,
+            self._rollouter,
+            self._buffer,
+            self._bridge,
+            self._tracker,
+            name=self._name,
+            callbacks=self._callbacks,
+            restore=self._restore,
             sync=self._engine_given,
-        )  # fmt: skip
+        )
         self._own(self._trainer)  # closed first: a background run stops before its parts
 
     def _build_registry(self) -> None:
@@ -260,9 +269,13 @@ class Session(RolloutCells, TrainingCells):
         """
         self._check()
         return checkpoint.save(
-            self._trainer, path, prompts=self._prompts, name=self._name, run_id=self._tracker.run_id,
+            self._trainer,
+            path,
+            prompts=self._prompts,
+            name=self._name,
+            run_id=self._tracker.run_id,
             reward=self.reward_name,
-        )  # fmt: skip
+        )
 
     @classmethod
     def load(

@@ -42,8 +42,12 @@ class WandbBackend:
     ) -> None:
         self.run_dir = run_dir
         self._init: dict[str, Any] = {
-            "run_id": run_id, "name": name, "config": dict(config or {}), "mode": mode, "project": project,
-        }  # fmt: skip
+            "run_id": run_id,
+            "name": name,
+            "config": dict(config or {}),
+            "mode": mode,
+            "project": project,
+        }
         self._run: Any = None
         self._lock = threading.Lock()  # the first log may come from a training thread
         self._finished = False

@@ -1,0 +1,136 @@
+"""What of a session goes into a checkpoint (:func:`capture`), how it is saved with
+rollouts quiesced (:func:`save`), read back and checked (:func:`read`), and applied to
+a freshly built session (:func:`restore`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlnb._errors import CheckpointError
+from rlnb._files import as_path
+from rlnb.checkpoint._format import flatten_optimizer, read_files, target_dir, unflatten_optimizer, write
+from rlnb.checkpoint._validate import check, python_rng, vocabulary
+from rlnb.config import config_to_dict
+
+if TYPE_CHECKING:
+    from rlnb.data import PromptLoader
+    from rlnb.learn import Trainer
+
+
+def read(
+    path: str | os.PathLike[str], *, model: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The manifest and tensors of the checkpoint at ``path``, every file verified and
+    everything :func:`restore` applies checked against the saved config (:func:`check`),
+    its ``ModelConfig`` fields replaced by ``model``'s first (``Session.load``'s
+    ``model_path`` and ``device``). Never unpickles: tensors are read with safetensors only."""
+    manifest, tensors = read_files(path, model=model)
+    check(manifest, tensors, as_path(path, call="Session.load", argument="path"))
+    return manifest, tensors
+
+
+def capture(
+    trainer: Trainer, *, prompts: PromptLoader, name: str, run_id: str | None, reward: str | None = None
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The manifest and tensors of a checkpoint of the session ``trainer`` trains.
+
+    Call it with rollouts quiesced (``trainer.quiesced()``): the buffer then holds
+    only whole groups and nothing changes underneath. ``prompts`` is the session's
+    prompt loader (only the bridge loop's thread touches it). Raises
+    :class:`CheckpointError` when a prompt's answer or a sample is not JSON data.
+    """
+    import torch
+
+    from rlnb import __version__
+    from rlnb.models import model_shape
+
+    learner, rollouter = trainer.learner, trainer.rollouter
+
+    async def loader_state() -> dict[str, Any]:
+        return prompts.state_dict()
+
+    manifest: dict[str, Any] = {
+        "rlnb": __version__,
+        "name": name,
+        "config": config_to_dict(trainer.config),
+        "step": learner.version,
+        "warmup_steps": trainer.warmup_stage.steps,
+        "loader": trainer.bridge.run(loader_state()),
+        "returned_prompts": [[i.prompt_id, i.prompt, i.answer] for i in rollouter.returned_prompts],
+        "buffer": trainer.buffer.state_dict(),
+        "python_rng": random.getstate(),  # JSON makes its tuples lists
+        "tracker": {"run_id": run_id},
+        "reward": reward,  # the name of a custom reward in force (its code is not saved)
+        "vocabulary": vocabulary(model_shape(trainer.config, trainer.task)[0]),  # what each token id means
+    }
+    tensors: dict[str, dict[str, Any]] = {
+        "model": learner.policy.state_dict(),
+        "rng": {"torch": torch.get_rng_state()},
+    }
+    tensors["optimizer"], manifest["optimizer"] = flatten_optimizer(learner.optimizer.state_dict())
+    if trainer.warmup_stage.optimizer is not None:
+        tensors["warmup_optimizer"], manifest["warmup_optimizer"] = flatten_optimizer(
+            trainer.warmup_stage.optimizer.state_dict()
+        )
+    if learner.reference is not None:
+        tensors["reference"] = learner.reference.state_dict()
+    try:
+        json.dumps(manifest)
+    except TypeError as exc:
+        raise CheckpointError(
+            f"cannot save: a prompt's answer or a sample is not JSON-serialisable ({exc}); "
+            "make the task's answers JSON data (str, int, list, dict)"
+        ) from exc
+    return manifest, tensors
+
+
+def save(
+    trainer: Trainer,
+    path: str | os.PathLike[str],
+    *,
+    prompts: PromptLoader,
+    name: str,
+    run_id: str | None,
+    reward: str | None = None,
+) -> Path:
+    """Write a checkpoint of the session ``trainer`` trains to ``path``: rollouts are
+    quiesced (in-flight generations finish into the buffer), captured, written, and
+    left as they were. Returns the path. A path it cannot save to is refused first."""
+    target_dir(path)
+    with trainer.quiesced():
+        manifest, tensors = capture(trainer, prompts=prompts, name=name, run_id=run_id, reward=reward)
+        return write(path, manifest, tensors)
+
+
+def restore(trainer: Trainer, manifest: dict[str, Any], tensors: dict[str, Any], root: Path) -> None:
+    """Apply a checkpoint read from ``root`` to the freshly built session ``trainer``
+    trains (its prompt loader and tracker were built from the manifest already).
+
+    Raises :class:`CheckpointError` naming the part that does not fit.
+    """
+    import torch
+
+    from rlnb._samples import PromptItem
+
+    learner, rollouter = trainer.learner, trainer.rollouter
+    try:  # check() found that it fits: this is for what it cannot foresee
+        learner.policy.load_state_dict(tensors["model"])
+        learner.optimizer.load_state_dict(unflatten_optimizer(tensors["optimizer"], manifest["optimizer"]))
+        warmup_state = None
+        if "warmup_optimizer" in tensors:
+            warmup_state = unflatten_optimizer(tensors["warmup_optimizer"], manifest["warmup_optimizer"])
+        trainer.warmup_stage.restore(int(manifest["warmup_steps"]), warmup_state)
+        if learner.reference is not None:
+            learner.reference.load_state_dict(tensors["reference"])
+        trainer.buffer.load_state_dict(manifest["buffer"])
+        learner.version = int(manifest["step"])
+        rollouter.give_back([PromptItem(*item) for item in manifest["returned_prompts"]])
+    except (RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
+        raise CheckpointError(f"{root}: the saved state does not fit this session ({exc})") from exc
+    trainer.sync_weights()
+    torch.set_rng_state(tensors["rng"]["torch"])
+    random.setstate(python_rng(manifest["python_rng"]))

@@ -1,0 +1,208 @@
+"""Everything a checkpoint's manifest and tensors hold, checked against its saved config
+before any part of a session is built: a damaged or mismatched checkpoint is a
+:class:`CheckpointError` naming the file and the entry, not an error from deep inside
+torch after a half-built load. Also what a tokenizer's ids mean (:func:`vocabulary`),
+which a checkpoint records so that a changed task or tokenizer is caught."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import random
+import reprlib
+from pathlib import Path
+from typing import Any
+
+from rlnb._checks import is_int, is_number
+from rlnb._errors import CheckpointError, ConfigError
+from rlnb.checkpoint._format import MANIFEST, expect, saved_config
+from rlnb.config import Config
+
+
+def vocabulary(tokenizer: Any) -> dict[str, Any]:
+    """What ``tokenizer``'s ids mean: its size, the SHA-256 of its tokens in id order, and
+    the tokens themselves where there are at most 4096 (a Hugging Face tokenizer's own
+    tokens; for rlnb's character tokenizer, each id's text)."""
+    ids = list(range(tokenizer.vocab_size))
+    hf = getattr(tokenizer, "tokenizer", None)
+    tokens = [str(t) for t in hf.convert_ids_to_tokens(ids)] if hf is not None else [tokenizer.decode([i]) for i in ids]
+    digest = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
+    return {"size": len(tokens), "sha256": digest, **({"tokens": tokens} if len(tokens) <= 4096 else {})}
+
+
+def vocabulary_change(saved: dict[str, Any], here: dict[str, Any]) -> str | None:
+    """How the :func:`vocabulary` ``here`` differs from ``saved`` ("id 3 was ['0'], is
+    ['9']"), or None where it does not."""
+    if saved["sha256"] == here["sha256"]:
+        return None
+    tokens = saved.get("tokens")
+    was: list[Any] = tokens if isinstance(tokens, list) else []
+    now: list[Any] = here.get("tokens", [])
+    i = next((i for i in range(max(len(was), len(now))) if was[i : i + 1] != now[i : i + 1]), None)
+    if i is None:
+        return f"{saved['size']} tokens then, {here['size']} now"
+    return f"id {i} was {was[i : i + 1]}, is {now[i : i + 1]}"
+
+
+def _rng_ok(saved: Any) -> bool:
+    with contextlib.suppress(TypeError, ValueError, IndexError, KeyError):
+        random.Random().setstate(python_rng(saved))
+        return True
+    return False
+
+
+# Manifest entries restore() applies as they are: (valid?, what they should be).
+_ENTRIES: dict[str, tuple[Any, str]] = {
+    "step": (lambda v: is_int(v) and v >= 0, "an int >= 0"),
+    "warmup_steps": (lambda v: is_int(v) and v >= 0, "an int >= 0"),
+    "returned_prompts": (
+        lambda v: isinstance(v, list) and all(isinstance(i, list) and len(i) == 3 and is_int(i[0]) for i in v),
+        "a list of [prompt_id, prompt, answer]",
+    ),
+    "tracker": (lambda v: isinstance(v, dict) and isinstance(v.get("run_id"), str | None), '{"run_id": ...}'),
+    "reward": (lambda v: isinstance(v, str | None), "null or a reward function's name"),
+    "python_rng": (_rng_ok, "the state random.getstate() gave"),
+}
+
+
+def check(manifest: dict[str, Any], tensors: dict[str, dict[str, Any]], root: Path) -> None:
+    """Check what :func:`restore` will apply against the saved config before any part is built,
+    so a load fails here rather than half-way, leaving a live session of the same name alone."""
+    import torch
+
+    where, config = root / MANIFEST, saved_config(manifest, root)
+    for key, (valid, want) in _ENTRIES.items():
+        expect(bool(valid(manifest.get(key))), where, key, manifest.get(key), want)
+    loader, workers = manifest.get("loader"), config.data.num_workers
+    expect(
+        isinstance(loader, dict) and isinstance(loader.get("loader"), dict) and loader.get("num_workers") == workers,
+        where,
+        "loader",
+        loader,
+        f"the prompt loader's state for the saved config's num_workers={workers}",
+    )
+    shapes, states, vocab_size = _model_shapes(config, root, manifest.get("vocabulary"))
+    _check_buffer(manifest.get("buffer"), config, vocab_size, where)
+    if config.learn.kl_coef > 0:  # the learner then keeps a reference model, restored from its file
+        expect("reference" in tensors, where, "files", manifest["files"], "a list with reference.safetensors")
+    for stem, what in (("model", "model"), ("reference", "reference model")):
+        saved = {k: tuple(v.shape) for k, v in tensors[stem].items()} if stem in tensors else states
+        wrong = [f"{k} is {list(saved.get(k, ()))}, not {list(v)}" for k, v in states.items() if saved.get(k) != v]
+        if wrong or set(saved) != set(states):
+            raise CheckpointError(
+                f"{root}: the saved {what} does not fit this session: {stem}.safetensors holds another model's "
+                f"weights ({'; '.join(wrong[:2]) or 'other tensor names'}), or {MANIFEST}'s config was edited; "
+                "load the checkpoint as it was saved"
+            )
+    for stem in ("optimizer", "warmup_optimizer"):
+        expect((stem in tensors) == (stem in manifest), where, stem, manifest.get(stem), f"{stem}.safetensors' data")
+        if stem in tensors:
+            _check_optimizer(tensors[stem], manifest[stem], list(shapes.values()), root, stem)
+    state = tensors["rng"].get("torch")
+    rng_ok = state is not None and state.dtype == torch.uint8 and state.shape == torch.get_rng_state().shape
+    expect(set(tensors["rng"]) == {"torch"} and rng_ok, root / "rng.safetensors", "torch", state, "torch's RNG state")
+
+
+def python_rng(saved: Any) -> tuple[Any, ...]:
+    return (*saved[:1], tuple(saved[1]), *saved[2:])  # as random.getstate() gave it, before JSON
+
+
+def _model_shapes(
+    config: Config, root: Path, vocab: Any
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]], int]:
+    """The policy's parameter shapes (the optimiser's order), state dict shapes and vocabulary
+    size, once the tokenizer has been found to mean what ``vocab`` (the saved one) says."""
+    import torch
+
+    from rlnb.data import get_task
+    from rlnb.models import TinyPolicy, hf_model_on_meta, model_shape
+
+    if config.model.path is not None and not Path(config.model.path).expanduser().is_dir():
+        raise CheckpointError(
+            f"{root}: its model's directory {config.model.path!r} is not here; pass a copy of it (its config, "
+            f"tokenizer and weights) with rlnb.Session.load({str(root)!r}, model_path=DIR)"
+        )
+    try:
+        tokenizer, model = model_shape(config, get_task(config.task))
+        _check_vocabulary(vocab, vocabulary(tokenizer), config, root)
+        if model.path is not None:
+            policy: Any = hf_model_on_meta(model.path)
+        else:
+            with torch.device("meta"):
+                policy = TinyPolicy(model, seed=config.seed)
+    except ConfigError as exc:
+        raise CheckpointError(f"{root}: the saved config does not fit this rlnb ({exc})") from exc
+    params = {name: tuple(p.shape) for name, p in policy.named_parameters()}
+    return params, {name: tuple(t.shape) for name, t in policy.state_dict().items()}, model.vocab_size or 0
+
+
+def _check_vocabulary(saved: Any, here: dict[str, Any], config: Config, root: Path) -> None:
+    """The token ids mean what they meant when it was saved (older checkpoints record nothing)."""
+    ok = saved is None or (
+        isinstance(saved, dict) and is_int(saved.get("size")) and isinstance(saved.get("sha256"), str)
+    )
+    expect(ok, root / MANIFEST, "vocabulary", saved, "the size and SHA-256 of the tokens it was trained on")
+    if saved is None or (how := vocabulary_change(saved, here)) is None:
+        return
+    tokens = saved.get("tokens")
+    alphabet = reprlib.repr("".join(map(str, tokens))) if isinstance(tokens, list) else "it had"
+    what, fix = f"task {config.task!r} gives its characters", f"register the task with the alphabet {alphabet}"
+    if config.model.path is not None:
+        what, fix = f"the tokenizer in {config.model.path!r} gives its tokens", "pass the model it was trained with"
+    raise CheckpointError(
+        f"{root}: {what} other token ids than when it was trained ({how}), so the model would read and write "
+        f"other text; {fix}, and load again"
+    )
+
+
+def _check_optimizer(saved: dict[str, Any], meta: Any, params: list[tuple[int, ...]], root: Path, stem: str) -> None:
+    """AdamW's state: one group over the policy's parameters, and moments of their shapes."""
+    n = len(params)
+    groups = meta.get("param_groups") if isinstance(meta, dict) else None
+    expect(
+        isinstance(groups, list)
+        and len(groups) == 1
+        and isinstance(groups[0], dict)
+        and groups[0].get("params") == list(range(n))
+        and isinstance(meta.get("scalars"), dict),
+        root / MANIFEST,
+        f"{stem}.param_groups",
+        groups,
+        f"one AdamW group over the model's {n} parameters",
+    )
+    for name, value in [*saved.items(), *meta["scalars"].items()]:
+        parts = name.split(".", 2)
+        index = int(parts[1]) if len(parts) == 3 and parts[0] == "state" and parts[1].isdigit() else n
+        shape = getattr(value, "shape", None) if parts[-1] in ("exp_avg", "exp_avg_sq") else None
+        ok = index < n and (shape is None or tuple(shape) == params[index])
+        expect(ok, root / f"{stem}.safetensors", name, shape or value, "AdamW's state for this model")
+
+
+def _check_buffer(buffer: Any, config: Config, vocab_size: int, where: Path) -> None:
+    """The saved replay buffer: the config's partitions, and groups a step can train on."""
+    from rlnb._samples import Group
+
+    parts = (buffer.get("partitions") if isinstance(buffer, dict) else None) or {}
+    counters = buffer.get("counters") if isinstance(buffer, dict) else None
+    expect(
+        isinstance(parts, dict)
+        and set(parts) == set(config.buffer.partitions)
+        and is_int(buffer.get("version"))
+        and isinstance(counters, dict)
+        and all(is_int(counters.get(k)) for k in ("put", "taken", "evicted")),
+        where,
+        "buffer",
+        buffer,
+        f"the replay buffer's state with partitions {list(config.buffer.partitions)}",
+    )
+    for part, groups in parts.items():
+        for i, data in enumerate(groups if isinstance(groups, list) else [None]):
+            try:
+                samples = Group.from_dict(data).samples
+                ok = all(
+                    is_number(s.reward) and all(is_int(t) and 0 <= t < vocab_size for t in s.token_ids) for s in samples
+                )
+            except (TypeError, ValueError, KeyError, AttributeError):
+                ok = False
+            expect(ok, where, f"buffer group {i} of {part!r}", data, "a group of scored samples of this model")
