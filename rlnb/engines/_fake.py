@@ -1,4 +1,4 @@
-"""``FakeEngine``: a scripted :class:`~rlnb.rollout.Engine` for tests and benchmarks.
+"""``FakeEngine``: a scripted :class:`~rlnb.engines.Engine` for tests and benchmarks.
 
 It runs on the caller's event loop (no thread): each request yields a scripted
 number of tokens, one every ``token_delay`` seconds, and honours pause modes,

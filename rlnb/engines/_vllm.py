@@ -1,4 +1,4 @@
-"""``VLLMEngine``: the :class:`~rlnb.rollout.Engine` protocol on vLLM's ``AsyncLLM``.
+"""``VLLMEngine``: the :class:`~rlnb.engines.Engine` protocol on vLLM's ``AsyncLLM``.
 
 vLLM runs ``EngineCore`` in a spawned child process and a ``Worker`` under it;
 this process keeps the frontend, driven on the caller's event loop. A guard
@@ -53,7 +53,7 @@ class VLLMEngine:
     """Serves a local Hugging Face model directory with vLLM; make one with
     ``await VLLMEngine.start(...)`` on the event loop that will drive it.
 
-    Semantics are :class:`~rlnb.rollout.TinyEngine`'s: ``prefix_ids`` continue a
+    Semantics are :class:`~rlnb.engines.TinyEngine`'s: ``prefix_ids`` continue a
     partial rollout (only new tokens come back), each request samples with its
     own seed, log-probs are those of the distribution sampled from (after
     temperature, top-k and top-p), and every token carries the weight version that

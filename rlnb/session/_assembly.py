@@ -57,7 +57,7 @@ def check_session_args(config: Config | None, name: Any, engine: Any, callbacks:
         check_device(config.model.device)
     if engine is not None and not isinstance(engine, Engine):
         raise ConfigError(
-            f"Session(engine={type(engine).__name__}) is invalid: pass an object with the rlnb.rollout.Engine "
+            f"Session(engine={type(engine).__name__}) is invalid: pass an object with the rlnb.engines.Engine "
             "methods (generate, abort, pause, resume, update_weights, statistics, close), or None"
         )
     if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Sequence):

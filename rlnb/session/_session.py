@@ -54,7 +54,7 @@ class Session(RolloutCells, TrainingCells):
     restart close it too. Raises :class:`~rlnb.ConfigError` for bad input before
     anything is built or closed.
 
-    ``engine``: any object that keeps the :class:`~rlnb.rollout.Engine` protocol,
+    ``engine``: any object that keeps the :class:`~rlnb.engines.Engine` protocol,
     instead of the one ``config.engine`` describes; the session syncs the policy's
     weights into it and owns it from then on (it is closed with the session, or
     if construction fails). ``callbacks``: :class:`~rlnb.learn.Callback` objects
