@@ -167,6 +167,20 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
+# What the Rollouter may know of an engine: the protocol, not a backend.
+PROTOCOL = {"Engine", "EngineStatistics", "GenerateRequest", "GenerateResult", "PauseMode", "SamplingParams"}
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "rollout").glob("*.py")), ids=lambda p: p.name)
+def test_the_rollouter_imports_the_engine_protocol_and_no_backend(path: Path) -> None:
+    wrong = [
+        f"line {line}: {target}"
+        for line, target in runtime_imports(ast.parse(path.read_text()))
+        if target.startswith("rlnb.engines.") and target.removeprefix("rlnb.engines.") not in PROTOCOL
+    ]
+    assert not wrong, "rlnb.rollout imports a backend:\n" + "\n".join(wrong)
+
+
 def test_the_cycle_check_finds_a_lazy_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert [c for c in _strongly_connected(graph) if len(c) > 1] == [{"a", "b", "c"}]

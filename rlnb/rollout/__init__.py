@@ -14,30 +14,31 @@ from rlnb._samples import PromptItem
 from rlnb.engines import (
     Engine,
     EngineStatistics,
-    FakeEngine,
     GenerateRequest,
     GenerateResult,
     PauseMode,
     SamplingParams,
-    compare_logprobs,
 )
 from rlnb.rollout._accounting import RolloutStatistics
 from rlnb.rollout._rollouter import Rollouter
 from rlnb.rollout._state import RolloutState
 
+# The backends (and the check mode) are rlnb.engines' names, forwarded when first asked
+# for: nothing here imports a backend.
+_BACKENDS = ("FakeEngine", "RayEngine", "TinyEngine", "VLLMEngine", "compare_logprobs")
+
 if _typing.TYPE_CHECKING:
-    from rlnb.engines import RayEngine, TinyEngine, VLLMEngine
+    from rlnb.engines import FakeEngine, RayEngine, TinyEngine, VLLMEngine, compare_logprobs
 else:
 
     def __getattr__(name: str) -> object:
-        # The heavy engines, from rlnb.engines when first asked for.
-        if name in ("RayEngine", "TinyEngine", "VLLMEngine"):
+        if name in _BACKENDS:
             return getattr(_engines, name)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "RayEngine", "TinyEngine", "VLLMEngine"})
+    return sorted({*globals(), *_BACKENDS})
 
 
 __all__ = [
