@@ -230,8 +230,8 @@ class Trainer:
             self._publish(metrics)
 
     def _publish(self, metrics: dict[str, float]) -> None:
-        """Send the trained step's weights to the engine, then record the step: buffer
-        version, history, tracker, ``on_step_end``. Update and sync are all-or-nothing
+        """Send the trained step's weights and version out (:meth:`sync_weights`), then
+        record the step: history, tracker, ``on_step_end``. Update and sync are all-or-nothing
         for what anyone sees: if the sync fails, the step stays trained but unpublished,
         rollouts stay paused (on the old weights), and the next step, train or resume
         sends the weights again before anything else."""
@@ -247,17 +247,14 @@ class Trainer:
                 "rollouts are paused on the old ones; the next step(), train() or resume() sends them again "
                 "(the step is recorded once they arrive)"
             ) from exc
-        self.buffer.set_version(self.learner.version)
         self.history.append(metrics)
         self.tracker.log(metrics, step=self.learner.version)
         self._call("on_step_end", metrics)
 
     def sync_weights(self) -> None:
-        """Send the learner's weights and version to the engine, through the rollouter's
-        all-or-nothing weight-sync transaction."""
-        version = self.learner.version
-        self.bridge.run(self.rollouter.sync_weights(self.learner.export_weights(), version))
-        self.bridge.run(self.rollouter.set_version(version))
+        """Publish the learner's weights and version in one all-or-nothing call: the
+        engine, the rollouter and the buffer get them (``Rollouter.publish``)."""
+        self.bridge.run(self.rollouter.publish(self.learner.export_weights(), self.learner.version))
 
     def _call(self, hook: str, arg: Any) -> None:
         for callback in list(self.callbacks):

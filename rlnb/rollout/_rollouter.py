@@ -43,8 +43,9 @@ class Rollouter:
     at once, counted from what is there now (groups generating, plus groups in the
     buffer's ``train`` partition); a group leaves the count when the learner takes
     it, when it fails or is cancelled, and when the buffer evicts it. None: no bound
-    (only a full buffer holds dispatch back). The learner's :meth:`set_version`
-    wakes dispatch after it has taken a batch. Create and use it on the bridge
+    (only a full buffer holds dispatch back). Each policy update comes through
+    :meth:`publish`, which wakes dispatch (the learner has taken a batch by then,
+    and evictions gave places back). Create and use it on the bridge
     loop; the session wraps it for cells. ``on_bad_prompt``: "raise" (a prompt the
     task could not make is raised, once, as :class:`~rlnb.PromptError`) or "skip".
     ``reward_workers``: reward calls that may run at once (1: in order).
@@ -157,8 +158,20 @@ class Rollouter:
         """
         return Quiescence(self, timeout)
 
+    async def publish(self, weights: Mapping[str, Any], version: int) -> None:
+        """A policy update reaches everything that uses its version: the engine gets
+        ``weights`` (the weight-sync transaction of :meth:`sync_weights`), then the
+        rollouter (policy-lag budget, dispatch woken) and the buffer (staleness
+        evictions) get ``version``. All-or-nothing: if the sync fails, nothing else
+        changes and :class:`~rlnb.WeightSyncError` is raised with rollouts PAUSED.
+        """
+        await self._machine.sync_weights(weights, version)
+        self._buffer.set_version(version)
+        await self.set_version(version)
+
     async def sync_weights(self, weights: Mapping[str, Any], version: int) -> None:
-        """The weight-sync transaction: pause (KEEP) → ``update_weights`` → resume.
+        """The weight-sync transaction alone: pause (KEEP) → ``update_weights`` → resume
+        (:meth:`publish` does this and hands the version on).
 
         On failure the rollouter stays PAUSED and :class:`~rlnb.WeightSyncError` is
         raised: never half-synced. Tokens generated afterwards carry ``version``.

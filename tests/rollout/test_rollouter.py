@@ -13,7 +13,7 @@ import pytest
 
 import rlnb
 from rlnb.engines import FakeEngine, GenerateRequest
-from rlnb.rollout import PromptItem, RolloutStatistics
+from rlnb.rollout import PromptItem, RolloutState, RolloutStatistics
 from tests.helpers import assert_counts_add_up, cause_chain
 from tests.rollout.helpers import (
     DELAY,
@@ -306,6 +306,55 @@ def test_failed_and_evicted_groups_give_their_budget_back() -> None:
             await until(lambda: buffer.statistics().put == 6, "two more groups in the buffer")
             assert buffered_ids(buffer) == [8, 9]
             assert_counts_add_up(rollouter.statistics())
+
+    asyncio.run(main())
+
+
+def test_publish_carries_the_version_to_the_engine_the_rollouter_and_the_buffer() -> None:
+    async def main() -> None:
+        engine = RecordingEngine(lengths=2)
+        async with make_rollouter(
+            engine, buffer_max_staleness=0, group_size=2, max_inflight=16, max_policy_lag=0, groups_per_step=2
+        ) as (r, buffer):
+            await r.start()
+            await until(lambda: buffer.statistics().put == 2, "2 groups in the buffer")
+            await settle()
+            assert r.statistics().groups_dispatched == 2  # the budget is spent
+            engine.calls.clear()
+            weights = {"w": 1.0}
+            await r.publish(weights, 1)
+            assert engine.calls == ["pause:keep", "update:1", "resume"]
+            assert engine.weights is weights and engine.statistics().version == 1
+            assert r.statistics().version == 1 and buffer.statistics().version == 1
+            assert buffer.statistics().evicted_stale == 2  # made by version 0: too stale now
+            # Their places in the budget are free, so dispatch goes on, on the new weights.
+            await until(lambda: buffer.statistics().put == 4, "2 new groups in the buffer")
+            assert {v for g in buffer.get_nowait(2) for s in g.samples for v in s.versions} == {1}
+            assert r.state is RolloutState.RUNNING
+
+    asyncio.run(main())
+
+
+def test_a_failed_publish_changes_no_version_and_a_retry_publishes_it_all() -> None:
+    async def main() -> None:
+        engine = RecordingEngine(lengths=2)
+        engine.update_error = RuntimeError("weights unreadable")
+        async with make_rollouter(
+            engine, buffer_max_staleness=0, group_size=2, max_inflight=16, max_policy_lag=0, groups_per_step=2
+        ) as (r, buffer):
+            await r.start()
+            await until(lambda: buffer.statistics().put == 2, "2 groups in the buffer")
+            with pytest.raises(rlnb.WeightSyncError, match="version 1"):
+                await r.publish({"w": 1.0}, 1)
+            assert r.state is RolloutState.PAUSED  # on the old weights
+            versions = (engine.statistics().version, r.statistics().version, buffer.statistics().version)
+            assert versions == (0, 0, 0) and buffer.statistics().evicted_stale == 0
+
+            engine.update_error = None
+            await r.publish({"w": 1.0}, 1)
+            versions = (engine.statistics().version, r.statistics().version, buffer.statistics().version)
+            assert versions == (1, 1, 1) and buffer.statistics().evicted_stale == 2
+            assert r.state is RolloutState.PAUSED  # until resume()
 
     asyncio.run(main())
 
