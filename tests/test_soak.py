@@ -38,6 +38,7 @@ def test_the_allowance_grows_with_the_cycles() -> None:
     assert _soak.rss_allowance_mib(1000) == _soak.RSS_BASE_MIB + _soak.RSS_PER_1000_MIB
 
 
+@pytest.mark.slow  # four variants' sessions, two of them with loader workers
 def test_bench_soak_prints_one_json_object_with_its_targets(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -22,6 +21,7 @@ import rlnb
 from rlnb.data import PromptLoaderError, Task, addition, reverse, warm_up_workers
 from rlnb.data._loader import PromptLoader, PromptStream, _keep
 from tests.helpers import cause_chain, exited, wait_until
+from tests.helpers.processes import PythonProcesses
 
 # Kernel-like: torch has run OpenMP work on the main thread, and another thread
 # keeps drawing from torch's default generator (holding its mutex most of the time).
@@ -73,12 +73,6 @@ def _workers_warm() -> None:
     warm_up_workers()
 
 
-@pytest.fixture
-def descendants() -> Iterator[set[int]]:
-    """Pids of this process's descendants before the test (the process-long helpers)."""
-    yield {p.pid for p in psutil.Process().children(recursive=True)}
-
-
 def new_descendants(before: set[int]) -> list[psutil.Process]:
     return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
 
@@ -87,9 +81,9 @@ def take(loader: PromptLoader, n: int) -> list[rlnb.PromptItem]:
     return [next(loader) for _ in range(n)]
 
 
-def run_script(script: str, timeout: float = 120) -> str:
+def run_script(start_python: PythonProcesses, script: str, timeout: float = 120) -> str:
     """Run ``script`` in a fresh interpreter; its stdout. Killed (and the test failed) if it hangs."""
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = start_python("-c", script)
     try:
         out, err = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -111,10 +105,10 @@ def test_the_stream_is_the_tasks_prompts_in_order_whatever_the_worker_count(num_
 
 
 @pytest.mark.parametrize("start_method", ["forkserver", "fork", "spawn", None])
-def test_every_start_method_serves_the_same_stream(start_method: str | None, descendants: set[int]) -> None:
+def test_every_start_method_serves_the_same_stream(start_method: str | None, loader_workers: set[int]) -> None:
     loader = PromptLoader(addition, seed=2, num_workers=2, multiprocessing_context=start_method)
     try:
-        assert sorted(p.pid for p in new_descendants(descendants)) == sorted(loader.worker_pids())
+        assert sorted(p.pid for p in new_descendants(loader_workers)) == sorted(loader.worker_pids())
         assert take(loader, 20) == list(itertools.islice(addition.prompts(2), 20))
     finally:
         loader.close()
@@ -150,14 +144,14 @@ def test_a_saved_state_resumes_at_exactly_the_next_prompt_through_json(num_worke
         resumed.close()
 
 
-def test_a_state_saved_with_another_worker_count_is_refused_before_workers_start(descendants: set[int]) -> None:
+def test_a_state_saved_with_another_worker_count_is_refused_before_workers_start(loader_workers: set[int]) -> None:
     loader = PromptLoader(addition, seed=0, num_workers=0)
     take(loader, 3)
     state = loader.state_dict()
     loader.close()
     with pytest.raises(rlnb.ConfigError, match=r"num_workers=0"):
         PromptLoader(addition, seed=0, num_workers=2, state=state)
-    assert not new_descendants(descendants)
+    assert not new_descendants(loader_workers)
 
 
 def test_what_runs_in_a_worker_is_plain_python_and_no_tensor_crosses() -> None:
@@ -193,7 +187,9 @@ def test_what_runs_in_a_worker_is_plain_python_and_no_tensor_crosses() -> None:
         loader.close()
 
 
-def test_a_loader_starts_in_a_kernel_like_process_where_a_forked_worker_would_deadlock() -> None:
+def test_a_loader_starts_in_a_kernel_like_process_where_a_forked_worker_would_deadlock(
+    start_python: PythonProcesses,
+) -> None:
     # torch's worker loop calls torch.manual_seed before any of our code: forked
     # from this process, a worker would wait on the generator's mutex, held by the
     # engine thread at the moment of the fork, forever.
@@ -209,14 +205,14 @@ def test_a_loader_starts_in_a_kernel_like_process_where_a_forked_worker_would_de
         """
     )
     expected = [item.prompt for item in itertools.islice(addition.prompts(0), 6)]
-    assert run_script(script).split() == expected
+    assert run_script(start_python, script).split() == expected
 
 
-def test_a_task_made_in_a_notebook_cell_is_refused_before_any_worker_starts(descendants: set[int]) -> None:
+def test_a_task_made_in_a_notebook_cell_is_refused_before_any_worker_starts(loader_workers: set[int]) -> None:
     in_a_cell = Task("in-a-cell", "0123456789+=", lambda rng: ("1+1=", "2"), addition.reward, 3)
     with pytest.raises(rlnb.ConfigError, match=r"cannot be sent to a 'forkserver'.*DataConfig\(num_workers=0\)"):
         PromptLoader(in_a_cell, seed=0, num_workers=1)
-    assert not new_descendants(descendants)
+    assert not new_descendants(loader_workers)
     loader = PromptLoader(in_a_cell, seed=0, num_workers=0)  # what the message says works
     try:
         assert next(loader).prompt == "1+1="
@@ -224,7 +220,7 @@ def test_a_task_made_in_a_notebook_cell_is_refused_before_any_worker_starts(desc
         loader.close()
 
 
-def test_a_task_whose_functions_live_in_an_unimportable_main_is_refused() -> None:
+def test_a_task_whose_functions_live_in_an_unimportable_main_is_refused(start_python: PythonProcesses) -> None:
     # ``python -c`` (like a notebook kernel) has a __main__ that a worker cannot import
     script = textwrap.dedent(
         """
@@ -242,13 +238,13 @@ def test_a_task_whose_functions_live_in_an_unimportable_main_is_refused() -> Non
             print(exc)
         """
     )
-    out = run_script(script)
+    out = run_script(start_python, script)
     assert "its make_prompt is defined in __main__ (a notebook cell or the REPL)" in out
     assert "DataConfig(num_workers=0)" in out
 
 
 def test_a_task_from_the_main_script_makes_its_prompts_here_with_a_warning(
-    monkeypatch: pytest.MonkeyPatch, descendants: set[int]
+    monkeypatch: pytest.MonkeyPatch, loader_workers: set[int]
 ) -> None:
     # Workers do not run the main script (pytest's __main__ here, a module like a
     # script), so they could not import these: tests/data/test_scripts.py runs real scripts.
@@ -274,7 +270,7 @@ def test_a_task_from_the_main_script_makes_its_prompts_here_with_a_warning(
         assert next(loader).prompt == "1+1="
     finally:
         loader.close()
-    assert not new_descendants(descendants)
+    assert not new_descendants(loader_workers)
 
 
 def test_workers_ignore_ctrl_c_and_keep_serving() -> None:
@@ -306,7 +302,7 @@ def test_close_stops_the_workers_and_is_idempotent() -> None:
     [("forkserver", "main"), ("forkserver", "other"), ("fork", "main")],
     ids=["forkserver", "forkserver-from-a-thread", "fork"],
 )
-def test_nothing_outlives_a_killed_parent(start_method: str, thread: str) -> None:
+def test_nothing_outlives_a_killed_parent(start_method: str, thread: str, start_python: PythonProcesses) -> None:
     script = textwrap.dedent(
         f"""
         import sys, threading
@@ -327,42 +323,37 @@ def test_nothing_outlives_a_killed_parent(start_method: str, thread: str) -> Non
         sys.stdin.read()  # until killed
         """
     )
-    parent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert parent.stdout is not None
-        workers = [psutil.Process(int(pid)) for pid in parent.stdout.readline().split()]
-        assert len(workers) == 2
-        everything = psutil.Process(parent.pid).children(recursive=True)  # workers, forkserver, tracker
-        assert {w.pid for w in workers} <= {p.pid for p in everything}
-        parent.kill()  # SIGKILL: no atexit, no finally, no chance to clean up
-        parent.wait(timeout=10)
-        # Gone within about 0.1 s here (the PDEATHSIG and the forkserver's "alive" pipe);
-        # the wait allows for a loaded CI machine, where the resource tracker's cleanup lags.
-        _gone, alive = psutil.wait_procs(everything, timeout=10)
-        assert not alive, f"outlived their parent: {alive}"
-    finally:
-        parent.kill()
-        parent.wait()
-        assert parent.stdin is not None and parent.stdout is not None
-        parent.stdin.close()
-        parent.stdout.close()
+    parent = start_python("-c", script, stdin=subprocess.PIPE, stderr=None)
+    assert parent.stdout is not None
+    workers = [psutil.Process(int(pid)) for pid in parent.stdout.readline().split()]
+    assert len(workers) == 2
+    everything = psutil.Process(parent.pid).children(recursive=True)  # workers, forkserver, tracker
+    assert {w.pid for w in workers} <= {p.pid for p in everything}
+    parent.kill()  # SIGKILL: no atexit, no finally, no chance to clean up
+    parent.wait(timeout=10)
+    # Gone within about 0.1 s here (the PDEATHSIG and the forkserver's "alive" pipe);
+    # the wait allows for a loaded CI machine, where the resource tracker's cleanup lags.
+    _gone, alive = psutil.wait_procs(everything, timeout=10)
+    assert not alive, f"outlived their parent: {alive}"
 
 
 @pytest.mark.parametrize("start_method", ["forkserver", None])
-def test_a_session_serves_its_prompts_through_worker_processes(start_method: str | None, descendants: set[int]) -> None:
+def test_a_session_serves_its_prompts_through_worker_processes(
+    start_method: str | None, loader_workers: set[int]
+) -> None:
     data = rlnb.DataConfig(num_workers=2, multiprocessing_context=start_method)
     config = rlnb.Config(data=data, rollout=rlnb.RolloutConfig(group_size=2))
     with rlnb.Session(config, name="loader") as sess:
-        assert len(new_descendants(descendants)) == 2
+        assert len(new_descendants(loader_workers)) == 2
         batch = sess.rollout(3)
         assert [g.prompt for g in batch] == [item.prompt for item in itertools.islice(addition.prompts(0), 3)]
-    assert not new_descendants(descendants)
+    assert not new_descendants(loader_workers)
 
 
-def test_a_worker_killed_while_a_session_rolls_out_fails_the_next_call_clearly(descendants: set[int]) -> None:
+def test_a_worker_killed_while_a_session_rolls_out_fails_the_next_call_clearly(loader_workers: set[int]) -> None:
     with rlnb.Session(CONFIG, name="worker-killed") as sess:
         sess.rollout(2)
-        (worker,) = new_descendants(descendants)
+        (worker,) = new_descendants(loader_workers)
         sess.start_rollouts()
         wait_until(lambda: sess.statistics().buffer.sizes["train"] > 0, "a group rolled out in the background")
 
@@ -374,15 +365,15 @@ def test_a_worker_killed_while_a_session_rolls_out_fails_the_next_call_clearly(d
             sess.rollout(1)
         assert says_worker_died(again.value, worker.pid), again.value
     # nothing the session started is alive anywhere: no orphan, no process left under the forkserver
-    assert not new_descendants(descendants)
+    assert not new_descendants(loader_workers)
     assert not psutil.pid_exists(worker.pid)
     assert all(not p.children() for p in psutil.Process().children())
 
 
-def test_a_worker_killed_while_the_loader_waits_for_it_ends_the_wait_with_the_error(descendants: set[int]) -> None:
+def test_a_worker_killed_while_the_loader_waits_for_it_ends_the_wait_with_the_error(loader_workers: set[int]) -> None:
     loader = PromptLoader(STUCK, seed=0, num_workers=1)
     try:
-        (worker,) = new_descendants(descendants)
+        (worker,) = new_descendants(loader_workers)
         got: list[BaseException] = []
 
         def wait_for_a_prompt() -> None:
@@ -402,7 +393,7 @@ def test_a_worker_killed_while_the_loader_waits_for_it_ends_the_wait_with_the_er
             next(loader)
     finally:
         loader.close()
-    assert not new_descendants(descendants)
+    assert not new_descendants(loader_workers)
 
 
 def test_data_config_errors_name_the_field() -> None:

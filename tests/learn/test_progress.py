@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import io
 import re
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import rlnb
 from rlnb.learn import progress_bar
+
+if TYPE_CHECKING:
+    from tests.helpers.kernel import OpenKernel
 
 
 class Terminal(io.StringIO):
@@ -91,12 +93,11 @@ with progress_bar(3, "rlnb k") as bar:
 """
 
 
-@pytest.mark.netns
 @pytest.mark.slow
-def test_in_a_notebook_it_is_the_widget_bar_left_as_its_last_line(tmp_path: Path) -> None:
-    from tests.runtime.test_kernel import TIMEOUT, kernel
+def test_in_a_notebook_it_is_the_widget_bar_left_as_its_last_line(open_kernel: OpenKernel) -> None:
+    from tests.helpers.kernel import TIMEOUT
 
-    with kernel(tmp_path) as (_, kc):
+    with open_kernel() as (_, kc):
         msgs: list[dict[str, Any]] = []
         reply = kc.execute_interactive(NOTEBOOK_BAR, timeout=TIMEOUT, output_hook=msgs.append)
         assert reply["content"]["status"] == "ok", reply["content"]

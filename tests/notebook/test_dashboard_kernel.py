@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from jupyter_client import BlockingKernelClient
 
-from tests.runtime.test_kernel import TIMEOUT, kernel, ok
+from tests.helpers.kernel import TIMEOUT, OpenKernel, ok
 
-pytestmark = [pytest.mark.netns, pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 
 SETUP = """
 import rlnb
@@ -59,8 +59,8 @@ def states(msgs: list[dict[str, Any]], comm_id: str, key: str) -> list[Any]:
     ]
 
 
-def test_show_click_and_close_in_a_real_kernel(tmp_path: Path) -> None:
-    with kernel(tmp_path) as (_, kc):
+def test_show_click_and_close_in_a_real_kernel(open_kernel: OpenKernel) -> None:
+    with open_kernel() as (_, kc):
         ok(kc, SETUP)
         shown = execute(kc, "sess.dashboard()")
         (display,) = [m for m in shown if m["msg_type"] == "display_data"]
@@ -140,10 +140,12 @@ sess.callbacks.append(Slow())
 """
 
 
-def test_a_click_made_during_a_foreground_train_is_refused_not_run_late(tmp_path: Path) -> None:
+def test_a_click_made_during_a_foreground_train_is_refused_not_run_late(
+    tmp_path: Path, open_kernel: OpenKernel
+) -> None:
     from rlnb.notebook._clicks import CLICK_GRACE
 
-    with kernel(tmp_path) as (_, kc):
+    with open_kernel() as (_, kc):
         ok(kc, SETUP)
         opened = opened_widgets(execute(kc, "sess.dashboard()"))
         pause, message = widget(opened, button="pause"), widget(opened, css="rlnb-message")
@@ -180,8 +182,10 @@ def test_a_click_made_during_a_foreground_train_is_refused_not_run_late(tmp_path
         ok(kc, "sess.close()")
 
 
-def test_through_a_subshell_pause_and_resume_work_beside_a_foreground_train(tmp_path: Path) -> None:
-    with kernel(tmp_path) as (_, kc):
+def test_through_a_subshell_pause_and_resume_work_beside_a_foreground_train(
+    tmp_path: Path, open_kernel: OpenKernel
+) -> None:
+    with open_kernel() as (_, kc):
         ok(kc, SETUP.replace("rlnb.Config(", "rlnb.Config(mode='async', "))
         ok(kc, SLOW_STEPS)
         opened = opened_widgets(execute(kc, "sess.dashboard()"))
@@ -240,8 +244,8 @@ sess.start(steps=6)
 """
 
 
-def test_close_returns_once_what_it_closed_is_gone_and_the_last_frame_says_so(tmp_path: Path) -> None:
-    with kernel(tmp_path) as (_, kc):
+def test_close_returns_once_what_it_closed_is_gone_and_the_last_frame_says_so(open_kernel: OpenKernel) -> None:
+    with open_kernel() as (_, kc):
         ok(kc, CLOSE_LEAVES_NOTHING)
         # JupyterLab asks the kernel for a subshell once a notebook is open: its thread
         # and FDs are the kernel's, made after the session's baseline
@@ -253,8 +257,8 @@ def test_close_returns_once_what_it_closed_is_gone_and_the_last_frame_says_so(tm
         assert 'data-gauge="open FDs"' in gauges and "rlnb-new" not in gauges, gauges
 
 
-def test_a_background_runs_console_line_stays_where_it_appeared(tmp_path: Path) -> None:
-    with kernel(tmp_path) as (_, kc):
+def test_a_background_runs_console_line_stays_where_it_appeared(open_kernel: OpenKernel) -> None:
+    with open_kernel() as (_, kc):
         ok(kc, CLOSE_LEAVES_NOTHING.replace("sess.start(steps=6)", "sess.start(steps=30)"))
         msgs = execute(kc, "import time; time.sleep(0.5)")
         msgs += execute(kc, "sess.wait()")  # ipykernel 7 sends a thread's output to the cell that ran last

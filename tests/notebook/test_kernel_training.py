@@ -14,9 +14,9 @@ import pytest
 from jupyter_client import BlockingKernelClient, KernelManager
 
 from rlnb.track import EXIT_SIGINT, read_run
-from tests.runtime.test_kernel import TIMEOUT, kernel, ok, run_cell
+from tests.helpers.kernel import TIMEOUT, OpenKernel, ok, run_cell
 
-pytestmark = [pytest.mark.netns, pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 
 SETUP = """
 import rlnb
@@ -55,8 +55,10 @@ def interrupt_when(km: KernelManager, kc: BlockingKernelClient, code: str, ready
             return dict(reply["content"])
 
 
-def test_background_training_leaves_the_kernel_free_and_ctrl_c_is_one_line(tmp_path: Path) -> None:
-    with kernel(tmp_path) as (km, kc):
+def test_background_training_leaves_the_kernel_free_and_ctrl_c_is_one_line(
+    tmp_path: Path, open_kernel: OpenKernel
+) -> None:
+    with open_kernel() as (km, kc):
         ok(kc, SETUP.format(run_dir=str(tmp_path / "run")))
         ok(kc, "sess.start()")
         started = time.monotonic()
@@ -97,8 +99,8 @@ def test_background_training_leaves_the_kernel_free_and_ctrl_c_is_one_line(tmp_p
         print(f"\na quick cell took {quick * 1e3:.1f} ms while training ran in the background")
 
 
-def test_rlnb_magic_lists_shows_and_closes_sessions(tmp_path: Path) -> None:
-    with kernel(tmp_path) as (_, kc):
+def test_rlnb_magic_lists_shows_and_closes_sessions(tmp_path: Path, open_kernel: OpenKernel) -> None:
+    with open_kernel() as (_, kc):
         ok(kc, "%load_ext rlnb\n%load_ext rlnb")  # idempotent
         ok(kc, SETUP.format(run_dir=str(tmp_path / "run")).replace('backends=("wandb",)', "backends=()"))
         listing = value(kc, "get_ipython().run_line_magic('rlnb', '')")
@@ -113,9 +115,11 @@ def test_rlnb_magic_lists_shows_and_closes_sessions(tmp_path: Path) -> None:
         ok(kc, "%unload_ext rlnb\n%unload_ext rlnb")
 
 
-def test_a_restart_while_training_with_the_dashboard_and_wandb_is_graceful(tmp_path: Path) -> None:
+def test_a_restart_while_training_with_the_dashboard_and_wandb_is_graceful(
+    tmp_path: Path, open_kernel: OpenKernel
+) -> None:
     run_dir = tmp_path / "run"
-    with kernel(tmp_path) as (km, kc):
+    with open_kernel() as (km, kc):
         ok(kc, SETUP.format(run_dir=str(run_dir)))
         ok(kc, "board = sess.dashboard(); sess.start()")
         deadline = time.monotonic() + TIMEOUT
@@ -140,10 +144,10 @@ def test_a_restart_while_training_with_the_dashboard_and_wandb_is_graceful(tmp_p
     )
 
 
-def test_the_console_line_lives_in_the_cell_that_trains(tmp_path: Path) -> None:
+def test_the_console_line_lives_in_the_cell_that_trains(tmp_path: Path, open_kernel: OpenKernel) -> None:
     made = SETUP.format(run_dir=str(tmp_path / "run")).replace('backends=("wandb",)', 'backends=("console",)')
     made = made.replace("rlnb.TrackConfig(", "rlnb.TrackConfig(console_every=2, ")
-    with kernel(tmp_path) as (_, kc):
+    with open_kernel() as (_, kc):
         first: list[dict[str, Any]] = []
         kc.execute_interactive(made, timeout=TIMEOUT, output_hook=first.append)
         assert not [m for m in first if m["msg_type"] == "display_data"]  # nothing shown where it was made
@@ -174,11 +178,11 @@ print(json.dumps(seen))
 """
 
 
-def test_every_dashboard_button_in_a_kernel_does_what_its_method_does(tmp_path: Path) -> None:
+def test_every_dashboard_button_in_a_kernel_does_what_its_method_does(tmp_path: Path, open_kernel: OpenKernel) -> None:
     import json
 
     made = SETUP.format(run_dir=str(tmp_path / "run")).replace('backends=("wandb",)', "backends=()")
-    with kernel(tmp_path) as (_, kc):
+    with open_kernel() as (_, kc):
         ok(kc, made)
         seen = json.loads(ok(kc, CLICK_EVERY_BUTTON.format(path=str(tmp_path / "ckpt"))))
     assert seen["step"] == 1 and seen["evaluate"] == 1

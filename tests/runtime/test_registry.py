@@ -3,13 +3,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import textwrap
-from collections.abc import Iterator
 
 import pytest
 
 import rlnb
+from tests.helpers.processes import PythonProcesses
 
 # A script that makes a session with a live loop thread, logs rlnb's lifecycle to
 # stderr, says "ready" and then waits to be told what to do.
@@ -31,24 +30,10 @@ SCRIPT = textwrap.dedent(
 )
 
 
-_started: list[subprocess.Popen[str]] = []
-
-
-@pytest.fixture(autouse=True)
-def _reap_scripts() -> Iterator[None]:
-    yield
-    while _started:
-        proc = _started.pop()
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
-
-
-def start_script(before: str = "", after: str = "threading.Event().wait(30)") -> subprocess.Popen[str]:
-    code = SCRIPT.format(before=before, after=after)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _started.append(proc)
-    return proc
+def start_script(
+    start_python: PythonProcesses, before: str = "", after: str = "threading.Event().wait(30)"
+) -> subprocess.Popen[str]:
+    return start_python("-c", SCRIPT.format(before=before, after=after))
 
 
 def wait_ready(proc: subprocess.Popen[str]) -> None:
@@ -89,8 +74,8 @@ def test_close_all_closes_the_rest_when_one_fails() -> None:
     assert rlnb.sessions() == []
 
 
-def test_sigterm_closes_sessions_then_dies_by_sigterm() -> None:
-    proc = start_script()
+def test_sigterm_closes_sessions_then_dies_by_sigterm(start_python: PythonProcesses) -> None:
+    proc = start_script(start_python)
     wait_ready(proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
@@ -98,14 +83,14 @@ def test_sigterm_closes_sessions_then_dies_by_sigterm() -> None:
     assert "closed 1 session(s) ['script'] on SIGTERM" in err
 
 
-def test_sigterm_chains_to_a_handler_installed_before() -> None:
+def test_sigterm_chains_to_a_handler_installed_before(start_python: PythonProcesses) -> None:
     before = (
         "def mine(signum, frame):\n"
         "    print('own handler ran, session closed:', sess.closed, flush=True)\n"
         "    sys.exit(3)\n"
         "signal.signal(signal.SIGTERM, mine)"
     )
-    proc = start_script(before=before)
+    proc = start_script(start_python, before=before)
     wait_ready(proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
@@ -114,8 +99,8 @@ def test_sigterm_chains_to_a_handler_installed_before() -> None:
     assert "on SIGTERM" in err
 
 
-def test_normal_exit_closes_sessions_through_atexit() -> None:
-    proc = start_script(after="")
+def test_normal_exit_closes_sessions_through_atexit(start_python: PythonProcesses) -> None:
+    proc = start_script(start_python, after="")
     wait_ready(proc)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -17,13 +16,11 @@ import pytest
 
 import rlnb
 from rlnb.track import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, Tracker, TrackerError, exit_code_for, read_run
-from tests.helpers import Hooks, cause_chain, wait_until
+from tests.helpers import Hooks, cause_chain, small_config, wait_until
+from tests.helpers.kernel import OpenKernel, ok, stop_gracefully
+from tests.helpers.processes import PythonProcesses
 
-SMALL = rlnb.Config(
-    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
-    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
-    data=rlnb.DataConfig(num_workers=0),
-)
+SMALL = small_config()
 
 
 def tracked(run_dir: Path, backends: tuple[str, ...] = ("jsonl", "wandb")) -> rlnb.Config:
@@ -40,28 +37,18 @@ def wandb_run(run_dir: Path) -> rlnb.track.WandbRunFile:
     return read_run(files[0])
 
 
-def no_wandb_left() -> None:
-    """No wandb-core process and no wandb thread outlives the run."""
-    cores = [p for p in psutil.Process().children(recursive=True) if "wandb-core" in " ".join(p.cmdline())]
-    _, alive = psutil.wait_procs(cores, timeout=3)
-    assert not alive, f"wandb-core outlived close(): {alive}"
-    threads = [t.name for t in threading.enumerate() if "wandb" in t.name.lower() or "otel" in t.name.lower()]
-    assert not threads, f"wandb threads outlived close(): {threads}"
-
-
-def test_a_normal_close_finishes_every_backend_with_exit_code_0(tmp_path: Path) -> None:
-    with rlnb.Session(tracked(tmp_path), name="track") as sess:
+def test_a_normal_close_finishes_every_backend_with_exit_code_0(wandb_offline: Path) -> None:
+    with rlnb.Session(tracked(wandb_offline), name="track") as sess:
         history = sess.train(2, progress=False)
         accuracy = sess.evaluate(20)
         run_id = sess.tracker.run_id
-    no_wandb_left()
-    records = jsonl(tmp_path)
+    records = jsonl(wandb_offline)
     assert records[0] == {"event": "start", "run_id": run_id, "time": records[0]["time"]}
     assert [r["step"] for r in records if "reward_mean" in r] == [1, 2]
     assert records[-2] == {"step": 2, "eval_accuracy": accuracy, "eval_seconds": records[-2]["eval_seconds"]}
     assert 0 < records[-2]["eval_seconds"] < 60  # what the evaluation cost, in seconds
     assert records[-1]["event"] == "finish" and records[-1]["exit_code"] == EXIT_OK
-    run = wandb_run(tmp_path)
+    run = wandb_run(wandb_offline)
     assert run.run_id == run_id and run.exit_code == EXIT_OK
     steps = [h for h in run.history if "reward_mean" in h]
     assert [h["_step"] for h in steps] == [1, 2]
@@ -72,17 +59,16 @@ def test_a_normal_close_finishes_every_backend_with_exit_code_0(tmp_path: Path) 
 
 @pytest.mark.parametrize(("error", "code"), [(RuntimeError, EXIT_FAILURE), (KeyboardInterrupt, EXIT_SIGINT)])
 def test_an_error_or_interrupt_inside_train_is_the_runs_exit_code(
-    tmp_path: Path, error: type[BaseException], code: int
+    wandb_offline: Path, error: type[BaseException], code: int
 ) -> None:
     hooks = Hooks()
     with pytest.raises(error):
-        with rlnb.Session(tracked(tmp_path), name="track", callbacks=[hooks]) as sess:
+        with rlnb.Session(tracked(wandb_offline), name="track", callbacks=[hooks]) as sess:
             sess.train(1, progress=False)
             hooks.batch = lambda groups: (_ for _ in ()).throw(error("in the update"))
             sess.train(2, progress=False)
-    no_wandb_left()
-    assert jsonl(tmp_path)[-1]["exit_code"] == code
-    run = wandb_run(tmp_path)
+    assert jsonl(wandb_offline)[-1]["exit_code"] == code
+    run = wandb_run(wandb_offline)
     assert run.exit_code == code
     assert [h["_step"] for h in run.history if "reward_mean" in h] == [1]  # what was logged is kept
 
@@ -111,15 +97,18 @@ def test_close_after_a_failed_background_run_reports_1_and_raises_it(tmp_path: P
     assert jsonl(tmp_path)[-1]["exit_code"] == EXIT_FAILURE
 
 
-def test_a_script_that_dies_of_an_uncaught_error_finishes_its_run_with_1(tmp_path: Path) -> None:
+def test_a_script_that_dies_of_an_uncaught_error_finishes_its_run_with_1(
+    tmp_path: Path, start_python: PythonProcesses
+) -> None:
     script = (
         "import rlnb\n"
         f"config = rlnb.Config(track=rlnb.TrackConfig(backends=('jsonl',), run_dir={str(tmp_path)!r}))\n"
         "sess = rlnb.Session(config, name='script')\n"
         "raise RuntimeError('the script crashed')\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1 and "the script crashed" in done.stderr
+    done = start_python("-c", script)
+    _, err = done.communicate(timeout=120)
+    assert done.returncode == 1 and "the script crashed" in err
     assert jsonl(tmp_path)[-1]["exit_code"] == EXIT_FAILURE
 
 
@@ -258,29 +247,21 @@ def test_a_slow_plot_is_redrawn_less_often_so_drawing_stays_a_small_share_of_the
     assert len(renders) == 2 and (tmp_path / "curves.png").read_bytes() == b"png"
 
 
-def test_sigterm_to_rlnb_train_finishes_the_run_with_143(tmp_path: Path) -> None:
+def test_sigterm_to_rlnb_train_finishes_the_run_with_143(tmp_path: Path, start_python: PythonProcesses) -> None:
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlnb", "train", "--steps", "100000", "--run-dir", str(run_dir), "--warmup-steps", "0",
-         "--eval-every", "1000", "--tracker", "jsonl,wandb", "--no-progress", "--num-workers", "1"],
+    proc = start_python(
+        "-m", "rlnb", "train", "--steps", "100000", "--run-dir", str(run_dir), "--warmup-steps", "0",
+        "--eval-every", "1000", "--tracker", "jsonl,wandb", "--no-progress", "--num-workers", "1",
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
     )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while not any("reward_mean" in line for line in _lines(run_dir / "metrics.jsonl")):
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "training never logged a step"
-            time.sleep(0.1)
-        children = psutil.Process(proc.pid).children(recursive=True)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == -signal.SIGTERM  # it still dies by SIGTERM, after closing
-    finally:
-        proc.kill()
-        proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+    deadline = time.monotonic() + 120
+    while not any("reward_mean" in line for line in _lines(run_dir / "metrics.jsonl")):
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, "training never logged a step"
+        time.sleep(0.1)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM  # it still dies by SIGTERM, after closing
     _, alive = psutil.wait_procs(children, timeout=5)
     assert not alive, f"children outlived the script: {alive}"
     assert jsonl(run_dir)[-1]["exit_code"] == EXIT_SIGTERM
@@ -310,13 +291,10 @@ print(os.getpid(), sys.executable, rlnb.__file__, sep="\\n")
 """
 
 
-@pytest.mark.netns
 @pytest.mark.slow
-def test_a_kernel_restart_finishes_the_run_with_130(tmp_path: Path) -> None:
-    from tests.runtime.test_kernel import kernel, ok, stop_gracefully
-
+def test_a_kernel_restart_finishes_the_run_with_130(tmp_path: Path, open_kernel: OpenKernel) -> None:
     log_file, run_dir = tmp_path / "rlnb.log", tmp_path / "run"
-    with kernel(tmp_path) as (km, kc):
+    with open_kernel() as (km, kc):
         ok(kc, KERNEL_SETUP.format(log=str(log_file), run_dir=str(run_dir)))
         stop_gracefully(km, log_file, restart=True)  # the old kernel exited by itself
     assert jsonl(run_dir)[-1]["exit_code"] == EXIT_SIGINT

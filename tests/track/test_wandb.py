@@ -7,28 +7,25 @@ from pathlib import Path
 
 import rlnb
 from rlnb.track import read_run
+from tests.helpers import small_config
 
-SMALL = rlnb.Config(
-    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
-    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
-    data=rlnb.DataConfig(num_workers=0),
-)
+SMALL = small_config()
 
 
 def runs(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
 
 
-def test_rerunning_a_session_cell_makes_one_run_the_one_that_logged(tmp_path: Path) -> None:
-    config = SMALL.replace(track=rlnb.TrackConfig(backends=("wandb",), run_dir=str(tmp_path)))
+def test_rerunning_a_session_cell_makes_one_run_the_one_that_logged(wandb_offline: Path) -> None:
+    config = SMALL.replace(track=rlnb.TrackConfig(backends=("wandb",), run_dir=str(wandb_offline)))
     first = rlnb.Session(config, name="cell")
     assert not first.tracker.backend("wandb").started  # type: ignore[attr-defined]
     second = rlnb.Session(config, name="cell")  # the cell run again: the first closes, having logged nothing
-    assert first.closed and runs(tmp_path) == []
+    assert first.closed and runs(wandb_offline) == []
     with second:
         second.step()
         run_id = second.tracker.run_id
-    (path,) = runs(tmp_path)
+    (path,) = runs(wandb_offline)
     run = read_run(path)
     assert run.run_id == run_id and run.exit_code == 0
     assert [h["_step"] for h in run.history if "reward_mean" in h] == [1]

@@ -1,9 +1,11 @@
-"""Drive the shipped notebooks in a real JupyterLab through a real Chromium.
+"""Drive notebooks in a real JupyterLab through a real Chromium.
 
 ``jupyterlab(root)`` serves ``root`` on 127.0.0.1 and ``browser()`` opens a
 Playwright page on Debian's Chromium; the functions below act on that page as a
-user would (menus, buttons, dialogs) and read what the user would see. Start
-both only inside a loopback-only network namespace (tests marked ``netns``).
+user would (menus, buttons, dialogs) and read what the user would see. Tests get
+the first two through the ``open_lab`` and ``open_browser`` fixtures
+(tests/conftest.py), which mark them ``netns``: they run only inside a
+loopback-only network namespace.
 """
 
 from __future__ import annotations
@@ -227,6 +229,19 @@ def browser(*, width: int = 1280, height: int = 1000, timeout: float = 30.0) -> 
                     p.kill()
             if alive:
                 raise RuntimeError(f"Playwright's driver outlived playwright.stop(): {alive}")
+
+
+# --- the notebook --------------------------------------------------------------
+
+
+def write_notebook(path: Path, sources: list[str]) -> None:
+    """Write a python3 notebook of code cells with ``sources`` to ``path`` (its directory made)."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
 
 
 # --- acting on the page -----------------------------------------------------------

@@ -1,4 +1,12 @@
-"""Small helpers shared by test modules."""
+"""What the tests share, in one place; never import from a test module.
+
+This module holds the in-process helpers and the small config most tests use.
+What starts a process has a module of its own, and tests reach it through the
+fixtures of tests/conftest.py, which mark their tier (``tiers.py``): a Jupyter
+kernel (``kernel.py``), a notebook run by nbclient (``notebooks.py``), JupyterLab
+and Chromium (``browser.py``), Ray (``ray_cluster.py``), Python scripts and the CLI
+(``processes.py``).
+"""
 
 from __future__ import annotations
 
@@ -20,6 +28,18 @@ from rlnb.engines import EngineStatistics, GenerateRequest, GenerateResult, Paus
 from rlnb.learn import Callback
 from rlnb.models import CharTokenizer, TinyPolicy
 from rlnb.rollout import RolloutStatistics
+
+
+def small_config(**changes: Any) -> rlnb.Config:
+    """The small config most tests run: a one-layer policy of width 32, four groups
+    of four samples a step, prompts made in-process (no loader workers); ``changes``
+    replace whole parts or fields, as ``rlnb.Config``'s arguments."""
+    parts: dict[str, Any] = {
+        "model": rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+        "rollout": rlnb.RolloutConfig(group_size=4, groups_per_step=4),
+        "data": rlnb.DataConfig(num_workers=0),
+    }
+    return rlnb.Config(**{**parts, **changes})
 
 
 @contextlib.contextmanager
@@ -95,6 +115,15 @@ def exited(proc: psutil.Process) -> bool:
         return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def no_wandb_left() -> None:
+    """No wandb-core process and no wandb thread outlives the run."""
+    cores = [p for p in psutil.Process().children(recursive=True) if "wandb-core" in " ".join(p.cmdline())]
+    _, alive = psutil.wait_procs(cores, timeout=3)
+    assert not alive, f"wandb-core outlived close(): {alive}"
+    threads = [t.name for t in threading.enumerate() if "wandb" in t.name.lower() or "otel" in t.name.lower()]
+    assert not threads, f"wandb threads outlived close(): {threads}"
 
 
 def press_ctrl_c() -> None:

@@ -1,0 +1,119 @@
+"""What the Ray tests share: a small config, a head node of a cluster the session did
+not start (the ``ray_head_node`` fixture, tests/conftest.py), and Ray's processes and
+replicas as a test sees them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+import rlnb
+from rlnb.engines._ray_cluster import is_ray_process
+from tests.helpers import small_config, wait_until
+
+SMALL = small_config(
+    data=rlnb.DataConfig(num_workers=1),  # multiprocessing's forkserver runs beside Ray: close leaves it be
+    ray=rlnb.RayConfig(engine_replicas=2),
+)
+
+
+def ray_processes(root: psutil.Process | None = None) -> list[psutil.Process]:
+    """Ray's processes under ``root`` (this process by default)."""
+    return [p for p in (root or psutil.Process()).children(recursive=True) if is_ray_process(p)]
+
+
+def replicas(sess: rlnb.Session) -> list[dict[str, Any]]:
+    return sess.statistics().engine.extra["replicas"]
+
+
+def ray_links() -> set[Path]:
+    """The short links to long log dirs that Ray's sockets are reached through."""
+    return set(Path(tempfile.gettempdir()).glob("rlnb-ray-*"))
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (once this returns)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def live_name(proc: psutil.Process) -> str:
+    """``proc``'s name; "" for a process that has exited (a zombie, or gone)."""
+    try:
+        return "" if proc.status() == psutil.STATUS_ZOMBIE else proc.name()
+    except psutil.Error:
+        return ""
+
+
+def socket_fds() -> dict[int, str]:
+    """This process's open sockets, by FD."""
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile (or the listing's own)
+            continue
+        if target.startswith("socket:"):
+            found[int(name)] = target
+    return found
+
+
+def answers(port: int) -> bool:
+    """Whether something listens on the loopback ``port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def head_node(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A Ray cluster that is not the session's: ``ray start --head --block`` (its
+    processes die with it), on loopback, with its temp dir short enough for sockets.
+    Yields its address and its process; its log is ``tmp_path / "head.log"``."""
+    temp = Path(tempfile.mkdtemp(prefix="rlnb-head-"))
+    port = free_port()
+    command = [
+        str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}",
+        "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+        f"--temp-dir={temp}",
+    ]  # fmt: skip
+    env = {**os.environ}  # the caller set RAY_AUTH_MODE
+    with (tmp_path / "head.log").open("wb") as log:
+        head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    try:
+        address = f"127.0.0.1:{port}"
+        wait_until(
+            lambda: {p.name() for p in ray_processes(psutil.Process(head.pid))} >= {"gcs_server", "raylet"},
+            "the head node's GCS and raylet",
+            timeout=60.0,
+        )
+        wait_until(lambda: answers(port), "the head node's GCS to listen", timeout=60.0)
+        # a driver attaches through the head's raylet: its port answers seconds before it has started
+        raylet_log = temp / "session_latest" / "logs" / "raylet.out"
+        wait_until(
+            lambda: raylet_log.is_file() and "Raylet of id" in raylet_log.read_text(errors="replace"),
+            "the head node's raylet to start",
+            timeout=120.0,
+        )
+        yield address, head
+    finally:
+        everyone = [psutil.Process(head.pid), *ray_processes(psutil.Process(head.pid))]
+        for proc in everyone:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(everyone, timeout=10.0)
+        head.wait()
+        shutil.rmtree(temp, ignore_errors=True)

@@ -1,0 +1,75 @@
+"""The test tiers, marked from what a test touches, so that a heavy test cannot land
+in the fast tier by accident (tests/conftest.py marks every collected test):
+
+- ``system``: a Jupyter kernel, a notebook, JupyterLab and a browser, vLLM, Ray or a
+  GPU: a fixture in ``FIXTURES`` that says so, or the marker ``netns``, ``ray`` or ``gpu``;
+- ``integration``: other processes (Python scripts, the CLI, loader workers, an
+  offline wandb run), or marked ``slow``;
+- ``unit``: the rest, which ``scripts/test.sh --fast`` runs.
+
+A test gets a process through a fixture, which marks it; a test that starts one in
+its own body is caught by ``STARTS_A_PROCESS`` (a look at its source), the safety net.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from typing import Protocol
+
+# The fixtures of tests/conftest.py that start something: the tier of a test that uses
+# one (directly or through another fixture), and the markers it gets with it ("netns":
+# it listens on loopback; "ray": scripts/test.sh runs it in the Ray tests' own pass).
+FIXTURES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "open_kernel": ("system", ("netns",)),
+    "execute_notebook": ("system", ("netns",)),
+    "open_lab": ("system", ("netns",)),
+    "open_browser": ("system", ("netns",)),
+    "vllm": ("system", ("netns",)),
+    "ray_head_node": ("system", ("netns", "ray")),
+    "start_python": ("integration", ()),
+    "run_cli": ("integration", ()),
+    "loader_workers": ("integration", ()),
+    "wandb_offline": ("integration", ()),
+}
+SYSTEM_MARKERS = frozenset({"netns", "ray", "gpu"})
+INTEGRATION_MARKERS = frozenset({"slow"})
+# What a test's own source says when it starts a process without a fixture.
+STARTS_A_PROCESS = ("subprocess.", "sys.executable", "os.fork", "os.kill(", "pthread_kill")
+
+
+class Item(Protocol):
+    """What the tiers read of a collected test (a ``pytest.Item`` has all of it)."""
+
+    @property
+    def keywords(self) -> Iterable[str]: ...
+
+
+def implied_markers(item: Item) -> set[str]:
+    """The markers that the fixtures ``item`` uses give it."""
+    return {marker for name in _fixtures(item) if name in FIXTURES for marker in FIXTURES[name][1]}
+
+
+def tier(item: Item) -> str:
+    """``"system"``, ``"integration"`` or ``"unit"`` for ``item``; see the module docstring."""
+    touched = {FIXTURES[name][0] for name in _fixtures(item) if name in FIXTURES}
+    markers = set(item.keywords) | implied_markers(item)
+    if "system" in touched or SYSTEM_MARKERS & markers:
+        return "system"
+    if "integration" in touched or INTEGRATION_MARKERS & markers or _starts_a_process(item):
+        return "integration"
+    return "unit"
+
+
+def _fixtures(item: Item) -> list[str]:
+    # pytest lists every fixture a test needs, those its fixtures need included
+    return list(getattr(item, "fixturenames", ()))
+
+
+def _starts_a_process(item: Item) -> bool:
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        source = ""
+    return any(call in source for call in STARTS_A_PROCESS)

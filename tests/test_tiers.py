@@ -1,0 +1,72 @@
+"""The tiers come from what a test touches (tests/helpers/tiers.py): its fixtures first,
+then its markers, then a look at its source for a process it starts itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.helpers.tiers import FIXTURES, implied_markers, tier
+
+
+@dataclass
+class Item:
+    """What the tiers read of a collected test."""
+
+    fixturenames: list[str] = field(default_factory=list)
+    keywords: set[str] = field(default_factory=set)
+    function: Callable[..., Any] | None = None
+
+
+def plain() -> None:
+    assert sum([1, 2]) == 3
+
+
+def starts_a_script() -> None:
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (t, _) in FIXTURES.items() if t == "system"))
+def test_a_fixture_that_starts_a_kernel_browser_engine_or_cluster_makes_a_system_test(name: str) -> None:
+    item = Item(fixturenames=["tmp_path", name], function=plain)
+    assert tier(item) == "system"
+    assert "netns" in implied_markers(item)  # it listens on loopback: only inside scripts/test.sh's namespace
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (t, _) in FIXTURES.items() if t == "integration"))
+def test_a_fixture_that_starts_a_process_makes_an_integration_test(name: str) -> None:
+    assert tier(Item(fixturenames=[name], function=plain)) == "integration"
+
+
+def test_the_ray_head_node_puts_a_test_in_the_ray_pass() -> None:
+    assert implied_markers(Item(fixturenames=["ray_head_node"])) == {"netns", "ray"}
+
+
+@pytest.mark.parametrize(
+    ("keywords", "expected"),
+    [({"netns"}, "system"), ({"ray"}, "system"), ({"gpu"}, "system"), ({"slow"}, "integration"), (set(), "unit")],
+)
+def test_markers_still_decide_without_a_fixture(keywords: set[str], expected: str) -> None:
+    assert tier(Item(keywords=keywords, function=plain)) == expected
+
+
+def test_a_fixture_outranks_the_markers() -> None:
+    assert tier(Item(fixturenames=["open_kernel"], keywords={"slow"}, function=plain)) == "system"
+
+
+def test_a_test_that_starts_a_process_itself_is_caught_by_its_source() -> None:
+    assert tier(Item(function=starts_a_script)) == "integration"
+    assert tier(Item(function=plain)) == "unit"
+
+
+def test_every_collected_test_has_one_tier_and_the_markers_its_fixtures_imply(request: pytest.FixtureRequest) -> None:
+    """The hook in tests/conftest.py marked this session's tests as the tiers say."""
+    for item in request.session.items:
+        tiers = [t for t in ("unit", "integration", "system") if item.get_closest_marker(t) is not None]
+        assert tiers == [tier(item)], item.nodeid
+        assert all(item.get_closest_marker(m) is not None for m in implied_markers(item)), item.nodeid
