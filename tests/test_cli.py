@@ -1,11 +1,14 @@
+"""``rlnb``: whole runs through ``python -m rlnb`` (the ``run_cli`` fixture); what is
+refused before anything starts, through ``rlnb.cli.main`` in this process."""
+
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +16,16 @@ from rlnb.bench import _bridge, _close, _train
 from rlnb.cli import main
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def in_process(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[Any, str, str]:
+    """``rlnb ARGV`` through ``rlnb.cli.main`` in this process: its exit status, stdout and stderr."""
+    try:
+        status: Any = main(list(argv))
+    except SystemExit as exc:  # argparse's errors
+        status = exc.code
+    out, err = capsys.readouterr()
+    return status, out, err
 
 
 def test_train_writes_its_run_dir_and_ends_with_one_json_line(tmp_path: Path, run_cli: RunCli) -> None:
@@ -42,22 +55,30 @@ def test_train_writes_its_run_dir_and_ends_with_one_json_line(tmp_path: Path, ru
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_train_rejects_bad_input_before_starting(tmp_path: Path, run_cli: RunCli) -> None:
-    proc = run_cli("train", "--task", "nope", "--steps", "3", "--run-dir", str(tmp_path / "run"))
-    assert proc.returncode == 2
-    assert "Config.task='nope' is unknown: use one of" in proc.stderr
+def test_train_rejects_bad_input_before_starting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    status, _, err = in_process(capsys, "train", "--task", "nope", "--steps", "3", "--run-dir", str(tmp_path / "run"))
+    assert status == 2
+    assert "Config.task='nope' is unknown: use one of" in err
     assert not (tmp_path / "run").exists()
-    proc = run_cli("train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--lr", "-1")
-    assert proc.returncode == 2 and "LearnConfig.lr=-1.0 is invalid" in proc.stderr
-    proc = run_cli("train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--lr-decay-steps", "0")
-    assert proc.returncode == 2 and "LearnConfig.lr_decay_steps=0 is invalid" in proc.stderr
-    proc = run_cli("train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--tracker", "console,tensorboard")
-    assert proc.returncode == 2 and "TrackConfig.backends=('console', 'tensorboard') is invalid" in proc.stderr
-    online = run_cli(
-        "train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--tracker", "wandb",
-        env={**os.environ, "WANDB_MODE": "online", "WANDB_API_KEY": "", "HOME": str(tmp_path)},
-    )  # fmt: skip
-    assert online.returncode == 2 and "'online' needs a wandb API key" in online.stderr
+    status, _, err = in_process(capsys, "train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--lr", "-1")
+    assert status == 2 and "LearnConfig.lr=-1.0 is invalid" in err
+    status, _, err = in_process(
+        capsys, "train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--lr-decay-steps", "0"
+    )
+    assert status == 2 and "LearnConfig.lr_decay_steps=0 is invalid" in err
+    status, _, err = in_process(
+        capsys, "train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--tracker", "console,tensorboard"
+    )
+    assert status == 2 and "TrackConfig.backends=('console', 'tensorboard') is invalid" in err
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_API_KEY", "")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    status, _, err = in_process(
+        capsys, "train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--tracker", "wandb"
+    )
+    assert status == 2 and "'online' needs a wandb API key" in err
     assert not (tmp_path / "run").exists()  # nothing started
 
 
@@ -154,11 +175,11 @@ def test_bench_rollout_measures_resume_pause_and_batching_in_one_run() -> None:
 
 
 @pytest.mark.usefixtures("wandb_offline")
-def test_bench_close_times_a_session_with_an_offline_wandb_run(run_cli: RunCli) -> None:
+def test_bench_close_times_a_session_with_an_offline_wandb_run(capsys: pytest.CaptureFixture[str]) -> None:
     result = _close.run(repeats=3, tracker="wandb")
     assert 0 < result.figures["wandb_session_close_median_ms"] <= result.figures["wandb_session_close_max_ms"]
     assert "wandb_session_close_max" in {t.name for t in result.targets}
-    assert run_cli("bench", "train", "--tracker", "wandb").returncode == 2  # close only
+    assert in_process(capsys, "bench", "train", "--tracker", "wandb")[0] == 2  # close only
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +209,7 @@ def test_train_a_hugging_face_model_from_its_directory(tmp_path: Path, tiny_llam
 
 
 def test_model_flags_the_config_refuses_fail_before_starting(
-    tmp_path: Path, tiny_llama_dir: Path, run_cli: RunCli
+    tmp_path: Path, tiny_llama_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = str(tmp_path / "run")
     refused = {
@@ -213,11 +234,13 @@ def test_model_flags_the_config_refuses_fail_before_starting(
         ("--engine", "sglang"): "argument --engine: invalid choice: 'sglang' (choose from 'tiny', 'hf', 'vllm')",
     }
     for flags, message in refused.items():
-        proc = run_cli("train", "--steps", "2", "--run-dir", run_dir, *flags)
-        assert (proc.returncode, proc.stdout) == (2, ""), flags
-        assert proc.stderr.startswith(f"rlnb train: error: {message}") and proc.stderr.count("\n") == 1, proc.stderr
-    proc = run_cli("demo", "--run-dir", run_dir, "--model", str(tiny_llama_dir), "--engine", "tiny")
-    assert proc.returncode == 2 and proc.stderr.startswith("rlnb demo: error: --engine tiny: EngineConfig.kind=")
+        status, out, err = in_process(capsys, "train", "--steps", "2", "--run-dir", run_dir, *flags)
+        assert (status, out) == (2, ""), flags
+        assert err.startswith(f"rlnb train: error: {message}") and err.count("\n") == 1, err
+    status, _, err = in_process(
+        capsys, "demo", "--run-dir", run_dir, "--model", str(tiny_llama_dir), "--engine", "tiny"
+    )
+    assert status == 2 and err.startswith("rlnb demo: error: --engine tiny: EngineConfig.kind=")
     assert not (tmp_path / "run").exists()  # nothing started
 
 

@@ -1,6 +1,7 @@
 """Engine replicas as Ray actors (``RayConfig``), on a real local Ray cluster that the
 session starts and owns. Run in the loopback-only namespace (scripts/test.sh);
-test_ray_attach.py attaches to one it did not start."""
+test_ray_attach.py attaches to one it did not start, and test_ray_config.py checks
+what needs no cluster."""
 
 from __future__ import annotations
 
@@ -250,23 +251,6 @@ def test_a_local_cluster_that_does_not_start_is_an_engine_error_naming_its_logs(
     assert not ray_links()  # the short link to the log dir is removed
 
 
-@pytest.mark.parametrize(
-    ("make", "words"),
-    [
-        (lambda: rlnb.RayConfig(engine_replicas=-1), "RayConfig.engine_replicas=-1 is invalid"),
-        (lambda: rlnb.RayConfig(num_cpus=0), "RayConfig.num_cpus=0 is invalid"),
-        (lambda: rlnb.RayConfig(strategy="pack"), "use one of ('PACK'"),
-        (lambda: rlnb.RayConfig(address=""), "RayConfig.address='' is invalid"),
-        (lambda: rlnb.RayConfig(address="auto", log_dir="logs"), "RayConfig.log_dir='logs' is invalid: it applies"),
-    ],
-)
-def test_bad_ray_settings_are_config_errors_before_anything_starts(make: object, words: str) -> None:
-    with pytest.raises(rlnb.ConfigError, match=None) as caught:
-        make()  # type: ignore[operator]
-    assert words in str(caught.value)
-    assert not ray.is_initialized()
-
-
 def test_an_address_where_nothing_listens_is_a_config_error_at_once() -> None:
     port = free_port()  # closed again: nothing listens there
     config = SMALL.replace(ray=rlnb.RayConfig(engine_replicas=2, address=f"127.0.0.1:{port}"))
@@ -274,22 +258,6 @@ def test_an_address_where_nothing_listens_is_a_config_error_at_once() -> None:
     with pytest.raises(rlnb.ConfigError, match=rf"RayConfig.address='127.0.0.1:{port}' is invalid: nothing answers"):
         rlnb.Session(config, name="nowhere")
     assert not ray.is_initialized()
-
-
-def test_the_ray_flags_of_rlnb_train_set_the_ray_config() -> None:
-    """``--ray-replicas``/``--ray-address`` reach ``RayConfig``; a whole run on replicas
-    is the session test above (a cluster start more here would cost a minute)."""
-    from rlnb.cli import _build_parser, _train_config
-    from rlnb.config import describe_model
-
-    args = _build_parser().parse_args(["train", "--steps", "1", "--run-dir", "r", "--ray-replicas", "2"])
-    config, _ = _train_config(args)
-    assert config.ray == rlnb.RayConfig(engine_replicas=2)
-    assert describe_model(config).endswith(", 2 engine replicas on a local Ray cluster of its own")  # the header
-    args = _build_parser().parse_args(
-        ["train", "--steps", "1", "--run-dir", "r", "--ray-replicas", "3", "--ray-address", "auto"]
-    )
-    assert _train_config(args)[0].ray == rlnb.RayConfig(engine_replicas=3, address="auto")
 
 
 KERNEL_CELL = """
