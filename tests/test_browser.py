@@ -1,5 +1,6 @@
-"""The shipped notebooks in a real JupyterLab, driven through a real Chromium (the
-``open_lab`` and ``open_browser`` fixtures)."""
+"""Notebooks in a real JupyterLab, driven through a real Chromium (the ``open_lab`` and
+``open_browser`` fixtures): a small one of the test's own, the shipped 02, and one that
+puts the dashboard through a full buffer, a foreground train and close."""
 
 from __future__ import annotations
 
@@ -35,28 +36,44 @@ from tests.helpers.browser import (
 pytestmark = [pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = ROOT / "notebooks" / "01-quickstart.ipynb"
 SCREENSHOTS = ROOT / "runs" / "browser"  # ignored by git; kept to look at after a run
 OpenLab = Callable[..., AbstractContextManager[str]]  # the open_lab fixture
 OpenBrowser = Callable[..., AbstractContextManager[Page]]  # the open_browser fixture
 
+# A notebook 01 would run (tests/test_notebooks.py runs 01 itself): a session with a
+# loader worker, its dashboard, training in the background, close. Seconds, not 01's minute.
+SMALL = [
+    """import rlnb
 
-def test_quickstart_runs_in_jupyterlab_and_restarts_clean(
+config = rlnb.Config(
+    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
+)
+sess = rlnb.Session(config, name="small")
+sess""",
+    "sess.dashboard()",
+    "sess.start(steps=5)",
+    "sess.wait()\nprint(sess.version)",
+    'sess.close()\nprint(sess)\nprint("live sessions:", rlnb.sessions())',
+]
+
+
+def test_a_notebook_runs_in_jupyterlab_and_restarts_clean(
     tmp_path: Path, open_lab: OpenLab, open_browser: OpenBrowser
 ) -> None:
     notebooks = tmp_path / "notebooks"
-    notebooks.mkdir()
-    shutil.copy(QUICKSTART, notebooks)
+    write_notebook(notebooks / "small.ipynb", SMALL)
     with open_lab(notebooks) as url, open_browser() as page:
-        open_notebook(page, url, QUICKSTART.name)
-        run_all_cells(page, timeout=240)  # about 40 s on 2 cores: a warm-up and 150 GRPO steps
+        open_notebook(page, url, "small.ipynb")
+        run_all_cells(page, timeout=240)
 
-        shot = screenshot(page, tmp_path, "quickstart.png")
+        shot = screenshot(page, tmp_path, "small.png")
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, SCREENSHOTS / shot.name)
         assert None not in execution_counts(page), "not every cell ran"
         assert error_outputs(page) == []
-        last = cell_outputs(page)[-1]  # what tests/test_notebooks.py expects of it, as the page shows it
+        assert cell_outputs(page)[3].strip() == "5"  # its background run's steps
+        last = cell_outputs(page)[-1]
         assert "closed (tracker exit code 0)" in last and "live sessions: []" in last, last
 
         (kernel,) = kernel_processes()
