@@ -48,13 +48,9 @@ import pytest
 
 import rlnb
 from rlnb.track import EXIT_SIGTERM, read_run
-from tests.helpers import HookedEngine, Hooks, cause_chain, exited, wait_until
+from tests.helpers import HookedEngine, Hooks, cause_chain, exited, small_config, wait_until
 
-CONFIG = rlnb.Config(
-    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
-    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
-    data=rlnb.DataConfig(num_workers=0),
-)
+CONFIG = small_config()
 
 
 def engine_death(error: BaseException) -> rlnb.EngineError | None:

@@ -21,12 +21,9 @@ import pytest
 import rlnb
 import rlnb._files
 from rlnb._files import write_error
+from tests.helpers import small_config
 
-CONFIG = rlnb.Config(
-    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
-    rollout=rlnb.RolloutConfig(group_size=2, groups_per_step=2),
-    data=rlnb.DataConfig(num_workers=0),
-)
+CONFIG = small_config(rollout=rlnb.RolloutConfig(group_size=2, groups_per_step=2))
 
 
 def refuse_mkdir_under(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

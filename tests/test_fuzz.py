@@ -45,17 +45,16 @@ import rlnb._files
 from rlnb.probe import Snapshot, snapshot
 from rlnb.rollout import RolloutStatistics
 from rlnb.runtime import AsyncBridge
-from tests.helpers import Recorder, assert_counts_add_up, press_ctrl_c, wait_until
+from tests.helpers import Recorder, assert_counts_add_up, press_ctrl_c, small_config, wait_until
 
 PRESSES = int(os.environ.get("RLNB_FUZZ_PRESSES", "300"))
 SEED = int(os.environ.get("RLNB_FUZZ_SEED", "0"))
 DEADLINE = 60.0  # seconds any one call may take, pressed or not
 LATE_WAIT = 2.0  # how long a press that landed as the call returned may take to arrive
 
-CONFIG = rlnb.Config(
-    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
-    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
+CONFIG = small_config(
     learn=rlnb.LearnConfig(lr=1e-3),
+    data=rlnb.DataConfig(),
     step_timeout=DEADLINE / 2,  # an async step that gets no batch says why before the watchdog fires
 )
 GPS = CONFIG.rollout.groups_per_step

@@ -18,6 +18,7 @@ import torch
 
 import rlnb
 from rlnb.models import load_hf_tokenizer, tiny_llama
+from tests.helpers import small_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -45,12 +46,7 @@ def _cuda_ready(llama_dir: Path) -> Iterator[None]:
 
 
 def _config(path: Path, *, dtype: str = "float32", **changes: object) -> rlnb.Config:
-    return rlnb.Config(
-        model=rlnb.ModelConfig(path=str(path), max_len=32, dtype=dtype, device="cuda"),
-        rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
-        data=rlnb.DataConfig(num_workers=0),
-        **changes,  # type: ignore[arg-type]
-    )
+    return small_config(model=rlnb.ModelConfig(path=str(path), max_len=32, dtype=dtype, device="cuda"), **changes)
 
 
 def _worst_logprob_gap(sess: rlnb.Session, groups: list[rlnb.Group], path: Path) -> float:

@@ -19,14 +19,11 @@ from tests.helpers import (
     cause_chain,
     ctrl_c_once,
     press_ctrl_c,
+    small_config,
     wait_until,
 )
 
-CONFIG = rlnb.Config(
-    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
-    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
-    learn=rlnb.LearnConfig(lr=1e-3),
-)
+CONFIG = small_config(learn=rlnb.LearnConfig(lr=1e-3), data=rlnb.DataConfig())
 
 
 def test_a_step_updates_the_policy_and_syncs_the_engine() -> None:

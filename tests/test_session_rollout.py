@@ -17,12 +17,9 @@ import pytest
 import rlnb
 from rlnb import RolloutBatch
 from rlnb.engines import GenerateRequest
-from tests.helpers import HookedEngine, assert_counts_add_up, cause_chain, ctrl_c_once, wait_until
+from tests.helpers import HookedEngine, assert_counts_add_up, cause_chain, ctrl_c_once, small_config, wait_until
 
-CONFIG = rlnb.Config(
-    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
-    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
-)
+CONFIG = small_config(data=rlnb.DataConfig())
 # Background dispatch stops at (max_policy_lag + 1) * groups_per_step groups until the learner advances.
 BUDGET = (1 + 1) * 4
 PROMPT = re.compile(r"\d\d\+\d\d=")

@@ -12,13 +12,9 @@ import traceback
 import pytest
 
 import rlnb
-from tests.helpers import ctrl_c_once
+from tests.helpers import ctrl_c_once, small_config
 
-CONFIG = rlnb.Config(
-    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
-    rollout=rlnb.RolloutConfig(group_size=2, groups_per_step=2, max_new_tokens=4),
-    data=rlnb.DataConfig(num_workers=0),
-)
+CONFIG = small_config(rollout=rlnb.RolloutConfig(group_size=2, groups_per_step=2, max_new_tokens=4))
 
 
 def frames(error: BaseException) -> list[str]:

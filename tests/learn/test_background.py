@@ -14,13 +14,9 @@ import pytest
 
 import rlnb
 from rlnb.learn import Callback
-from tests.helpers import press_ctrl_c, wait_until
+from tests.helpers import press_ctrl_c, small_config, wait_until
 
-CONFIG = rlnb.Config(
-    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
-    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
-    data=rlnb.DataConfig(num_workers=0),
-)
+CONFIG = small_config()
 
 
 class StepEvents(Callback):

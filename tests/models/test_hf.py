@@ -15,6 +15,7 @@ import torch
 import rlnb
 from rlnb import ConfigError
 from rlnb.models import HFPolicy, load_hf_model, load_hf_tokenizer, tiny_llama
+from tests.helpers import small_config
 
 transformers = pytest.importorskip("transformers", reason="the 'hf' extra (transformers) is not installed")
 
@@ -155,12 +156,7 @@ def test_config_errors_name_the_field(model: dict[str, Any], engine: dict[str, A
 
 
 def _config(path: Path, **changes: Any) -> rlnb.Config:
-    return rlnb.Config(
-        model=rlnb.ModelConfig(path=str(path), max_len=32),
-        rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
-        data=rlnb.DataConfig(num_workers=0),
-        **changes,
-    )
+    return small_config(model=rlnb.ModelConfig(path=str(path), max_len=32), **changes)
 
 
 def test_a_session_trains_a_hugging_face_model_and_its_engine_samples_what_the_learner_scores(

@@ -20,13 +20,9 @@ import rlnb
 import rlnb.notebook
 from rlnb.learn import Callback
 from rlnb.notebook import Dashboard
-from tests.helpers import wait_until
+from tests.helpers import small_config, wait_until
 
-CONFIG = rlnb.Config(
-    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
-    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
-    data=rlnb.DataConfig(num_workers=0),
-)
+CONFIG = small_config()
 
 
 def tickers(name: str) -> list[threading.Thread]:

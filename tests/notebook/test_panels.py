@@ -12,11 +12,9 @@ import rlnb
 from rlnb.learn._foreground import ForegroundCall
 from rlnb.notebook import _panels
 from rlnb.session import SessionStatistics
+from tests.helpers import small_config
 
-CONFIG = rlnb.Config(
-    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
-    data=rlnb.DataConfig(num_workers=0),
-)
+CONFIG = small_config(rollout=rlnb.RolloutConfig())
 
 
 @pytest.fixture

@@ -21,13 +21,10 @@ import pytest
 import rlnb
 from rlnb.data import get_task
 from rlnb.rollout._reward import CallTimedOut, PoolFull, RewardPool
-from tests.helpers import assert_counts_add_up, wait_until
+from tests.helpers import assert_counts_add_up, small_config, wait_until
 from tests.rollout.helpers import until
 
-CONFIG = rlnb.Config(
-    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
-    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
-)
+CONFIG = small_config(data=rlnb.DataConfig())
 FIRST = get_task(CONFIG.task).item(CONFIG.seed, 0)  # the first prompt a session rolls out
 
 
