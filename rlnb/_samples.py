@@ -56,11 +56,18 @@ class Sample:
 
 @dataclasses.dataclass(frozen=True)
 class Group:
-    """The G samples of one prompt: the unit the buffer stores and GRPO normalises over."""
+    """The G samples of one prompt: the unit the buffer stores and GRPO normalises over.
+
+    ``prompt_ids`` are the prompt's token ids as the engine was given them, so the
+    learner reads the same ids without tokenising the text again; empty when
+    unknown (a group made by hand, or by a buffer's feeder): the learner then
+    encodes ``prompt`` itself.
+    """
 
     prompt: str
     samples: tuple[Sample, ...]
     prompt_id: int = -1
+    prompt_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.samples, Sequence) or isinstance(self.samples, str):
@@ -70,18 +77,29 @@ class Group:
         for s in self.samples:
             if not isinstance(s, Sample):
                 raise TypeError(f"Group.samples must hold Sample objects, got {type(s).__name__}")
-        object.__setattr__(self, "samples", tuple(self.samples))  # a list would make it mutable
+        if not isinstance(self.prompt_ids, Sequence) or isinstance(self.prompt_ids, str):
+            raise TypeError(f"Group.prompt_ids must be a sequence of token ids, got {type(self.prompt_ids).__name__}")
+        # Lists would make it mutable.
+        object.__setattr__(self, "samples", tuple(self.samples))
+        object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"prompt": self.prompt, "prompt_id": self.prompt_id, "samples": [s.to_dict() for s in self.samples]}
+        return {
+            "prompt": self.prompt,
+            "prompt_id": self.prompt_id,
+            "prompt_ids": list(self.prompt_ids),
+            "samples": [s.to_dict() for s in self.samples],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Group:
+        """The group :meth:`to_dict` gave; one saved without ``prompt_ids`` (before
+        they were kept) gets none."""
         samples = tuple(Sample.from_dict(s) for s in d["samples"])
-        return cls(prompt=d["prompt"], samples=samples, prompt_id=d["prompt_id"])
+        return cls(prompt=d["prompt"], samples=samples, prompt_id=d["prompt_id"], prompt_ids=d.get("prompt_ids", ()))
 
     @property
     def min_version(self) -> int | None:

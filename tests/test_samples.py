@@ -83,3 +83,15 @@ def test_group_min_version_ignores_unversioned_samples() -> None:
     unversioned = rlnb.Sample(prompt="p", token_ids=(1,))
     assert rlnb.Group(prompt="p", samples=(new, unversioned, old)).min_version == 3
     assert rlnb.Group(prompt="p", samples=(unversioned,)).min_version is None
+
+
+def test_a_group_keeps_its_prompts_token_ids_as_a_tuple_through_a_dict() -> None:
+    ids = [1, 5, 7]
+    group = rlnb.Group(prompt="1+", samples=(rlnb.Sample(prompt="1+", token_ids=(4,), reward=1.0),), prompt_ids=ids)  # type: ignore[arg-type]
+    ids.append(9)  # the caller's list must not reach into the group
+    assert group.prompt_ids == (1, 5, 7)
+    assert rlnb.Group.from_dict(group.to_dict()) == group
+    saved_before = {k: v for k, v in group.to_dict().items() if k != "prompt_ids"}  # as groups were saved before
+    assert rlnb.Group.from_dict(saved_before).prompt_ids == ()
+    with pytest.raises(TypeError, match=r"Group\.prompt_ids"):
+        rlnb.Group(prompt="1+", samples=group.samples, prompt_ids="15")  # type: ignore[arg-type]

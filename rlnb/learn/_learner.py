@@ -58,8 +58,10 @@ def _padded(rows: list[list[Any]], width: int, fill: Any, dtype: torch.dtype | N
 def collate(
     groups: Sequence[Group], encode: Callable[[str], list[int]], pad_id: int, *, scale_advantages: bool = True
 ) -> TrainBatch:
-    """Build a :class:`TrainBatch`; raises ``ValueError`` for samples without tokens or log-probs."""
-    prompts = [encode(group.prompt) for group in groups]
+    """Build a :class:`TrainBatch`; raises ``ValueError`` for samples without tokens or log-probs.
+    A group's prompt ids are the ones it was rolled out with; ``encode`` makes them
+    for a group that has none."""
+    prompts = [list(group.prompt_ids) if group.prompt_ids else encode(group.prompt) for group in groups]
     targets: list[list[int]] = []
     behav: list[list[float]] = []
     rewards: list[list[float]] = []
@@ -132,6 +134,10 @@ class Learner:
         )
         self.reference = copy.deepcopy(policy).eval().requires_grad_(False) if config.kl_coef > 0 else None
         self.version = 0
+
+    def encode(self, prompt: str) -> list[int]:
+        """``prompt``'s token ids as the learner reads them (and the rollouts give the engine)."""
+        return self._encode(prompt)
 
     def lr_at(self, version: int) -> float:
         """The learning rate of the step that makes policy version ``version + 1``."""

@@ -88,7 +88,7 @@ class GroupRunner:
         coros = [self._run_sample(item, prompt_ids, i, base_seed + i, ticket) for i in range(self._group_size)]
         try:
             results = await asyncio.gather(*coros, return_exceptions=True)
-            group = self._end_group(item, results, ticket, to_buffer=to_buffer)
+            group = self._end_group(item, prompt_ids, results, ticket, to_buffer=to_buffer)
             if group is not None and to_buffer:
                 # Never waits: when the buffer is full the group is held there until the
                 # learner takes room (dispatch holds meanwhile), so a pause or a weight
@@ -100,7 +100,13 @@ class GroupRunner:
             await self._machine.notify_if_drained()
 
     def _end_group(
-        self, item: PromptItem, results: list[Sample | BaseException], ticket: Ticket, *, to_buffer: bool
+        self,
+        item: PromptItem,
+        prompt_ids: tuple[int, ...],
+        results: list[Sample | BaseException],
+        ticket: Ticket,
+        *,
+        to_buffer: bool,
     ) -> Group | None:
         """The group of ``results``, counted on ``ticket``; or its first real failure
         (else its cancellation), raised or reported as ``run`` says."""
@@ -116,7 +122,7 @@ class GroupRunner:
             return None
         samples = tuple(r for r in results if isinstance(r, Sample))
         ticket.end_group(None)
-        return Group(prompt=item.prompt, samples=samples, prompt_id=item.prompt_id)
+        return Group(prompt=item.prompt, samples=samples, prompt_id=item.prompt_id, prompt_ids=prompt_ids)
 
     async def _run_sample(
         self, item: PromptItem, prompt_ids: tuple[int, ...], index: int, seed: int, ticket: Ticket

@@ -62,6 +62,21 @@ def test_collate_stores_each_prompt_once_and_aligns_targets_with_behaviour_logpr
     assert batch.advantages.tolist() == pytest.approx([1.0, -1.0, 0.0], abs=1e-5)
 
 
+def test_collate_reads_a_groups_prompt_ids_and_encodes_only_a_group_without_them() -> None:
+    model = policy()
+    rolled_out = rlnb.Group("12+34=", (sample_with_behaviour(model, "12+34=", "46", 1.0),), prompt_ids=encode("12+34="))
+    by_hand = rlnb.Group("1+2=", (sample_with_behaviour(model, "1+2=", "3", 1.0),))
+    encoded: list[str] = []
+
+    def counting(text: str) -> list[int]:
+        encoded.append(text)
+        return encode(text)
+
+    batch = collate([rolled_out, by_hand], counting, TOK.PAD)
+    assert encoded == ["1+2="]  # the rolled-out group's ids were used as they were
+    assert batch.prompts.tolist() == [encode("12+34="), [*encode("1+2="), TOK.PAD, TOK.PAD]]
+
+
 def test_learner_log_probs_with_shared_prompts_are_those_of_the_whole_sequences() -> None:
     model = policy()
     groups = [

@@ -21,6 +21,7 @@ from tests.rollout.helpers import (
     SLOW,
     RecordingEngine,
     buffered_ids,
+    encode,
     groups_ended,
     make_rollouter,
     next_pending_error,
@@ -306,6 +307,17 @@ def test_failed_and_evicted_groups_give_their_budget_back() -> None:
             await until(lambda: buffer.statistics().put == 6, "two more groups in the buffer")
             assert buffered_ids(buffer) == [8, 9]
             assert_counts_add_up(rollouter.statistics())
+
+    asyncio.run(main())
+
+
+def test_a_group_keeps_the_token_ids_its_prompt_was_rolled_out_with() -> None:
+    async def main() -> None:
+        engine = RecordingEngine(lengths=2)
+        async with make_rollouter(engine, group_size=2, max_inflight=4) as (r, _):
+            [group] = await r.collect(1)
+        assert group.prompt_ids == tuple(encode(group.prompt)) != ()
+        assert {request.prompt_ids for request in engine.requests} == {group.prompt_ids}
 
     asyncio.run(main())
 
