@@ -375,7 +375,7 @@ DAMAGES = [
      "model.safetensors is damaged", "header"),
     ("truncated-manifest", truncate("checkpoint.json"), "checkpoint.json is damaged: not valid JSON"),
     ("another-programs-json", lambda c: (c / "checkpoint.json").write_text("[]"), "not an rlnb checkpoint manifest"),
-    ("format-version-bumped", edit("format_version", 2), "format version 2; this rlnb reads version 1",
+    ("format-version-bumped", edit("format_version", 3), "format version 3; this rlnb reads versions 1 to 2",
      "load it with the rlnb version that saved it"),
     ("step-edited", edit("step", "x"), "checkpoint.json is damaged: step is 'x'", "restore it from a copy"),
     ("step-negative", edit("step", -3), "step is -3, not an int >= 0", "save the session again"),

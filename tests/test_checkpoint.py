@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -95,6 +96,31 @@ def test_async_save_finishes_generations_into_the_buffer_and_load_restores_it(tm
         assert sess.step()["version"] == 2
 
 
+def test_buffer_groups_keep_their_prompt_ids_and_a_version_1_checkpoint_gets_them_at_load(tmp_path: Path) -> None:
+    config = small_config(mode="async", warmup=rlnb.WarmupConfig())
+    with rlnb.Session(config, name="async-ids") as sess:
+        sess.step()
+        sess.save(tmp_path / "v2")
+    manifest = json.loads((tmp_path / "v2" / "checkpoint.json").read_text())
+    assert manifest["format_version"] == 2
+    ids = [g["prompt_ids"] for g in manifest["buffer"]["partitions"]["train"]]
+    assert ids and all(ids)
+    with rlnb.Session.load(tmp_path / "v2", name="v2") as sess:
+        assert [list(g.prompt_ids) for g in sess.buffer.get_nowait(len(ids))] == ids
+
+    # The same checkpoint as version 1 wrote it: groups without their prompts' token ids.
+    shutil.copytree(tmp_path / "v2", tmp_path / "v1")
+    manifest["format_version"] = 1
+    for group in manifest["buffer"]["partitions"]["train"]:
+        del group["prompt_ids"]
+    (tmp_path / "v1" / "checkpoint.json").write_text(json.dumps(manifest))
+    with rlnb.Session.load(tmp_path / "v1", name="v1") as sess:
+        loaded = sess.buffer.get_nowait(len(ids))
+        assert [list(g.prompt_ids) for g in loaded] == ids  # tokenised at load
+        sess.buffer.put_back(loaded)
+        assert sess.step()["version"] == 2
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("ckpt") / "ckpt"
@@ -135,8 +161,18 @@ def test_a_damaged_manifest_or_another_format_version_is_refused(saved: Path, tm
     manifest.write_text(good[: len(good) // 2])
     with pytest.raises(rlnb.CheckpointError, match="damaged: not valid JSON"):
         rlnb.Session.load(ckpt)
-    manifest.write_text(good.replace('"format_version": 1', '"format_version": 99'))
-    with pytest.raises(rlnb.CheckpointError, match="format version 99; this rlnb reads version 1"):
+    manifest.write_text(good.replace('"format_version": 2', '"format_version": 99'))
+    with pytest.raises(rlnb.CheckpointError, match="format version 99; this rlnb reads versions 1 to 2"):
+        rlnb.Session.load(ckpt)
+
+
+def test_a_buffer_groups_prompt_ids_outside_the_vocabulary_are_refused(saved: Path, tmp_path: Path) -> None:
+    ckpt = copy_of(saved, tmp_path)
+    manifest = json.loads((ckpt / "checkpoint.json").read_text())
+    sample = rlnb.Sample("1+1=", "2", token_ids=(4,), logprobs=(-1.0,), versions=(0,), reward=1.0)
+    manifest["buffer"]["partitions"]["train"] = [rlnb.Group("1+1=", (sample,), prompt_ids=(1, 999)).to_dict()]
+    (ckpt / "checkpoint.json").write_text(json.dumps(manifest))
+    with pytest.raises(rlnb.CheckpointError, match="buffer group 0 of 'train'"):
         rlnb.Session.load(ckpt)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import reprlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,10 @@ from rlnb._files import as_path, check_owned, clean_leftovers, save_place, sha25
 from rlnb.config import Config, config_from_dict
 
 FORMAT = "rlnb-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# The versions this rlnb reads. Version 1 saved buffer groups without their prompts'
+# token ids: restore() makes them (with_prompt_ids), tokenising each prompt once.
+READS = (1, 2)
 MANIFEST = "checkpoint.json"
 # The tensor files a checkpoint may hold (file stems); it always holds the first three.
 STEMS = ("model", "optimizer", "rng", "warmup_optimizer", "reference")
@@ -121,10 +125,10 @@ def read_files(
         raise CheckpointError(f"cannot read {manifest_path}: {exc}") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{manifest_path} is not an rlnb checkpoint manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READS:
         raise CheckpointError(
             f"{root} has checkpoint format version {manifest.get('format_version')!r}; this rlnb "
-            f"reads version {FORMAT_VERSION}: load it with the rlnb version that saved it "
+            f"reads versions {READS[0]} to {READS[-1]}: load it with the rlnb version that saved it "
             f"({manifest.get('rlnb', 'unknown')})"
         )
     saved = manifest.get("config")
@@ -156,6 +160,16 @@ def read_files(
         except OSError as exc:
             raise CheckpointError(f"cannot read {file}: {exc}") from exc
     return manifest, tensors
+
+
+def with_prompt_ids(buffer: dict[str, Any], encode: Callable[[str], list[int]]) -> dict[str, Any]:
+    """A version-1 manifest's ``buffer`` entry as version 2 has it: each group with its
+    prompt's token ids, ``encode(prompt)`` (what the rollouts gave the engine)."""
+    partitions = {
+        part: [{**group, "prompt_ids": encode(group["prompt"])} for group in groups]
+        for part, groups in buffer["partitions"].items()
+    }
+    return {**buffer, "partitions": partitions}
 
 
 def expect(ok: bool, where: Path, key: str, value: Any, want: str) -> None:

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from rlnb._errors import CheckpointError
 from rlnb._files import as_path
-from rlnb.checkpoint._format import flatten_optimizer, read_files, target_dir, unflatten_optimizer, write
+from rlnb.checkpoint._format import (
+    flatten_optimizer,
+    read_files,
+    target_dir,
+    unflatten_optimizer,
+    with_prompt_ids,
+    write,
+)
 from rlnb.checkpoint._validate import check, python_rng, vocabulary
 from rlnb.config import config_to_dict
 
@@ -126,7 +133,10 @@ def restore(trainer: Trainer, manifest: dict[str, Any], tensors: dict[str, Any],
         trainer.warmup_stage.restore(int(manifest["warmup_steps"]), warmup_state)
         if learner.reference is not None:
             learner.reference.load_state_dict(tensors["reference"])
-        trainer.buffer.load_state_dict(manifest["buffer"])
+        buffer = manifest["buffer"]
+        if manifest["format_version"] == 1:  # groups saved without their prompts' token ids
+            buffer = with_prompt_ids(buffer, learner.encode)
+        trainer.buffer.load_state_dict(buffer)
         learner.version = int(manifest["step"])
         rollouter.give_back([PromptItem(*item) for item in manifest["returned_prompts"]])
     except (RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:

@@ -199,9 +199,10 @@ def _check_buffer(buffer: Any, config: Config, vocab_size: int, where: Path) -> 
     for part, groups in parts.items():
         for i, data in enumerate(groups if isinstance(groups, list) else [None]):
             try:
-                samples = Group.from_dict(data).samples
-                ok = all(
-                    is_number(s.reward) and all(is_int(t) and 0 <= t < vocab_size for t in s.token_ids) for s in samples
+                group = Group.from_dict(data)
+                ok = all(is_int(t) and 0 <= t < vocab_size for t in group.prompt_ids) and all(
+                    is_number(s.reward) and all(is_int(t) and 0 <= t < vocab_size for t in s.token_ids)
+                    for s in group.samples
                 )
             except (TypeError, ValueError, KeyError, AttributeError):
                 ok = False
