@@ -72,7 +72,6 @@ def test_a_notebook_runs_in_jupyterlab_and_restarts_clean(
         shutil.copy(shot, SCREENSHOTS / shot.name)
         assert None not in execution_counts(page), "not every cell ran"
         assert error_outputs(page) == []
-        assert cell_outputs(page)[3].strip() == "5"  # its background run's steps
         last = cell_outputs(page)[-1]
         assert "closed (tracker exit code 0)" in last and "live sessions: []" in last, last
 
