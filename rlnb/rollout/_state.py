@@ -54,6 +54,8 @@ class StateMachine:
 
     async def set(self, state: RolloutState) -> None:
         async with self._changed:
+            if self._state is RolloutState.CLOSED:
+                return  # terminal: a sync or pause that ends after close() leaves it closed
             self._state = state
             if state is RolloutState.RUNNING:
                 self._stopped_at = None
@@ -185,6 +187,6 @@ class StateMachine:
                 f"weight sync to version {version} failed; rollouts stay paused (call resume() once fixed)"
             ) from exc
         finally:
-            if synced and previous is RolloutState.RUNNING:
+            if synced and previous is RolloutState.RUNNING and self._state is not RolloutState.CLOSED:
                 await self._engine.resume()
             await self.set(previous if synced else RolloutState.PAUSED)
