@@ -109,8 +109,11 @@ class FakeEngine:
             # wake-up per request instead of one per token keeps thousands in flight cheap.
             version, start = self._version, loop.time()
             running.wake.clear()
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+            # that lands as the wait wakes, and a close right after a resume() then hangs.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(running.wake.wait(), (target - len(versions)) * self._delay)
+                async with asyncio.timeout((target - len(versions)) * self._delay):
+                    await running.wake.wait()
             done = int((loop.time() - start) / self._delay) if running.wake.is_set() else target
             versions += [version] * min(done, target - len(versions))
         self._counts["finished"] += 1

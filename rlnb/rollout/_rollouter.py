@@ -137,7 +137,8 @@ class Rollouter:
         if self._machine.state is RolloutState.RUNNING:
             raise RolloutError("wait_paused(): rollouts are running, so nothing will pause them; call pause() first")
         try:
-            await asyncio.wait_for(self._machine.wait_paused(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancel
+                await self._machine.wait_paused()
         except TimeoutError:
             state, counts = self._machine.state, self._counts
             what = f"{counts.generating} samples are still generating or being rewarded"
