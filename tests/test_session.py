@@ -77,6 +77,7 @@ def test_bad_input_raises_before_anything_is_closed_or_built() -> None:
     live.close()
 
 
+@pytest.mark.slow  # 200 sessions, each starting a loader worker: 12-18 s on two cores
 def test_200_create_close_cycles_leave_no_fds_or_threads() -> None:
     rlnb.Session(name="warm").close()
     before = snapshot()
