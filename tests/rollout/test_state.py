@@ -237,26 +237,16 @@ def test_a_weight_sync_that_ends_after_aclose_leaves_the_rollouter_closed() -> N
     async def main() -> None:
         engine = RecordingEngine(lengths=4)
         engine.update_gate = asyncio.Event()
-        buffer = ReplayBuffer(16)
-        r = Rollouter(
-            engine,
-            prompts=prompt_stream(),
-            encode=encode,
-            decode=decode,
-            reward_fn=constant_reward,
-            buffer=buffer,
-            group_size=2,
-            max_inflight=2,
-        )
-        await r.start()
-        sync = asyncio.create_task(r.sync_weights({"w": 1.0}, version=1))
-        await until(lambda: r.state is RolloutState.SYNCING, "the sync to start")
-        await r.aclose()
-        engine.update_gate.set()  # the engine answers after the close
-        await asyncio.gather(sync, return_exceptions=True)
-        assert r.state is RolloutState.CLOSED  # not the RUNNING the sync found
-        with pytest.raises(rlnb.ClosedError):
-            await r.resume()
+        async with make_rollouter(engine, group_size=2, max_inflight=2) as (r, _):
+            await r.start()
+            sync = asyncio.create_task(r.sync_weights({"w": 1.0}, version=1))
+            await until(lambda: r.state is RolloutState.SYNCING, "the sync to start")
+            await r.aclose()
+            engine.update_gate.set()  # the engine answers after the close
+            await asyncio.gather(sync, return_exceptions=True)
+            assert r.state is RolloutState.CLOSED  # not the RUNNING the sync found
+            with pytest.raises(rlnb.ClosedError):
+                await r.resume()
         engine.close()
 
     asyncio.run(main())
