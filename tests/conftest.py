@@ -18,7 +18,7 @@ import pytest
 import rlnb
 from rlnb.testing import no_leaks
 from tests.helpers import processes
-from tests.helpers.tiers import implied_markers, tier
+from tests.helpers.tiers import heaviest_first, implied_markers, tier
 
 if TYPE_CHECKING:
     import subprocess
@@ -37,13 +37,18 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# First: `-m unit` and `-m "not ray"` select on the markers given here.
+# First: `-m unit` and `-m "not ray"` select on the markers given here, in this order.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tiers = []
     for item in items:
         for marker in sorted(implied_markers(item)):
             item.add_marker(marker)
-        item.add_marker(tier(item))
+        tiers.append(tier(item))
+        item.add_marker(tiers[-1])
+    # The order pytest-xdist hands modules out in (scripts/test.sh passes
+    # --no-loadscope-reorder, which would otherwise put the modules with most tests first).
+    items[:] = heaviest_first(items, tiers, [item.nodeid.split("::", 1)[0] for item in items])
     skips = {}
     if not LOOPBACK_ONLY:
         skips["netns"] = pytest.mark.skip(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.tiers import FIXTURES, implied_markers, tier
+from tests.helpers.tiers import FIXTURES, heaviest_first, implied_markers, tier
 
 
 @dataclass
@@ -70,3 +70,38 @@ def test_every_collected_test_has_one_tier_and_the_markers_its_fixtures_imply(re
         tiers = [t for t in ("unit", "integration", "system") if item.get_closest_marker(t) is not None]
         assert tiers == [tier(item)], item.nodeid
         assert all(item.get_closest_marker(m) is not None for m in implied_markers(item)), item.nodeid
+
+
+def test_modules_with_system_tests_go_out_first_and_keep_their_order_inside() -> None:
+    # (test, tier, module) in collection order
+    collected = [
+        ("u1", "unit", "a.py"),
+        ("s1", "unit", "b.py"),
+        ("s2", "system", "b.py"),
+        ("i1", "integration", "c.py"),
+        ("u2", "unit", "d.py"),
+        ("s3", "system", "e.py"),
+        ("s4", "integration", "e.py"),
+    ]
+    names, tiers, modules = zip(*collected, strict=True)
+    assert heaviest_first(names, tiers, modules) == ["s1", "s2", "s3", "s4", "i1", "u1", "u2"]
+
+
+def test_the_suite_hands_out_its_heaviest_modules_first(request: pytest.FixtureRequest) -> None:
+    """conftest.py orders what pytest collected: no module of unit tests precedes one
+    that holds a system test."""
+    items = request.session.items
+    ranks = [
+        min(
+            ("system", "integration", "unit").index(m.name)
+            for m in i.iter_markers()
+            if m.name in ("system", "integration", "unit")
+        )
+        for i in items
+    ]
+    modules = [i.nodeid.split("::", 1)[0] for i in items]
+    module_rank: dict[str, int] = {}
+    for rank, module in zip(ranks, modules, strict=True):
+        module_rank[module] = min(module_rank.get(module, 2), rank)
+    seen = list(dict.fromkeys(modules))
+    assert [module_rank[m] for m in seen] == sorted(module_rank[m] for m in seen)

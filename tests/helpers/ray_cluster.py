@@ -21,6 +21,10 @@ import rlnb
 from rlnb.engines._ray_cluster import is_ray_process
 from tests.helpers import small_config, wait_until
 
+# How long each stage of `ray start --head` may take: seconds on an idle machine, minutes
+# while the rest of the suite runs beside the Ray tests (scripts/test.sh) on two cores.
+START_TIMEOUT = 300.0
+
 SMALL = small_config(
     data=rlnb.DataConfig(num_workers=1),  # multiprocessing's forkserver runs beside Ray: close leaves it be
     ray=rlnb.RayConfig(engine_replicas=2),
@@ -98,15 +102,15 @@ def head_node(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
         wait_until(
             lambda: {p.name() for p in ray_processes(psutil.Process(head.pid))} >= {"gcs_server", "raylet"},
             "the head node's GCS and raylet",
-            timeout=60.0,
+            timeout=START_TIMEOUT,
         )
-        wait_until(lambda: answers(port), "the head node's GCS to listen", timeout=60.0)
+        wait_until(lambda: answers(port), "the head node's GCS to listen", timeout=START_TIMEOUT)
         # a driver attaches through the head's raylet: its port answers seconds before it has started
         raylet_log = temp / "session_latest" / "logs" / "raylet.out"
         wait_until(
             lambda: raylet_log.is_file() and "Raylet of id" in raylet_log.read_text(errors="replace"),
             "the head node's raylet to start",
-            timeout=120.0,
+            timeout=START_TIMEOUT,
         )
         yield address, head
     finally:

@@ -9,13 +9,17 @@ in the fast tier by accident (tests/conftest.py marks every collected test):
 
 A test gets a process through a fixture, which marks it; a test that starts one in
 its own body is caught by ``STARTS_A_PROCESS`` (a look at its source), the safety net.
+
+:func:`heaviest_first` orders the modules for pytest-xdist: a module that holds a
+system test goes out to a worker before those that hold only integration or unit
+tests, so that no kernel or engine test starts while the other worker has run dry.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Iterable, Sequence
+from typing import Protocol, TypeVar
 
 # The fixtures of tests/conftest.py that start something: the tier of a test that uses
 # one (directly or through another fixture), and the markers it gets with it ("netns":
@@ -38,11 +42,17 @@ INTEGRATION_MARKERS = frozenset({"slow"})
 STARTS_A_PROCESS = ("subprocess.", "sys.executable", "os.fork", "os.kill(", "pthread_kill")
 
 
+TIERS = ("system", "integration", "unit")  # heaviest first
+
+
 class Item(Protocol):
     """What the tiers read of a collected test (a ``pytest.Item`` has all of it)."""
 
     @property
     def keywords(self) -> Iterable[str]: ...
+
+
+T = TypeVar("T")
 
 
 def implied_markers(item: Item) -> set[str]:
@@ -59,6 +69,20 @@ def tier(item: Item) -> str:
     if "integration" in touched or INTEGRATION_MARKERS & markers or _starts_a_process(item):
         return "integration"
     return "unit"
+
+
+def heaviest_first(items: Sequence[T], tiers: Sequence[str], modules: Sequence[str]) -> list[T]:
+    """``items`` (each with its tier and its module) with whole modules moved by their
+    heaviest test's tier: modules with a system test first, then those with an
+    integration test, then the rest. Modules, and tests within a module, otherwise keep
+    their order. With ``--dist loadfile`` a worker takes a module at a time in this
+    order: the longest work goes out first, and the short unit modules fill the end."""
+    rank: dict[str, int] = {}
+    for tier_name, module in zip(tiers, modules, strict=True):
+        rank[module] = min(rank.get(module, len(TIERS)), TIERS.index(tier_name))
+    first_seen = {module: i for i, module in reversed(list(enumerate(modules)))}
+    order = sorted(range(len(items)), key=lambda i: (rank[modules[i]], first_seen[modules[i]], i))
+    return [items[i] for i in order]
 
 
 def _fixtures(item: Item) -> list[str]:
