@@ -417,7 +417,11 @@ class LearnConfig:
         False only centres them (Dr. GRPO).
     lr_decay_steps: None keeps ``lr`` constant; N decays it linearly to 0 over
         the first N learner steps (TRL's and verl's default schedule), after
-        which it stays at 0."""
+        which it stays at 0.
+    micro_batch_size: None (the default) runs each update's samples through the
+        model at once; N runs them N sequences at a time and accumulates the
+        gradients: the same update (the loss is still the mean over all the
+        update's completion tokens), with activations for N sequences at most."""
 
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
@@ -430,6 +434,7 @@ class LearnConfig:
     minibatches: int = 1
     scale_advantages: bool = True
     lr_decay_steps: int | None = None
+    micro_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         check_number("LearnConfig.lr", self.lr, gt=0, fix="use a learning rate > 0, e.g. lr=1e-4")
@@ -457,6 +462,13 @@ class LearnConfig:
         )
         check_int(
             "LearnConfig.lr_decay_steps", self.lr_decay_steps, minimum=1, optional=True, example="lr_decay_steps=3000"
+        )
+        check_int(
+            "LearnConfig.micro_batch_size",
+            self.micro_batch_size,
+            minimum=1,
+            optional=True,
+            example="None (the whole batch at once) or micro_batch_size=8",
         )
 
 

@@ -162,6 +162,19 @@ class Learner:
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         return logp, entropy
 
+    def _chunks(self, rows: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+        """The runs of ``rows`` that go through the model together: micro-batches of
+        ``micro_batch_size`` rows in order (a group's rows stay together, so its prompt
+        is run once per micro-batch), or runs of similar length."""
+        size = self.config.micro_batch_size
+        return _length_chunks(rows, lengths) if size is None else list(rows.split(size))
+
+    def _all_logp(self, model: TinyPolicy | HFPolicy, batch: TrainBatch) -> torch.Tensor:
+        """Log-probs [N, C] of every target of ``batch`` (no gradient), a micro-batch at a time."""
+        every, width = torch.arange(len(batch.group_of), device=batch.targets.device), batch.targets.shape[1]
+        size = self.config.micro_batch_size or len(every)
+        return torch.cat([self._token_logp(model, batch, rows, width)[0] for rows in every.split(size)])
+
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
         """One optimisation step on ``groups``; returns its metrics. The policy's
         version goes up by one. Raises ``ValueError`` for an empty or malformed batch."""
@@ -178,10 +191,9 @@ class Learner:
         # With one update per batch the proximal policy is the current one: its
         # log-probs are the first (only) forward pass's, detached; no extra pass.
         single_update = cfg.epochs == 1 and len(parts) == 1
-        every, width = torch.arange(len(batch.group_of), device=dev), batch.targets.shape[1]
         with torch.no_grad():
-            prox = None if single_update else self._token_logp(self.policy, batch, every, width)[0]
-            ref = self._token_logp(self.reference, batch, every, width)[0] if self.reference is not None else None
+            prox = None if single_update else self._all_logp(self.policy, batch)
+            ref = self._all_logp(self.reference, batch) if self.reference is not None else None
         lengths = batch.mask.sum(dim=1)
         sums: dict[str, float] = {k: 0.0 for k in ("loss", "policy", "kl", "clip", "isw", "istrunc", "ent", "gn")}
         updates = 0
@@ -190,10 +202,11 @@ class Learner:
                 rows = torch.nonzero(torch.isin(batch.group_of, part)).flatten()
                 total = batch.mask[rows].sum().clamp_min(1)
                 self.optimizer.zero_grad(set_to_none=True)
-                # The loss is a sum over tokens / their count: computed chunk by chunk
-                # (rows of similar length, each padded only to its own longest) and
-                # accumulated, it is the same loss without most of the padding.
-                for chunk in _length_chunks(rows, lengths):
+                # The loss is a sum over tokens / their count (the whole update's):
+                # computed chunk by chunk (micro-batches, or rows of similar length,
+                # each padded only to its own longest) and accumulated, it is the same
+                # loss without most of the padding.
+                for chunk in self._chunks(rows, lengths):
                     width = max(1, int(lengths[chunk].max()))
                     mask = batch.mask[chunk, :width]
                     logp, entropy = self._token_logp(self.policy, batch, chunk, width)
