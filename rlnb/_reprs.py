@@ -7,9 +7,10 @@ and its ``_repr_html_`` draw them, so the two never disagree. Stdlib only.
 from __future__ import annotations
 
 import html
+import reprlib
 from collections.abc import Iterable, Sequence
 
-__all__ = ["Rows", "clip", "html_table", "name_list", "number", "pairs", "text_block"]
+__all__ = ["Rows", "clip", "html_table", "name_list", "number", "pairs", "short_repr", "text_block"]
 
 # (label, lines): one section of a snapshot, its first line next to the label.
 Rows = Sequence[tuple[str, Sequence[str]]]
@@ -17,6 +18,15 @@ Rows = Sequence[tuple[str, Sequence[str]]]
 # Every text line stays under this, so a repr never wraps in a notebook or terminal.
 WIDTH = 99
 _INDENT = "  "
+
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 80
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)``, cut to about 80 characters (for a value in an error message)."""
+    return _repr.repr(value)
 
 
 def clip(text: str, width: int) -> str:

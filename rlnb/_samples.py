@@ -18,7 +18,9 @@ class Sample:
 
     ``token_ids``, ``logprobs`` (behaviour log-probs) and ``versions`` (the policy
     version that produced each token) are parallel; ``resumed`` counts how many
-    times a partial rollout was continued.
+    times a partial rollout was continued. ``rewards``: each reward function's value
+    by name, for a task with several (None where one did not apply); ``reward`` is
+    their weighted sum.
     """
 
     prompt: str
@@ -29,6 +31,7 @@ class Sample:
     reward: float | None = None
     finish_reason: str = "stop"
     resumed: int = 0
+    rewards: dict[str, float | None] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -46,7 +49,7 @@ class Sample:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Sample:
         seqs = {k: tuple(d[k]) for k in ("token_ids", "logprobs", "versions")}
-        return cls(**{**d, **seqs})
+        return cls(**{**d, **seqs, "rewards": dict(d.get("rewards", {}))})
 
     @property
     def min_version(self) -> int | None:
@@ -110,11 +113,14 @@ class Group:
 
 @dataclasses.dataclass(frozen=True)
 class PromptItem:
-    """One prompt to roll out: its id, its text and what the reward needs (``answer``)."""
+    """One prompt to roll out: its id, its text and what the reward needs (``answer``,
+    and for a task made from records, the whole record)."""
 
     prompt_id: int
     prompt: str
     answer: Any = None
+    # A data set task's record, for reward functions that take ``row=``.
+    row: dict[str, Any] | None = dataclasses.field(default=None, hash=False)
 
 
 def _versions(sample: Sample) -> str:

@@ -22,6 +22,7 @@ LAYERS = {
     "rlnb._files": 1,  # holds Ctrl-C back with rlnb.runtime.defer_interrupts
     "rlnb.probe": 1,
     "rlnb.testing": 1,
+    "rlnb.rewards": 2,
     "rlnb.data": 2,
     "rlnb.config": 3,
     "rlnb.models": 4,

@@ -15,10 +15,12 @@ forked from it. Start to first prompt, one worker, on a busy 2-core machine:
 ``fork`` 0.03 s; ``forkserver`` 3.0 s for the first loader in a process (the
 server imports torch), 0.07 s after; ``spawn`` 2.7 s every time, and 0.7 s to
 close (the others: 0.01 s). :func:`warm_up_workers` starts the server early. Our own
-code in a worker is plain Python (the task's ``make_prompt``), and only
-:class:`PromptItem` and dicts of ints cross back, never a tensor. A worker must
-import the task's functions, so a task made in a notebook cell needs
-``num_workers=0``; the loader says so before it starts anything.
+code in a worker is plain Python (the task's ``make_prompt``, or its records), and
+only :class:`PromptItem` and dicts of ints cross back, never a tensor. A worker gets
+what makes the task's prompts (:meth:`Task.prompt_source`: the records, or
+``make_prompt``), never its reward functions, and must import the functions it gets:
+a ``make_prompt`` defined in a notebook cell makes its prompts in the kernel instead,
+with one line on stdout that says so.
 
 **The main script.** A worker never imports ``__main__``: with ``forkserver`` and
 ``spawn`` multiprocessing would run the caller's script again in each worker (as
@@ -76,6 +78,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from rlnb._errors import ConfigError, PromptError, RlnbError
 from rlnb._samples import PromptItem
+from rlnb.data._records import PromptSource
 from rlnb.data._tasks import Task
 
 __all__ = ["DEFAULT_START_METHOD", "PromptLoader", "PromptLoaderError", "PromptStream", "warm_up_workers"]
@@ -96,8 +99,9 @@ class PromptStream(IterableDataset["PromptItem | BadPrompt"]):
     """A task's endless prompt stream, sharded over loader workers, with a state. A
     prompt whose ``make_prompt`` raised comes as a :class:`BadPrompt` in its place."""
 
-    def __init__(self, task: Task, seed: int) -> None:
-        self.task = task
+    def __init__(self, task: Task | PromptSource, seed: int) -> None:
+        # Only what makes the prompts goes to the workers, never the reward functions.
+        self.source = task.prompt_source() if isinstance(task, Task) else task
         self.seed = seed
         self._next: int | None = None  # the next prompt id this copy (worker) makes
 
@@ -108,7 +112,7 @@ class PromptStream(IterableDataset["PromptItem | BadPrompt"]):
         while True:
             self._next = i + stride
             try:
-                item: PromptItem | BadPrompt = self.task.item(self.seed, i)
+                item: PromptItem | BadPrompt = self.source.item(self.seed, i)
             except Exception as exc:  # one bad prompt must not end the stream (a generator that raises is over)
                 item = BadPrompt(i, _describe(exc))
             yield item
@@ -235,13 +239,16 @@ _SENDABLE_FIX = (
 
 def _workers_for(task: Task, start_method: str, num_workers: int) -> int:
     """How many workers to start for ``task``: ``num_workers``, or 0 (prompts made in this
-    process, with a warning) if it refers to functions defined in the main script.
+    process, said on stdout or in a warning) if what makes its prompts refers to
+    functions defined in the main script, a notebook cell or the REPL. Only that part
+    goes to the workers (:meth:`Task.prompt_source`): a task made from records needs
+    none of its functions there.
 
-    Raises ConfigError for a task that no worker can rebuild: a lambda, or functions
-    defined in a notebook cell or the REPL."""
+    Raises ConfigError for a task that no worker can rebuild: a lambda, or a function
+    defined inside another."""
     finder = _MainFinder()
     try:
-        finder.dump(task)
+        finder.dump(task.prompt_source())
     except Exception as exc:  # a lambda, or a function defined inside another
         raise ConfigError(
             f"task {task.name!r} cannot be sent to a {start_method!r} prompt-loader worker, which imports "
@@ -253,10 +260,14 @@ def _workers_for(task: Task, start_method: str, num_workers: int) -> int:
     names = f"{', '.join(others)} and {last} are" if others else f"{last} is"
     main = sys.modules.get("__main__")
     if getattr(main, "__file__", None) is None and getattr(main, "__spec__", None) is None:
-        raise ConfigError(
-            f"task {task.name!r}: its {names} defined in __main__ (a notebook cell or the REPL), which a "
-            f"{start_method!r} prompt-loader worker cannot import: {_SENDABLE_FIX}"
+        # A notebook cell: nothing to fix, the prompts are made here (a slow make_prompt
+        # then runs between rollouts; a module keeps it in workers).
+        print(
+            f"rlnb: task {task.name!r} makes its prompts in this process, not in loader workers: its {names} "
+            "defined in this notebook, which a worker cannot import (define them in a .py module to use workers)",
+            flush=True,
         )
+        return 0
     # A worker would import them by running the whole script again: without an
     # ``if __name__ == "__main__":`` guard, another session with its own workers.
     warnings.warn(
@@ -340,12 +351,13 @@ class PromptLoader:
     ``state_dict``/``load_state_dict`` save and restore the position (JSON-safe);
     ``close()`` stops the workers and is idempotent. Use it from one thread at a time.
 
-    Workers never import the main script; a task whose functions are defined there
-    makes its prompts in this process (``num_workers`` is then 0), with a warning.
+    Workers never import the main script; a task whose ``make_prompt`` is defined
+    there, or in a notebook cell, makes its prompts in this process (``num_workers``
+    is then 0), with a warning (a script) or a line on stdout (a notebook).
 
     Raises :class:`~rlnb.ConfigError` for a saved state of another worker count,
-    or for a task that a ``forkserver`` or ``spawn`` worker cannot import (one made
-    in a notebook cell). ``next()`` raises :class:`~rlnb.PromptError` for a prompt
+    or for a task that a ``forkserver`` or ``spawn`` worker cannot rebuild (a lambda).
+    ``next()`` raises :class:`~rlnb.PromptError` for a prompt
     whose ``make_prompt`` raised (the next call goes on with the next prompt), and
     :class:`PromptLoaderError` once a worker has died.
     """

@@ -7,20 +7,21 @@ reproducible) and scores completions. Nothing is downloaded; everything is gener
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import itertools
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rlnb._checks import check_int, require
 from rlnb._errors import ConfigError
 from rlnb._samples import PromptItem
+from rlnb.data._records import EVAL_ID_OFFSET, Generated, PromptSource, Records
+from rlnb.rewards import Rewards
 
 __all__ = ["Task", "addition", "get_task", "register_task", "reverse", "sloppy_reverse", "sort", "task_names"]
 
-# Prompt ids of held-out sets live far from the training stream's.
-EVAL_ID_OFFSET = 1 << 40
 # Prompts register_task makes to check a task before any session uses it.
 SAMPLE_PROMPTS = 16
 
@@ -40,14 +41,22 @@ def _check_callable(field: str, fn: Any, args: tuple[Any, ...], shape: str) -> N
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class Task:
-    """A prompt generator and a reward.
+    """Prompts with answers, and a reward: a prompt generator, or a data set of records
+    (:meth:`from_records`).
 
     name: how ``Config(task=...)`` refers to it.
-    alphabet: every character a prompt or answer may contain (the tokenizer's vocabulary).
-    make_prompt: ``make_prompt(rng) -> (prompt, answer)``, using only ``rng`` for randomness.
-    reward: ``reward(completion, answer) -> float``, 1.0 for a correct answer.
+    alphabet: every character a prompt or answer may contain (the built-in
+        tokenizer's vocabulary; a Hugging Face model brings its own tokenizer).
+    make_prompt: ``make_prompt(rng) -> (prompt, answer)``, using only ``rng`` for
+        randomness; None for a task made by :meth:`from_records`.
+    reward: ``reward(completion, answer) -> float``, 1.0 for a correct answer; or a
+        list of such functions, whose values ``reward_weights`` sums (see
+        :mod:`rlnb.rewards`: a function may also take ``prompt=`` and ``row=``, and
+        return None where it does not apply).
     max_new_tokens: enough tokens for any correct answer plus end-of-sequence.
     about: one line on what it is, for logs (optional).
+    reward_weights: one weight per reward function; None: 1 each.
+    records: the data set of a task made by :meth:`from_records` (None otherwise).
 
     Raises :class:`~rlnb.ConfigError` naming the field and the fix for a value of
     the wrong kind; :func:`register_task` also tries a few prompts.
@@ -55,10 +64,63 @@ class Task:
 
     name: str
     alphabet: str
-    make_prompt: Callable[[random.Random], tuple[str, Any]]
-    reward: Callable[[str, Any], float]
+    make_prompt: Callable[[random.Random], tuple[str, Any]] | None
+    reward: Callable[..., Any] | Sequence[Callable[..., Any]]
     max_new_tokens: int
     about: str = ""
+    reward_weights: Sequence[float] | None = None
+    records: Records | None = None
+
+    @classmethod
+    def from_records(
+        cls,
+        name: str,
+        records: Any,
+        *,
+        prompt: str = "prompt",
+        answer: str = "answer",
+        reward: Callable[..., Any] | Sequence[Callable[..., Any]],
+        reward_weights: Sequence[float] | None = None,
+        eval_size: int | float = 200,
+        alphabet: str | None = None,
+        max_new_tokens: int | None = None,
+        split_seed: int = 0,
+        about: str = "",
+    ) -> Task:
+        """A task whose prompts and answers are your data set's.
+
+        records: a list of dicts, a ``datasets.Dataset``, or the path of a ``.jsonl``,
+            ``.json`` (a list) or ``.parquet`` file (``rlnb[data]``).
+        prompt, answer: the fields that hold each record's prompt (a string) and answer
+            (what the reward functions get as ``answer``; they get the whole record as
+            ``row=`` when they take it).
+        reward, reward_weights: one reward function or a list, and their weights (see
+            :mod:`rlnb.rewards`).
+        eval_size: records held out, never trained on, for ``Session.evaluate()``: a
+            number, or a fraction of the records (e.g. 0.1); drawn with ``split_seed``.
+        alphabet: for the built-in tokenizer; None takes the records' own characters.
+        max_new_tokens: None: the longest answer's length in characters, plus one.
+
+        The training records come in a new order each epoch, shuffled with the
+        session's seed. Raises :class:`~rlnb.ConfigError` naming the argument and the
+        fix (a missing field, no records, ``eval_size`` of all of them, a character
+        outside ``alphabet``, ...) before anything starts.
+        """
+        data = Records.load(name, records, prompt=prompt, answer=answer, eval_size=eval_size, split_seed=split_seed)
+        if alphabet is None:
+            alphabet = "".join(sorted(data.characters())) or " "
+        elif isinstance(alphabet, str):
+            data.check_alphabet(alphabet)
+        return cls(
+            name=name,
+            alphabet=alphabet,
+            make_prompt=None,
+            reward=reward,
+            max_new_tokens=data.longest_answer() + 1 if max_new_tokens is None else max_new_tokens,
+            about=about or f"{len(data.train)} records to train on, {len(data.held_out_rows)} held out",
+            reward_weights=reward_weights,
+            records=data,
+        )
 
     def __post_init__(self) -> None:
         require(
@@ -75,8 +137,16 @@ class Task:
         )
         repeated = "".join(sorted({c for c in self.alphabet if self.alphabet.count(c) > 1}))
         require(not repeated, "Task.alphabet", self.alphabet, f"it repeats {repeated!r}: list each character once")
-        _check_callable("Task.make_prompt", self.make_prompt, ("rng",), "make_prompt(rng) -> (prompt, answer)")
-        _check_callable("Task.reward", self.reward, ("", None), "reward(completion, answer) -> float")
+        if self.records is None:
+            _check_callable("Task.make_prompt", self.make_prompt, ("rng",), "make_prompt(rng) -> (prompt, answer)")
+        else:
+            require(
+                self.make_prompt is None,
+                "Task.make_prompt",
+                self.make_prompt,
+                "a task made from records takes its prompts from them: leave make_prompt None",
+            )
+        self.rewards  # checks reward and reward_weights  # noqa: B018
         check_int("Task.max_new_tokens", self.max_new_tokens, minimum=1, example="the longest answer's length + 1")
         require(isinstance(self.about, str), "Task.about", self.about, "use a string, e.g. about='x*7 of two digits'")
 
@@ -85,10 +155,22 @@ class Task:
         alphabet = self.alphabet if len(self.alphabet) <= 40 else self.alphabet[:37] + "..."
         return f"Task({self.name!r}, alphabet={alphabet!r}, max_new_tokens={self.max_new_tokens})"
 
+    @functools.cached_property
+    def rewards(self) -> Rewards:
+        """The reward functions with their weights, as a rollout calls them."""
+        return Rewards.of(self.reward, self.reward_weights)
+
+    def prompt_source(self) -> PromptSource:
+        """What a prompt-loader worker needs to make this task's prompts: its records,
+        or its ``make_prompt``; never its reward functions."""
+        if self.records is not None:
+            return self.records
+        assert self.make_prompt is not None
+        return Generated(self.name, self.make_prompt)
+
     def item(self, seed: int, index: int) -> PromptItem:
         """Training prompt number ``index`` of the stream for ``seed``."""
-        prompt, answer = self.make_prompt(random.Random(f"{self.name}:{seed}:{index}"))
-        return PromptItem(index, prompt, answer)
+        return self.prompt_source().item(seed, index)
 
     def prompts(self, seed: int, *, start: int = 0) -> Iterator[PromptItem]:
         """An endless, reproducible stream of training prompts (ids from ``start``)."""
@@ -96,7 +178,11 @@ class Task:
             yield self.item(seed, i)
 
     def eval_set(self, n: int, *, seed: int = 12345) -> list[PromptItem]:
-        """``n`` held-out prompts, the same for the same seed."""
+        """``n`` held-out prompts, the same for the same seed. A task made from records
+        gives its held-out records (at most ``n``, in a fixed order; ``seed`` is not used)."""
+        if self.records is not None:
+            return self.records.held_out(n)
+        assert self.make_prompt is not None
         rng = random.Random(f"{self.name}:eval:{seed}")
         items = []
         for i in range(n):
@@ -188,6 +274,7 @@ _TASKS: dict[str, Task] = {t.name: t for t in (addition, reverse, sloppy_reverse
 def _check_prompts(task: Task) -> None:
     """Make a few of ``task``'s prompts, as a session would, and check what comes back."""
     name = f"Task {task.name!r}"
+    assert task.make_prompt is not None
     for index in range(SAMPLE_PROMPTS):
         try:
             made = task.make_prompt(random.Random(f"{task.name}:check:{index}"))
@@ -229,7 +316,8 @@ def register_task(task: Task, *, replace: bool = False) -> Task:
     )
     if task.name in _TASKS and not replace and _TASKS[task.name] is not task:
         raise ConfigError(f"a task named {task.name!r} exists already; pass replace=True to replace it")
-    _check_prompts(task)
+    if task.records is None:  # records were checked when the task was made
+        _check_prompts(task)
     _TASKS[task.name] = task
     return task
 

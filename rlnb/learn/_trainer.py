@@ -33,6 +33,7 @@ from rlnb.learn._foreground import Foreground, ForegroundCall, wait_with_progres
 from rlnb.learn._learner import Learner
 from rlnb.learn._progress import progress_bar
 from rlnb.learn._warmup import Warmup
+from rlnb.rewards import per_function
 from rlnb.rollout import Rollouter, RolloutState
 from rlnb.runtime import AsyncBridge, Deferred, defer_interrupts
 
@@ -218,6 +219,7 @@ class Trainer:
         """Update on ``groups``, then publish the step (callers defer SIGINT)."""
         self._phase = "updating"
         metrics = self.learner.step(groups)
+        metrics.update(per_function(s for g in groups for s in g.samples))  # a task with several rewards
         self._publish(metrics)
         return metrics
 

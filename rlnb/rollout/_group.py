@@ -16,17 +16,30 @@ import dataclasses
 from collections.abc import Callable
 
 from rlnb._errors import ClosedError, EngineError, RolloutError
+from rlnb._reprs import short_repr
 from rlnb._samples import Group, PromptItem, Sample
 from rlnb.buffer import ReplayBuffer
 from rlnb.engines import Engine, GenerateRequest, GenerateResult, SamplingParams
+from rlnb.rewards import BadValue, Scored, reward_value
 from rlnb.rollout._accounting import Counters, Ticket, is_cancellation
-from rlnb.rollout._reward import BadReward, CallTimedOut, PoolFull, RewardPool, finite_reward, short_repr
+from rlnb.rollout._reward import CallTimedOut, PoolFull, RewardPool
 from rlnb.rollout._state import StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor
 
 __all__ = ["GroupRunner", "RewardFn"]
 
-RewardFn = Callable[[PromptItem, str], float]
+# A number, or a Scored with each reward function's value (a task's rewards.score).
+RewardFn = Callable[[PromptItem, str], "float | Scored"]
+
+
+def _scored(reward_fn: RewardFn, item: PromptItem, completion: str) -> Scored:
+    """``reward_fn(item, completion)`` as a Scored (call it on a reward thread)."""
+    value = reward_fn(item, completion)
+    if isinstance(value, Scored):
+        return value
+    total = reward_value(value)
+    assert total is not None
+    return Scored(total, {})
 
 
 class GroupRunner:
@@ -151,7 +164,7 @@ class GroupRunner:
             completion = self._decode(tokens)
             self._counts.generating += 1  # a WAIT drain waits for the reward too: the sample is not done
             try:
-                reward = await self.reward(item, completion)
+                scored = await self.reward(item, completion)
             finally:
                 self._counts.generating -= 1
         except BaseException as exc:
@@ -164,7 +177,8 @@ class GroupRunner:
                 token_ids=tuple(tokens),
                 logprobs=tuple(logprobs),
                 versions=tuple(versions),
-                reward=reward,
+                reward=scored.total,
+                rewards=dict(scored.parts),
                 finish_reason=finish,
                 resumed=continuations,
             )
@@ -247,7 +261,7 @@ class GroupRunner:
                 break
             continuation += 1
         completion = self._decode(tokens)
-        return completion, await self.reward(item, completion)
+        return completion, (await self.reward(item, completion)).total
 
     async def complete(self, request_id: str, prompt: str, sampling: SamplingParams, seed: int) -> str:
         """One completion of the text ``prompt`` (not retried, not rewarded)."""
@@ -255,8 +269,8 @@ class GroupRunner:
         result = await self._engine.generate(request)
         return self._decode(list(result.token_ids))
 
-    async def reward(self, item: PromptItem, completion: str) -> float:
-        """``reward_fn(item, completion)`` as a float, run on a worker thread.
+    async def reward(self, item: PromptItem, completion: str) -> Scored:
+        """``reward_fn(item, completion)`` as a Scored, run on a worker thread.
 
         A function that raises is retried up to ``max_retries`` times. Raises
         RolloutError naming the prompt and completion when it still raises (chained),
@@ -267,14 +281,17 @@ class GroupRunner:
         attempt = 0
         while True:
             try:
-                return await self._rewards.call(
-                    finite_reward, self.reward_fn, item, completion, timeout=self._reward_timeout
+                scored: Scored = await self._rewards.call(
+                    _scored, self.reward_fn, item, completion, timeout=self._reward_timeout
                 )
-            except BadReward as bad:
+                return scored
+            except BadValue as bad:
+                which = "the reward function" if bad.function is None else f"the reward function {bad.function!r}"
+                may_skip = "" if bad.function is None else ", or None when it does not apply to the sample"
                 raise RolloutError(
-                    f"the reward function returned {bad} for {where}; "
+                    f"{which} returned {bad.value} for {where}; "
                     "a reward must be a finite number within float32's range, |r| <= 3.4e38 "
-                    "(int, float, bool or a numpy/torch scalar)"
+                    f"(int, float, bool or a numpy/torch scalar){may_skip}"
                 ) from None
             except CallTimedOut as late:
                 raise RolloutError(

@@ -13,8 +13,6 @@ import asyncio
 import collections
 import contextlib
 import itertools
-import math
-import reprlib
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +20,7 @@ from typing import Any
 
 from rlnb._errors import ClosedError, running_user_code
 
-__all__ = ["BadReward", "CallTimedOut", "PoolFull", "RewardPool", "finite_reward", "short_repr"]
+__all__ = ["CallTimedOut", "PoolFull", "RewardPool"]
 
 # One thread runs the calls in the order they came, so samples are rewarded, and
 # groups reach the buffer, in the order they finished generating (as when rewards ran
@@ -36,11 +34,7 @@ MAX_ABANDONED = 64
 # reward thread a second later, while one that trains keeps its thread from step to
 # step (a learner step takes well under a second), so the thread gauge holds still.
 _IDLE_EXIT_S = 1.0
-# The learner computes advantages in float32: a larger reward would become inf there.
-FLOAT32_MAX = 3.4028234663852886e38
 _thread_ids = itertools.count(1)
-_repr = reprlib.Repr()
-_repr.maxstring = _repr.maxother = 80
 
 
 class CallTimedOut(Exception):
@@ -53,10 +47,6 @@ class CallTimedOut(Exception):
 
 class PoolFull(Exception):
     """Too many abandoned calls are still running to start another."""
-
-
-class BadReward(Exception):
-    """The reward function returned something that is not a finite number (its repr)."""
 
 
 class _Call:
@@ -251,23 +241,3 @@ def _invoke(call: _Call) -> tuple[bool, Any]:
         error = RuntimeError(f"the call raised {exc!r}")
         error.__cause__ = exc
         return False, error
-
-
-def short_repr(value: object) -> str:
-    """``repr(value)``, cut to about 80 characters."""
-    return _repr.repr(value)
-
-
-def finite_reward(fn: Callable[..., Any], /, *args: Any) -> float:
-    """``fn(*args)`` as a finite float (call it on a worker thread); raises ``BadReward``
-    with the value's repr for anything else: None, a string (even "1.0"), a list,
-    NaN, inf, or a number the learner's float32 would make inf (``|r| > 3.4e38``).
-    Takes a bool as 0.0 or 1.0, and a numpy or torch scalar."""
-    value = fn(*args)
-    reward = None
-    if not isinstance(value, (str, bytes, bytearray)):  # float("1") would let a string through
-        with contextlib.suppress(TypeError, ValueError, OverflowError):
-            reward = float(value)
-    if reward is None or not math.isfinite(reward) or abs(reward) > FLOAT32_MAX:
-        raise BadReward(short_repr(value))
-    return reward

@@ -224,7 +224,9 @@ def make_rollouter(
         prompts=prompts,
         encode=lambda text: tokenizer.encode(text, bos=True),
         decode=tokenizer.decode,
-        reward_fn=lambda item, completion: task.reward(completion, item.answer),
+        reward_fn=lambda item, completion: task.rewards.score(
+            completion, item.answer, prompt=item.prompt, row=item.row
+        ),
         buffer=buffer,
         group_size=r.group_size,
         max_inflight=r.max_inflight,

@@ -220,11 +220,14 @@ def test_a_task_made_in_a_notebook_cell_is_refused_before_any_worker_starts(load
         loader.close()
 
 
-def test_a_task_whose_functions_live_in_an_unimportable_main_is_refused(start_python: PythonProcesses) -> None:
-    # ``python -c`` (like a notebook kernel) has a __main__ that a worker cannot import
+def test_a_task_made_where_workers_cannot_import_it_makes_its_prompts_here_and_says_so_once(
+    start_python: PythonProcesses,
+) -> None:
+    """``python -c`` has a __main__ that a worker cannot import, as a notebook kernel's:
+    a make_prompt defined there makes its prompts in this process, with one line on
+    stdout; a task made from records there keeps its workers, whatever its reward."""
     script = textwrap.dedent(
         """
-        import rlnb
         from rlnb.data import Task, addition
         from rlnb.data._loader import PromptLoader
 
@@ -232,15 +235,25 @@ def test_a_task_whose_functions_live_in_an_unimportable_main_is_refused(start_py
             return "1+1=", "2"
 
         task = Task("top-level", "0123456789+=", make_prompt, addition.reward, 3)
-        try:
-            PromptLoader(task, seed=0, num_workers=1)
-        except rlnb.ConfigError as exc:
-            print(exc)
+        loader = PromptLoader(task, seed=0, num_workers=1)
+        print("generated:", loader.num_workers, next(loader).prompt, flush=True)
+        loader.close()
+
+        rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(5)]
+        data = Task.from_records("cell-data", rows, reward=lambda completion, answer: 1.0, eval_size=0)
+        loader = PromptLoader(data, seed=0, num_workers=1)
+        print("records:", loader.num_workers, len(loader.worker_pids()), sorted(next(loader).prompt for _ in range(5)))
+        loader.close()
         """
     )
-    out = run_script(start_python, script)
-    assert "its make_prompt is defined in __main__ (a notebook cell or the REPL)" in out
-    assert "DataConfig(num_workers=0)" in out
+    lines = run_script(start_python, script).splitlines()
+    notes = [line for line in lines if line.startswith("rlnb:")]
+    assert notes == [
+        "rlnb: task 'top-level' makes its prompts in this process, not in loader workers: its make_prompt is "
+        "defined in this notebook, which a worker cannot import (define them in a .py module to use workers)"
+    ]
+    assert "generated: 0 1+1=" in lines
+    assert "records: 1 1 ['0+1=', '1+1=', '2+1=', '3+1=', '4+1=']" in lines
 
 
 def test_a_task_from_the_main_script_makes_its_prompts_here_with_a_warning(
@@ -262,7 +275,7 @@ def test_a_task_from_the_main_script_makes_its_prompts_here_with_a_warning(
         obj.__module__, obj.__qualname__ = "__main__", obj.__name__
         monkeypatch.setattr(sys.modules["__main__"], obj.__name__, obj, raising=False)
     task = Task("from-main", "0123456789+=", make_prompt, Reward(), 3)
-    with pytest.warns(UserWarning, match=r"its make_prompt and Reward are defined in the main script") as caught:
+    with pytest.warns(UserWarning, match=r"its make_prompt is defined in the main script") as caught:
         loader = PromptLoader(task, seed=0, num_workers=2)
     try:
         assert caught[0].filename == __file__  # the caller's line, not rlnb's

@@ -112,7 +112,7 @@ def test_a_task_defined_in_the_main_script_makes_its_prompts_in_this_process(how
     assert len(warning) == 1, err
     assert warning[0].startswith(f"{tmp_path / 'train.py'}:")  # it points at the user's line, not rlnb's
     assert "task 'double' makes its prompts in this process" in warning[0]
-    assert "its make_prompt and reward are defined in the main script" in warning[0]
+    assert "its make_prompt is defined in the main script" in warning[0]  # the reward stays here
     assert "DataConfig(num_workers=0)" in warning[0]
 
 

@@ -1,0 +1,27 @@
+"""Reward functions: ready ones, and how a task combines several.
+
+A task's ``reward`` is one function or a list (``Task(reward=[...], reward_weights=[...])``).
+Each is called as ``fn(completion, answer)``, and with ``prompt=`` and ``row=`` (the
+task's record) when its signature takes them; it returns a number, or None when it
+does not apply to a sample. The sample's reward is the weighted sum of the values
+that are not None, and each function's mean and standard deviation per step go into
+the session's history as ``reward/<name>`` and ``reward/<name>/std``.
+
+Ready functions: :func:`exact_match`, :func:`math_answer` (needs ``rlnb[math]``),
+:func:`regex_format` and :func:`length_penalty`.
+"""
+
+from rlnb.rewards._combine import BadValue, Rewards, Scored, per_function, reward_value
+from rlnb.rewards._ready import exact_match, length_penalty, math_answer, regex_format
+
+__all__ = [
+    "BadValue",
+    "Rewards",
+    "Scored",
+    "exact_match",
+    "length_penalty",
+    "math_answer",
+    "per_function",
+    "regex_format",
+    "reward_value",
+]

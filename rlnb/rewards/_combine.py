@@ -1,0 +1,197 @@
+"""Several reward functions as one: each function's value for a sample, and their weighted sum.
+
+A task's ``reward`` is one function or a list of them. Each is called as
+``fn(completion, answer)``, with ``prompt=`` and ``row=`` (the task's record) added
+when its signature takes them; it returns a number, or None when it does not apply
+to the sample (that function then does not count for it, as TRL's multi-task
+rewards). An ``async def`` function is run to its end on the reward thread. The
+sample's reward is the weighted sum of the values that are not None (0.0 when every
+function said None), and each function's value is kept under its name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+import math
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from rlnb._errors import ConfigError
+from rlnb._reprs import short_repr
+from rlnb._samples import Sample
+
+__all__ = ["FLOAT32_MAX", "BadValue", "RewardFunction", "Rewards", "Scored", "per_function", "reward_value"]
+
+# The learner computes advantages in float32: a larger reward would become inf there.
+FLOAT32_MAX = 3.4028234663852886e38
+_KEYWORDS = ("prompt", "row")
+
+
+class BadValue(Exception):
+    """A reward function returned something that is not a finite number (its repr in
+    ``value``), or None where None is not allowed; ``function``: its name, if known."""
+
+    def __init__(self, value: str, function: str | None = None) -> None:
+        super().__init__(value)
+        self.value = value
+        self.function = function
+
+
+def reward_value(value: Any, *, allow_none: bool = False) -> float | None:
+    """``value`` as a finite float; None stays None when ``allow_none``. Raises
+    ``BadValue`` with the value's repr for anything else: a string (even "1.0"), a
+    list, NaN, inf, or a number the learner's float32 would make inf (``|r| > 3.4e38``).
+    Takes a bool as 0.0 or 1.0, and a numpy or torch scalar."""
+    if value is None and allow_none:
+        return None
+    reward = None
+    if not isinstance(value, (str, bytes, bytearray)):  # float("1") would let a string through
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            reward = float(value)
+    if reward is None or not math.isfinite(reward) or abs(reward) > FLOAT32_MAX:
+        raise BadValue(short_repr(value))
+    return reward
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return "reward" if name == "<lambda>" else str(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardFunction:
+    """One reward function, as :class:`Rewards` calls it."""
+
+    fn: Callable[..., Any]
+    name: str
+    weight: float
+    keywords: tuple[str, ...]  # of "prompt", "row": those its signature takes
+    is_async: bool
+
+    @classmethod
+    def of(cls, fn: Any, name: str, weight: float, field: str) -> RewardFunction:
+        if not callable(fn):
+            raise ConfigError(
+                f"{field}={fn!r} is invalid: a reward must be a function called as reward(completion, answer) "
+                "that returns a number (or None when it does not apply)"
+            )
+        keywords: tuple[str, ...] = ()
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # some builtins have no readable signature: calling them will tell
+            signature = None
+        if signature is not None:
+            takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+            keywords = tuple(k for k in _KEYWORDS if takes_any or _takes_keyword(signature, k))
+            try:
+                signature.bind("completion", "answer", **dict.fromkeys(keywords))
+            except TypeError as exc:
+                raise ConfigError(
+                    f"{field}={fn!r} is invalid: it cannot be called as reward(completion, answer) -> float, "
+                    f"with prompt= and row= if it takes them ({exc})"
+                ) from None
+        target = getattr(fn, "__call__", fn) if not inspect.isroutine(fn) else fn  # noqa: B004
+        is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(target)
+        return cls(fn, name, weight, keywords, is_async)
+
+    def __call__(self, completion: str, answer: Any, prompt: str, row: Mapping[str, Any] | None) -> float | None:
+        given = {"prompt": prompt, "row": row}
+        value = self.fn(completion, answer, **{k: given[k] for k in self.keywords})
+        if self.is_async:
+            value = asyncio.run(value)  # on the reward thread, which runs no loop of its own
+        try:
+            return reward_value(value, allow_none=True)
+        except BadValue as bad:
+            raise BadValue(bad.value, self.name) from None
+
+
+def _takes_keyword(signature: inspect.Signature, name: str) -> bool:
+    parameter = signature.parameters.get(name)
+    return parameter is not None and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scored:
+    """A sample's reward: ``total``, the weighted sum, and ``parts``, each function's
+    value by name (None where it did not apply)."""
+
+    total: float
+    parts: Mapping[str, float | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rewards:
+    """A task's reward functions with their weights; :meth:`score` calls them all."""
+
+    functions: tuple[RewardFunction, ...]
+
+    @classmethod
+    def of(cls, reward: Any, weights: Sequence[float] | None, *, field: str = "Task") -> Rewards:
+        """Check ``reward`` (one function or a list) and ``weights`` (None: 1 each),
+        raising ConfigError naming ``{field}.reward`` or ``{field}.reward_weights``."""
+        single = callable(reward) or not isinstance(reward, Sequence) or isinstance(reward, str)
+        functions = [reward] if single else list(reward)
+        if not functions:
+            raise ConfigError(f"{field}.reward=[] is invalid: give at least one reward function")
+        if weights is None:
+            weights = [1.0] * len(functions)
+        if isinstance(weights, str) or not isinstance(weights, Sequence) or len(weights) != len(functions):
+            raise ConfigError(
+                f"{field}.reward_weights={weights!r} is invalid: give one number per reward function "
+                f"({len(functions)}), e.g. reward_weights={[1.0] + [0.5] * (len(functions) - 1)}"
+            )
+        for w in weights:
+            if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w):
+                raise ConfigError(f"{field}.reward_weights={list(weights)!r} is invalid: {w!r} is not a finite number")
+        names = _unique([_name(fn) if callable(fn) else "reward" for fn in functions])
+        return cls(
+            tuple(
+                RewardFunction.of(fn, name, float(w), f"{field}.reward" + ("" if single else f"[{i}]"))
+                for i, (fn, name, w) in enumerate(zip(functions, names, weights, strict=True))
+            )
+        )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.functions)
+
+    def score(self, completion: str, answer: Any, *, prompt: str = "", row: Mapping[str, Any] | None = None) -> Scored:
+        """Call every function (on the caller's thread) and sum their weighted values.
+        Raises what a function raises, and ``BadValue`` naming a function that returned
+        something other than a finite number or None."""
+        parts = {f.name: f(completion, answer, prompt, row) for f in self.functions}
+        total = sum(f.weight * value for f in self.functions if (value := parts[f.name]) is not None)
+        return Scored(float(total), parts)
+
+
+def per_function(samples: Iterable[Sample]) -> dict[str, float]:
+    """Each reward function's mean and standard deviation (over the samples where it
+    applied) as ``reward/<name>`` and ``reward/<name>/std``; empty for samples scored
+    by a single function."""
+    values: dict[str, list[float]] = {}
+    for sample in samples:
+        for name, value in sample.rewards.items():
+            if value is not None:
+                values.setdefault(name, []).append(value)
+            else:
+                values.setdefault(name, [])
+    metrics = {}
+    for name, found in values.items():
+        if found:
+            metrics[f"reward/{name}"] = statistics.fmean(found)
+            metrics[f"reward/{name}/std"] = statistics.pstdev(found)
+    return metrics
+
+
+def _unique(names: list[str]) -> list[str]:
+    """``names`` with a repeated one numbered from its second use: f, f_2, f_3."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return out

@@ -1,0 +1,124 @@
+"""Several reward functions as one (``Task(reward=[...], reward_weights=[...])``): the
+weighted sum, None for "does not apply", the keywords a function takes, async
+functions, and what a session records of each function."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from typing import Any
+
+import pytest
+
+import rlnb
+from rlnb.data import Task, register_task
+from rlnb.rewards import BadValue, Rewards, exact_match
+from tests.helpers import small_config
+
+
+def right(completion: str, answer: Any) -> float:
+    return 1.0
+
+
+def half(completion: str, answer: Any) -> float:
+    return 0.5
+
+
+def skip(completion: str, answer: Any) -> None:
+    return None
+
+
+def test_the_reward_is_the_weighted_sum_of_the_functions_that_apply() -> None:
+    rewards = Rewards.of([right, half, skip], [2.0, -1.0, 5.0])
+    scored = rewards.score("c", "a")
+    assert scored.total == 1.5 and dict(scored.parts) == {"right": 1.0, "half": 0.5, "skip": None}
+    assert Rewards.of([skip], None).score("c", "a").total == 0.0  # none applied
+    assert Rewards.of(right, None).names == ("right",)
+
+
+def test_prompt_and_row_are_passed_to_the_functions_that_take_them() -> None:
+    got: dict[str, Any] = {}
+
+    def with_prompt(completion: str, answer: Any, prompt: str) -> float:
+        got["prompt"] = prompt
+        return 1.0
+
+    def with_row(completion: str, answer: Any, *, row: dict[str, Any]) -> float:
+        got["row"] = row
+        return 1.0
+
+    def with_anything(completion: str, answer: Any, **extra: Any) -> float:
+        got["extra"] = extra
+        return 1.0
+
+    Rewards.of([with_prompt, with_row, with_anything, right], None).score("c", "a", prompt="p", row={"k": 1})
+    assert got == {"prompt": "p", "row": {"k": 1}, "extra": {"prompt": "p", "row": {"k": 1}}}
+
+
+def test_an_async_function_is_run_to_its_end_on_the_calling_thread() -> None:
+    async def judge(completion: str, answer: Any) -> float:
+        await asyncio.sleep(0)
+        return 0.25
+
+    result: list[float] = []
+    thread = threading.Thread(target=lambda: result.append(Rewards.of([judge], None).score("c", "a").total))
+    thread.start()
+    thread.join()
+    assert result == [0.25]
+
+
+def test_names_are_unique_and_a_lambda_is_called_reward() -> None:
+    rewards = Rewards.of([right, right, lambda c, a: 0.0, exact_match], None)
+    assert rewards.names == ("right", "right_2", "reward", "exact_match")
+
+
+@pytest.mark.parametrize("value", ["1.0", float("nan"), math.inf, [1.0], 1e39])
+def test_a_value_that_is_not_a_finite_number_names_its_function(value: Any) -> None:
+    def bad(completion: str, answer: Any) -> Any:
+        return value
+
+    with pytest.raises(BadValue) as caught:
+        Rewards.of([right, bad], None).score("c", "a")
+    assert caught.value.function == "bad"
+
+
+def constant_one(completion: str, answer: str) -> float:
+    return 1.0
+
+
+def odd_only(completion: str, answer: str, *, row: dict[str, Any]) -> float | None:
+    return 0.0 if row["n"] % 2 else None
+
+
+def returns_text(completion: str, answer: str) -> str:
+    return "high"
+
+
+ROWS = [{"prompt": f"{n}=", "answer": str(n), "n": n} for n in range(20)]
+
+
+def test_a_session_records_each_functions_mean_and_spread_and_sums_them() -> None:
+    t = Task.from_records("two-rewards", ROWS, reward=[constant_one, odd_only], reward_weights=[0.5, 3.0], eval_size=0)
+    register_task(t, replace=True)
+    with rlnb.Session(small_config(task=t.name), name="two-rewards") as sess:
+        metrics = sess.step()
+        groups = sess.rollout(2)
+    assert metrics["reward/constant_one"] == 1.0 and metrics["reward/constant_one/std"] == 0.0
+    assert metrics["reward/odd_only"] == 0.0 and metrics["reward/odd_only/std"] == 0.0
+    assert metrics["reward_mean"] == 0.5  # 0.5 * 1.0, and odd_only adds 3.0 * 0.0 where it applies
+    assert sess.history[-1]["reward/constant_one"] == 1.0
+    for group in groups:
+        for sample in group.samples:
+            assert sample.reward == 0.5 and sample.rewards["constant_one"] == 1.0
+            assert set(sample.rewards) == {"constant_one", "odd_only"}
+    kinds = {s.rewards["odd_only"] for g in groups for s in g.samples}
+    assert kinds <= {0.0, None}
+
+
+def test_a_function_that_returns_text_fails_the_rollout_naming_the_function() -> None:
+    t = Task.from_records("text-reward", ROWS, reward=[constant_one, returns_text], eval_size=0)
+    register_task(t, replace=True)
+    with rlnb.Session(small_config(task=t.name), name="text-reward") as sess:
+        with pytest.raises(rlnb.RolloutError, match=r"the reward function 'returns_text' returned 'high'.*or None"):
+            sess.rollout(1)
