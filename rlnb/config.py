@@ -76,6 +76,7 @@ __all__ = [
     "DataConfig",
     "EngineConfig",
     "LearnConfig",
+    "LoraConfig",
     "ModelConfig",
     "RayConfig",
     "RolloutConfig",
@@ -157,6 +158,50 @@ class DataConfig:
 
 @_keywords()
 @dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """LoRA (through peft, ``pip install 'rlnb[lora]'``) for a Hugging Face model:
+    ``ModelConfig(path=DIR, lora=LoraConfig())``. Only the adapter trains and the
+    optimiser holds only its state; the model's own weights stay as they were. Engines
+    serve, and ``Session.save_pretrained`` writes, the merged weights;
+    ``save_pretrained(dir, adapter_only=True)`` writes the PEFT adapter, and a
+    checkpoint holds the adapter, not the model.
+
+    r: the adapter's rank. alpha: its scale: an adapted weight is
+        ``W + (alpha / r) * B @ A`` (peft's ``lora_alpha``).
+    dropout: dropout on the adapter's input while the learner trains, in [0, 1)
+        (the model's own dropout stays off; engines serve merged weights, without it).
+    target_modules: "all-linear" (every linear layer but the output head, as peft
+        means it) or a tuple of module names, each matching the modules whose name is
+        it or ends with ``.`` and it, e.g. ``("q_proj", "v_proj")``.
+    """
+
+    r: int = 8
+    alpha: float = 16
+    dropout: float = 0.0
+    target_modules: str | tuple[str, ...] = "all-linear"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.target_modules, list):  # as JSON gives it back
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        check_int("LoraConfig.r", self.r, minimum=1, example="r=8")
+        check_number("LoraConfig.alpha", self.alpha, gt=0, fix="use a number > 0, e.g. alpha=16 (twice r is usual)")
+        check_number("LoraConfig.dropout", self.dropout, ge=0, lt=1, fix="use a probability in [0, 1), e.g. 0.0")
+        names = self.target_modules
+        require(
+            names == "all-linear"
+            or (
+                isinstance(names, tuple)
+                and len(names) > 0
+                and all(isinstance(n, str) and n.strip() != "" for n in names)
+            ),
+            "LoraConfig.target_modules",
+            names,
+            'use "all-linear" or a tuple of module names, e.g. target_modules=("q_proj", "v_proj")',
+        )
+
+
+@_keywords()
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The model: the built-in tiny policy (a decoder-only transformer), or a
     Hugging Face causal LM from a local directory.
@@ -171,6 +216,12 @@ class ModelConfig:
         multiple of ``n_heads``); the built-in policy only.
     max_len: context length in tokens (prompt and completion together).
     mlp_ratio: the MLP's hidden width is ``mlp_ratio * d_model``.
+    gradient_checkpointing: transformers' gradient checkpointing for the learner's
+        ``path`` model: each decoder layer runs again in the backward pass instead
+        of keeping its activations (less memory, about a third more compute; the
+        same loss and gradients).
+    lora: a :class:`LoraConfig` to train a LoRA adapter of the ``path`` model
+        instead of all its weights; None (the default) trains them all.
     """
 
     vocab_size: int | None = None
@@ -182,10 +233,14 @@ class ModelConfig:
     path: str | None = None
     dtype: str = "float32"
     device: str = "cpu"
+    gradient_checkpointing: bool = False
+    lora: LoraConfig | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.path, os.PathLike):
             object.__setattr__(self, "path", os.fspath(self.path))
+        if isinstance(self.lora, dict):  # as config_from_dict gives it back from JSON
+            object.__setattr__(self, "lora", LoraConfig(**self.lora))
         require(
             self.path is None or (isinstance(self.path, str) and self.path.strip() != ""),
             "ModelConfig.path",
@@ -210,6 +265,32 @@ class ModelConfig:
             "ModelConfig.device",
             self.device,
             "the built-in policy runs on the CPU; device applies to a Hugging Face model (ModelConfig.path)",
+        )
+        require(
+            isinstance(self.gradient_checkpointing, bool),
+            "ModelConfig.gradient_checkpointing",
+            self.gradient_checkpointing,
+            "use True or False",
+        )
+        require(
+            self.path is not None or not self.gradient_checkpointing,
+            "ModelConfig.gradient_checkpointing",
+            self.gradient_checkpointing,
+            "it is for Hugging Face models (ModelConfig.path); the built-in policy keeps its activations: "
+            "use gradient_checkpointing=False, or a smaller LearnConfig.micro_batch_size to save memory",
+        )
+        require(
+            self.lora is None or isinstance(self.lora, LoraConfig),
+            "ModelConfig.lora",
+            self.lora,
+            "use None or a rlnb.LoraConfig, e.g. lora=rlnb.LoraConfig(r=8)",
+        )
+        require(
+            self.path is not None or self.lora is None,
+            "ModelConfig.lora",
+            self.lora,
+            "LoRA adapts a Hugging Face model (ModelConfig.path); the built-in policy trains all its weights: "
+            "use lora=None, or set ModelConfig(path=...) to a model's local directory",
         )
         check_int("ModelConfig.vocab_size", self.vocab_size, minimum=1, optional=True, example="vocab_size=16")
         for field, example in (("d_model", 128), ("n_layers", 2), ("n_heads", 4), ("max_len", 32), ("mlp_ratio", 4)):
@@ -642,14 +723,21 @@ PARTS: dict[str, type] = {
 }
 
 
-def describe_model(config: Config) -> str:
+def describe_model(config: Config, parameters: tuple[int, int] | None = None) -> str:
     """The model, where it learns and what serves it, in words (``rlnb train``'s header,
-    the dashboard's "model" row)."""
+    the dashboard's "model" row); ``parameters``, (trainable, all) of the built model,
+    adds its counts to a LoRA model's words."""
     m, r = config.model, config.ray
     if m.path is None:
         text = f"tiny policy (d_model {m.d_model}, {m.n_layers} layer{'s' * (m.n_layers != 1)}) on CPU"
     else:
-        text = f"Hugging Face model {m.path!r} ({m.dtype}, learner on {m.device}) on the {engine_kind(config)!r} engine"
+        text = f"Hugging Face model {m.path!r} ({m.dtype}, learner on {m.device}"
+        if m.lora is not None:
+            where = m.lora.target_modules
+            text += f", LoRA r={m.lora.r} on {where if isinstance(where, str) else ', '.join(where)}"
+            if parameters is not None:
+                text += f", {parameters[0]:,} trainable of {parameters[1]:,} parameters"
+        text += f") on the {engine_kind(config)!r} engine"
     if r.engine_replicas:
         where = "a local Ray cluster of its own" if r.address is None else f"the Ray cluster at {r.address}"
         text += f", {r.engine_replicas} engine replicas on {where}"

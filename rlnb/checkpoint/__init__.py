@@ -7,7 +7,8 @@ Layout of ``sess.save(path)``::
                                    given back by an interrupted rollout, Python RNG
                                    state, tracker run id, vocabulary (what each token
                                    id means), SHA-256 of every file below
-    path/model.safetensors         the policy
+    path/model.safetensors         the policy (with LoRA, only its adapter: the model's
+                                   own weights are read from ModelConfig.path)
     path/optimizer.safetensors     AdamW's moments (its hyper-parameters are in the JSON)
     path/warmup_optimizer.safetensors, path/reference.safetensors   when they exist
     path/rng.safetensors           torch's CPU generator state

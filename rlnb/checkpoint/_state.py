@@ -75,7 +75,7 @@ def capture(
         "vocabulary": vocabulary(model_shape(trainer.config, trainer.task)[0]),  # what each token id means
     }
     tensors: dict[str, dict[str, Any]] = {
-        "model": learner.policy.state_dict(),
+        "model": learner.model_state(),  # with LoRA, the adapter only: the model's own weights never change
         "rng": {"torch": torch.get_rng_state()},
     }
     tensors["optimizer"], manifest["optimizer"] = flatten_optimizer(learner.optimizer.state_dict())
@@ -125,7 +125,7 @@ def restore(trainer: Trainer, manifest: dict[str, Any], tensors: dict[str, Any],
 
     learner, rollouter = trainer.learner, trainer.rollouter
     try:  # check() found that it fits: this is for what it cannot foresee
-        learner.policy.load_state_dict(tensors["model"])
+        learner.load_model_state(tensors["model"])
         learner.optimizer.load_state_dict(unflatten_optimizer(tensors["optimizer"], manifest["optimizer"]))
         warmup_state = None
         if "warmup_optimizer" in tensors:

@@ -84,7 +84,7 @@ def check(manifest: dict[str, Any], tensors: dict[str, dict[str, Any]], root: Pa
     )
     shapes, states, vocab_size = _model_shapes(config, root, manifest.get("vocabulary"))
     _check_buffer(manifest.get("buffer"), config, vocab_size, where)
-    if config.learn.kl_coef > 0:  # the learner then keeps a reference model, restored from its file
+    if config.learn.kl_coef > 0 and config.model.lora is None:  # a reference model is kept, restored from its file
         expect("reference" in tensors, where, "files", manifest["files"], "a list with reference.safetensors")
     for stem, what in (("model", "model"), ("reference", "reference model")):
         saved = {k: tuple(v.shape) for k, v in tensors[stem].items()} if stem in tensors else states
@@ -127,12 +127,15 @@ def _model_shapes(
         tokenizer, model = model_shape(config, get_task(config.task))
         _check_vocabulary(vocab, vocabulary(tokenizer), config, root)
         if model.path is not None:
-            policy: Any = hf_model_on_meta(model.path)
+            policy: Any = hf_model_on_meta(model.path, lora=model.lora)
         else:
             with torch.device("meta"):
                 policy = TinyPolicy(model, seed=config.seed)
     except ConfigError as exc:
         raise CheckpointError(f"{root}: the saved config does not fit this rlnb ({exc})") from exc
+    if model.lora is not None:  # the checkpoint and the optimiser hold the adapter's tensors only
+        params = {name: tuple(p.shape) for name, p in policy.named_parameters() if p.requires_grad}
+        return params, params, model.vocab_size or 0
     params = {name: tuple(p.shape) for name, p in policy.named_parameters()}
     return params, {name: tuple(t.shape) for name, t in policy.state_dict().items()}, model.vocab_size or 0
 

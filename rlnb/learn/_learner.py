@@ -130,10 +130,49 @@ class Learner:
         self._pad = pad_id
         self._eos = eos_id
         self.optimizer = torch.optim.AdamW(
-            policy.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay, foreach=True
+            self.trainable_parameters(),
+            lr=config.lr,
+            betas=config.betas,
+            weight_decay=config.weight_decay,
+            foreach=True,
         )
-        self.reference = copy.deepcopy(policy).eval().requires_grad_(False) if config.kl_coef > 0 else None
+        # The frozen reference of the KL term: a copy of the initial policy, or, with a
+        # LoRA adapter (which starts at zero), the policy with its adapter switched off.
+        self._lora = isinstance(policy, HFPolicy) and policy.lora is not None
+        self._kl = config.kl_coef > 0
+        self.reference = copy.deepcopy(policy).eval().requires_grad_(False) if self._kl and not self._lora else None
         self.version = 0
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters training changes (an optimiser's): all of them, or a LoRA adapter's."""
+        return [p for p in self.policy.parameters() if p.requires_grad]
+
+    def model_state(self) -> dict[str, Any]:
+        """What of the policy a checkpoint keeps: its weights, or only a LoRA adapter's."""
+        policy = self.policy
+        return policy.trainable_state_dict() if isinstance(policy, HFPolicy) else dict(policy.state_dict())
+
+    def load_model_state(self, state: dict[str, Any]) -> None:
+        """Put back :meth:`model_state`'s tensors (``RuntimeError`` for others)."""
+        if isinstance(self.policy, HFPolicy):
+            self.policy.load_trainable_state_dict(state)
+        else:
+            self.policy.load_state_dict(state)
+
+    def serving_policy(self) -> TinyPolicy | HFPolicy:
+        """The policy as an engine serves it (a copy is the engine's to make): the policy
+        itself, or with LoRA a model without adapters whose weights are merged."""
+        return self.policy.serving_copy() if isinstance(self.policy, HFPolicy) else self.policy
+
+    def _reference_logp(self, batch: TrainBatch) -> torch.Tensor | None:
+        """The reference policy's log-probs of every target (no gradient), or None without a KL term."""
+        if self.reference is not None:
+            return self._all_logp(self.reference, batch)
+        if not self._kl:
+            return None
+        assert isinstance(self.policy, HFPolicy)
+        with self.policy.adapter_disabled():
+            return self._all_logp(self.policy, batch)
 
     def encode(self, prompt: str) -> list[int]:
         """``prompt``'s token ids as the learner reads them (and the rollouts give the engine)."""
@@ -193,7 +232,7 @@ class Learner:
         single_update = cfg.epochs == 1 and len(parts) == 1
         with torch.no_grad():
             prox = None if single_update else self._all_logp(self.policy, batch)
-            ref = self._all_logp(self.reference, batch) if self.reference is not None else None
+            ref = self._reference_logp(batch)
         lengths = batch.mask.sum(dim=1)
         sums: dict[str, float] = {k: 0.0 for k in ("loss", "policy", "kl", "clip", "isw", "istrunc", "ent", "gn")}
         updates = 0
@@ -233,7 +272,7 @@ class Learner:
                         ("ent", float((entropy.detach() * mask).sum() / mask.sum().clamp_min(1))),
                     ):
                         sums[key] += value * share
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
                 updates += 1
                 sums["gn"] += float(grad_norm)
@@ -284,11 +323,14 @@ class Learner:
         loss = -(logp * mask).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.config.max_grad_norm)
         optimizer.step()
         return {"sft_loss": float(loss.detach()), "grad_norm": float(grad_norm)}
 
     def export_weights(self) -> dict[str, Any]:
         """The policy's weights for an engine's ``update_weights`` (tensors, not copies:
-        engines copy them into their own model)."""
+        engines copy them into their own model). With LoRA, the model's own names and
+        merged weights: a new tensor for each adapted weight, the model's own for the rest."""
+        if isinstance(self.policy, HFPolicy):
+            return self.policy.merged_state_dict()
         return self.policy.state_dict()

@@ -57,7 +57,7 @@ class Warmup:
         import torch
 
         if self._optimizer is None:
-            self._optimizer = torch.optim.AdamW(self._learner.policy.parameters(), lr=self._config.warmup.lr)
+            self._optimizer = torch.optim.AdamW(self._learner.trainable_parameters(), lr=self._config.warmup.lr)
         return self._optimizer
 
     def run(

@@ -16,17 +16,21 @@ transformers is imported only when a model is loaded or built.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from rlnb._errors import ConfigError
 from rlnb._files import write_model_dir
+
+if TYPE_CHECKING:
+    from rlnb.config import LoraConfig
 
 __all__ = [
     "HFPolicy",
@@ -51,13 +55,16 @@ class _KVHook:
 
     is_compileable = False
 
-    def __init__(self) -> None:
-        self.on_update: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] | None = None
+    def __init__(
+        self, on_update: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
+        # One hook per call of the model: gradient checkpointing replays a layer in the
+        # backward pass, after the call returned, and the replay must find the same hook.
+        self.on_update = on_update
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self.on_update is not None
         return self.on_update(key_states, value_states, layer_idx)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -114,18 +121,130 @@ class HFPolicy(nn.Module):
         self.model = model
         self.max_len = max_len
         self.source = source  # the directory it was loaded from, if any
-        self._hook = _KVHook()
+        self.gradient_checkpointing = False
+        self.lora: LoraConfig | None = None  # the adapter's config, once add_lora() put one in
+        self.__dict__["_peft"] = None  # peft's PeftModel around ``model`` (not a submodule of ours)
 
     def train(self, mode: bool = True) -> HFPolicy:
         """Train mode for gradients, with the model's dropout always off: the learner's
-        log-probs must be those of the policy that sampled (as TRL's ``disable_dropout``)."""
+        log-probs must be those of the policy that sampled (as TRL's ``disable_dropout``).
+        With gradient checkpointing, its decoder layers alone are in train mode (that is
+        when transformers checkpoints them; their dropout is in their children)."""
         super().train(mode)
         self.model.eval()
+        if self.gradient_checkpointing:
+            for layer in self._checkpointed_layers():
+                layer.training = mode
+        if self.lora is not None and self.lora.dropout > 0:  # the adapter's dropout, as configured
+            for name, module in self.model.named_modules():
+                if name.endswith("lora_dropout") or ".lora_dropout." in name:
+                    module.training = mode
         return self
+
+    def _checkpointed_layers(self) -> list[nn.Module]:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        return [m for m in self.model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+    def enable_gradient_checkpointing(self) -> None:
+        """transformers' gradient checkpointing: each decoder layer keeps only its input and
+        runs again in the backward pass, trading compute for activation memory. The same
+        loss and gradients. :class:`~rlnb.ConfigError` for a model that has none."""
+        if not getattr(self.model, "supports_gradient_checkpointing", False):
+            raise ConfigError(
+                f"ModelConfig.gradient_checkpointing=True is invalid: {type(self.model).__name__} has no gradient "
+                "checkpointing in transformers; use gradient_checkpointing=False"
+            )
+        # Non-reentrant: the completion pass reads the prompt's keys and values from a
+        # closure, and only this variant sends gradients back through those.
+        self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if not self._checkpointed_layers():
+            raise ConfigError(
+                f"ModelConfig.gradient_checkpointing=True is invalid: {type(self.model).__name__}'s layers are not "
+                "transformers' GradientCheckpointingLayer, which rlnb drives; use gradient_checkpointing=False"
+            )
+        self.gradient_checkpointing = True
+        for layer in self._checkpointed_layers():
+            # transformers drops past_key_values in a checkpointed layer, since a replay
+            # would write a cache twice. Ours only hands keys and values on: a replay
+            # computes the same ones, so the layers keep it.
+            layer._can_checkpoint_with_cache = True  # type: ignore[assignment]
+        self.train(self.training)
 
     # The model's own names, so that checkpoints, vLLM and save_pretrained agree.
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self.model.state_dict(*args, **kwargs)
+
+    # -- LoRA ----------------------------------------------------------------------------
+
+    def add_lora(self, lora: LoraConfig, *, seed: int = 0) -> None:
+        """Put a LoRA adapter into the model (peft), its initial weights made from ``seed``,
+        and freeze the model's own weights; from then on only the adapter trains.
+        :class:`~rlnb.ConfigError` for targets the model lacks, or without peft."""
+        from rlnb.models._lora import add_lora
+
+        if self.lora is not None:
+            raise ValueError("HFPolicy.add_lora: the model has an adapter already")
+        self.__dict__["_peft"] = add_lora(self.model, lora, self.source or type(self.model).__name__, seed=seed)
+        self.lora = lora
+        self.train(self.training)
+
+    def parameter_counts(self) -> tuple[int, int]:
+        """(trainable, all) numbers of the model: with LoRA, the adapter's and the model's with it."""
+        every = list(self.parameters())
+        return sum(p.numel() for p in every if p.requires_grad), sum(p.numel() for p in every)
+
+    def merged_state_dict(self) -> dict[str, Any]:
+        """The weights an engine serves and ``save_pretrained`` writes, under the model's
+        own names: ``state_dict()`` without LoRA; with it, each adapted weight merged
+        (``W + alpha / r * B @ A``, a new tensor each) and every other one the model's
+        own tensor (no copy)."""
+        if self.lora is None:
+            return dict(self.state_dict())
+        from rlnb.models._lora import merged_state_dict
+
+        return merged_state_dict(self.model)
+
+    def serving_copy(self) -> HFPolicy:
+        """This policy as an engine serves it: itself without LoRA; with it, an
+        ``HFPolicy`` of the model without adapters and with merged weights, sharing
+        every other tensor with this one (copy it before changing any)."""
+        if self.lora is None:
+            return self
+        from rlnb.models._lora import unadapted_copy
+
+        return HFPolicy(unadapted_copy(self.model), max_len=self.max_len, source=self.source).eval()
+
+    def trainable_state_dict(self) -> dict[str, Any]:
+        """What training changes, as a checkpoint keeps it: ``state_dict()`` without LoRA,
+        only the adapter's tensors with it (the model's own weights never change)."""
+        if self.lora is None:
+            return dict(self.state_dict())
+        return {name: p.detach() for name, p in self.model.named_parameters() if p.requires_grad}
+
+    def load_trainable_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back what :meth:`trainable_state_dict` gave (``RuntimeError`` for other tensors)."""
+        if self.lora is None:
+            self.load_state_dict(state)
+            return
+        mine = self.trainable_state_dict()
+        if set(state) != set(mine):
+            raise RuntimeError(
+                f"the adapter's tensors are {sorted(mine)[:3]}..., got {sorted(set(state) ^ set(mine))[:3]}... besides"
+            )
+        with torch.no_grad():
+            for name, value in state.items():
+                mine[name].copy_(value)
+
+    @contextlib.contextmanager
+    def adapter_disabled(self) -> Iterator[None]:
+        """Within the block, the model runs without its LoRA adapter: the model as loaded
+        (the reference a KL term compares with), at no memory cost."""
+        peft_model = self.__dict__["_peft"]
+        if peft_model is None:
+            raise ValueError("HFPolicy.adapter_disabled: the model has no adapter")
+        with peft_model.disable_adapter():
+            yield
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
@@ -148,17 +267,13 @@ class HFPolicy(nn.Module):
     ) -> torch.Tensor:
         """Logits ``[B, T, V]`` of ``ids`` [B, T] at ``positions`` [B, T], each query
         seeing the keys ``visible`` [B, T, K] marks among those ``on_update`` returns."""
-        self._hook.on_update = on_update
-        try:
-            out = self.model(
-                input_ids=ids,
-                position_ids=positions,
-                attention_mask=_additive(visible[:, None], self._dtype),
-                past_key_values=self._hook,
-                use_cache=True,
-            )
-        finally:
-            self._hook.on_update = None
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=_additive(visible[:, None], self._dtype),
+            past_key_values=_KVHook(on_update),
+            use_cache=True,
+        )
         return out.logits
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -247,9 +362,18 @@ class HFPolicy(nn.Module):
         """Number of trainable numbers (tied weights counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
-        """The model's ``save_pretrained`` (safetensors and config.json)."""
-        self.model.save_pretrained(directory, safe_serialization=True)
+    def save_pretrained(self, directory: str | os.PathLike[str], *, adapter_only: bool = False) -> None:
+        """The model's ``save_pretrained`` (safetensors and config.json); with LoRA, the
+        model with merged weights, or with ``adapter_only`` peft's adapter
+        (adapter_config.json and adapter_model.safetensors, which
+        ``peft.PeftModel.from_pretrained(base_model, directory)`` loads)."""
+        if adapter_only:
+            peft_model = self.__dict__["_peft"]
+            if peft_model is None:
+                raise ValueError("HFPolicy.save_pretrained(adapter_only=True): the model has no LoRA adapter")
+            peft_model.save_pretrained(directory, safe_serialization=True)
+            return
+        self.serving_copy().model.save_pretrained(directory, safe_serialization=True)
 
 
 class HFTokenizer:
@@ -381,12 +505,20 @@ def check_device(device: str, field: str = "ModelConfig.device") -> torch.device
 
 
 def load_hf_model(
-    path: str | os.PathLike[str], *, max_len: int, dtype: str = "float32", device: str = "cpu"
+    path: str | os.PathLike[str],
+    *,
+    max_len: int,
+    dtype: str = "float32",
+    device: str = "cpu",
+    gradient_checkpointing: bool = False,
+    lora: LoraConfig | None = None,
+    seed: int = 0,
 ) -> HFPolicy:
     """The causal LM in the local directory ``path`` as an :class:`HFPolicy` in train
-    mode on ``device`` (nothing is downloaded). :class:`~rlnb.ConfigError` for a
-    directory that is not a causal LM, a ``max_len`` past its positions, a device
-    torch does not have, or an architecture rlnb cannot drive."""
+    mode on ``device`` (nothing is downloaded), with gradient checkpointing and a LoRA
+    adapter (its initial weights made from ``seed``) if asked for. :class:`~rlnb.ConfigError` for a directory that is not a
+    causal LM, a ``max_len`` past its positions, a device torch does not have, an
+    architecture rlnb cannot drive, or LoRA targets the model lacks."""
     check_model_dir(path, max_len=max_len)
     where = check_device(device)
     transformers = _quiet_transformers()
@@ -398,16 +530,27 @@ def load_hf_model(
         raise ConfigError(f"ModelConfig.path={str(path)!r} is invalid: transformers cannot load it: {exc}") from exc
     policy = HFPolicy(model.to(where), max_len=max_len, source=str(path))
     _check_hooks(policy, str(path))
+    if lora is not None:
+        policy.add_lora(lora, seed=seed)
+    if gradient_checkpointing:
+        policy.enable_gradient_checkpointing()
     return policy.train()
 
 
-def hf_model_on_meta(path: str | os.PathLike[str]) -> nn.Module:
-    """The model of ``path`` built on the meta device (shapes only, nothing read but config.json)."""
+def hf_model_on_meta(path: str | os.PathLike[str], *, lora: LoraConfig | None = None) -> nn.Module:
+    """The model of ``path`` built on the meta device (shapes only, nothing read but
+    config.json), with ``lora``'s adapter in it if given (only the adapter then requires
+    grad); :class:`~rlnb.ConfigError` as :func:`load_hf_model` for the adapter."""
     check_model_dir(path)
     transformers = _quiet_transformers()
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(config)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    if lora is not None:
+        from rlnb.models._lora import add_lora
+
+        add_lora(model, lora, str(path))
+    return model
 
 
 def _check_hooks(policy: HFPolicy, path: str) -> None:

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 def model_shape(config: Config, task: Task) -> tuple[Tokenizer, ModelConfig]:
     """The tokenizer (the task's characters, or the Hugging Face model's own) and the
-    model's config with its vocabulary filled in.
+    model's config with its vocabulary filled in; a LoRA adapter's targets are checked
+    against the model's modules (on the meta device: nothing is loaded).
 
     Imports torch but runs no torch work (the prompt loader forks after this)."""
     from rlnb.models._tokenizer import CharTokenizer
@@ -36,6 +37,10 @@ def model_shape(config: Config, task: Task) -> tuple[Tokenizer, ModelConfig]:
                 f"write {unknown!r} (they do not come back from encode and decode); use a model whose tokenizer "
                 f"knows every character of the task, e.g. one made by `rlnb make-tiny-llama DIR --task {task.name}`"
             )
+        if config.model.lora is not None:  # peft there, and targets the model has: before anything is built
+            from rlnb.models._hf import hf_model_on_meta
+
+            hf_model_on_meta(config.model.path, lora=config.model.lora)
     else:
         tokenizer = CharTokenizer(task.alphabet)
     # The longest of a sample of prompts, as the model sees it, and the completion.

@@ -151,7 +151,15 @@ def make_learner(config: Config, model: ModelConfig, tokenizer: Tokenizer) -> Le
     policy = (
         TinyPolicy(model, seed=config.seed)
         if model.path is None
-        else load_hf_model(model.path, max_len=model.max_len, dtype=model.dtype, device=model.device)
+        else load_hf_model(
+            model.path,
+            max_len=model.max_len,
+            dtype=model.dtype,
+            device=model.device,
+            gradient_checkpointing=model.gradient_checkpointing,
+            lora=model.lora,
+            seed=config.seed,
+        )
     )
     return Learner(
         policy,
@@ -194,7 +202,7 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
         if log_dir is None and config.track.run_dir is not None:
             log_dir = str(Path(config.track.run_dir) / "ray")
         return RayEngine.start(
-            learner.policy,
+            learner.serving_policy(),
             eos_id=tokenizer.EOS,
             max_batch=e.max_batch,
             threads=e.threads,
@@ -203,7 +211,10 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
             log_dir=log_dir,
             vllm=vllm,
         )
-    return TinyEngine(learner.policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name)
+    # The engine copies the policy as it serves it (with LoRA: merged, without adapters).
+    return TinyEngine(
+        learner.serving_policy(), eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name
+    )
 
 
 _VLLM_START_TIMEOUT = 600.0  # seconds: about 15 on an idle CPU, a minute on a busy one

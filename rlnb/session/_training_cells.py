@@ -40,11 +40,15 @@ class TrainingCells:
         return self._trainer.learner.policy
 
     @public_call("the directory was left as it was", waits_for_rollouts=True)
-    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
+    def save_pretrained(self, directory: str | os.PathLike[str], *, adapter_only: bool = False) -> Path:
         """Write the trained model as a Hugging Face model directory: safetensors weights,
         config.json and the tokenizer, which ``AutoModelForCausalLM.from_pretrained`` and
         vLLM load, and ``rlnb.json``, the SHA-256 of each file written. For a
-        ``ModelConfig.path`` model. Use :meth:`save` to go on training later.
+        ``ModelConfig.path`` model; with LoRA (``ModelConfig.lora``) the weights are
+        merged, and ``adapter_only=True`` writes the PEFT adapter instead
+        (adapter_config.json, adapter_model.safetensors and the tokenizer), which
+        ``peft.PeftModel.from_pretrained(base_model, directory)`` loads. Use :meth:`save`
+        to go on training later.
 
         ``directory`` (``~`` expanded, missing parents made) must be new, empty, or hold
         a model saved so and nothing else, unchanged: that is replaced whole (a kill at
@@ -61,8 +65,18 @@ class TrainingCells:
                 "use save() (a checkpoint), or train a Hugging Face model with ModelConfig(path=...)"
             )
 
+        if adapter_only and getattr(policy, "lora", None) is None:
+            raise ConfigError(
+                "save_pretrained(adapter_only=True) writes a LoRA adapter, and this session trains every weight "
+                "of its model: use save_pretrained(directory), or train an adapter with "
+                "ModelConfig(path=..., lora=rlnb.LoraConfig())"
+            )
+
         def fill(staging: Path) -> None:
-            policy.save_pretrained(staging)
+            if adapter_only:
+                policy.save_pretrained(staging, adapter_only=True)
+            else:
+                policy.save_pretrained(staging)
             self._tokenizer.save_pretrained(staging)
 
         return write_model_dir(directory, fill, call="Session.save_pretrained", argument="directory")

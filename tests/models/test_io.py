@@ -46,7 +46,8 @@ def test_config_json_holds_the_model_config_and_the_seed(tmp_path: Path) -> None
     # The same keys PolicyConfig.to_dict() wrote before the merge, so older checkpoints still load.
     path = _checkpoint(tmp_path)
     raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    shape = {k: v for k, v in dataclasses.asdict(SMALL).items() if k not in ("path", "dtype", "device")}  # a HF model's
+    hf_only = ("path", "dtype", "device", "gradient_checkpointing", "lora")  # a Hugging Face model's
+    shape = {k: v for k, v in dataclasses.asdict(SMALL).items() if k not in hf_only}
     assert raw == {**shape, "seed": SEED}
     assert list(raw) == ["vocab_size", "d_model", "n_layers", "n_heads", "max_len", "mlp_ratio", "seed"]
 
