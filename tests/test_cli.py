@@ -300,3 +300,49 @@ def test_quiet_prints_only_the_results_line(tmp_path: Path, run_cli: RunCli) -> 
         rf"[\d.]+ -> [\d.]+ -> [\d.]+; run dir {re.escape(str(tmp_path / 'run'))}\n",
         proc.stdout,
     ), proc.stdout
+
+
+def _sums(path: Path, n: int = 60) -> Path:
+    path.write_text(
+        "".join(json.dumps({"question": f"{a}+{a % 7}=", "result": str(a + a % 7)}) + "\n" for a in range(n))
+    )
+    return path
+
+
+def test_train_on_a_data_file_with_two_rewards_records_each(tmp_path: Path, run_cli: RunCli) -> None:
+    proc = run_cli(
+        "train", "--data", str(_sums(tmp_path / "sums.jsonl")), "--prompt-field", "question", "--answer-field",
+        "result", "--reward", r"exact_match,regex_format:\d{1,3}", "--reward-weights", "1,0.2", "--eval-size", "0.2",
+        "--steps", "2", "--warmup-steps", "1", "--eval-prompts", "4", "--num-workers", "0",
+        "--run-dir", str(tmp_path / "run"), "--no-progress", "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["task"] == "data:sums"
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    last = [s for s in steps if "reward_mean" in s][-1]
+    assert {"reward/exact_match", "reward/regex_format", "reward/regex_format/std"} <= set(last)
+    assert last["reward_mean"] == pytest.approx(last["reward/exact_match"] + 0.2 * last["reward/regex_format"])
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--task", "sort"], ["--data", "--task sort", "give one"]),
+        (["--prompt-field", "q"], ["--prompt-field", "record 0 has no field 'q'"]),
+        (["--reward", "exact_match,nope"], ["--reward 'nope' is unknown", "regex_format:PATTERN"]),
+        (["--reward", "length_penalty:x"], ["--reward length_penalty:x", "whole number"]),
+        (["--reward", r"regex_format:\d{1,3},math_answer,nope"], ["--reward 'nope' is unknown"]),
+        (["--reward-weights", "1,2"], ["--reward-weights", "one number per reward function (1)"]),
+        (["--eval-size", "60"], ["--eval-size", "60 of the 60 records"]),
+    ],
+)
+def test_bad_data_flags_are_one_line_naming_the_flag(
+    args: list[str], words: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _sums(tmp_path / "sums.jsonl")
+    flags = ["--prompt-field", "question", "--answer-field", "result", "--eval-size", "0.2", "--steps", "1"]
+    code = main(["train", "--data", str(data), *flags, "--run-dir", str(tmp_path / "run"), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    for word in words:
+        assert word in err, err

@@ -50,6 +50,7 @@ CONFIG_FLAGS = {
     "groups_per_step": ("rollout", "groups_per_step"),
     "temperature": ("rollout", "temperature"),
     "num_workers": ("data", "num_workers"),
+    "micro_batch_size": ("learn", "micro_batch_size"),
     "ray_replicas": ("ray", "engine_replicas"),
     "ray_address": ("ray", "address"),
 }
@@ -114,6 +115,25 @@ def _build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train on any task with any settings (the demo's by default)")
     train.add_argument("--task", help="a registered task: addition, reverse, sort, ... (default: the demo's, reverse)")
+    data = train.add_argument_group("your own data (instead of --task)")
+    data.add_argument(
+        "--data", metavar="FILE", help="train on the records of a .jsonl, .json or .parquet file (Task.from_records)"
+    )
+    data.add_argument("--prompt-field", default="prompt", help="the records' prompt field (default: %(default)s)")
+    data.add_argument("--answer-field", default="answer", help="the records' answer field (default: %(default)s)")
+    data.add_argument(
+        "--reward",
+        default="exact_match",
+        help="reward functions of rlnb.rewards, comma-separated: exact_match, math_answer, regex_format:PATTERN, "
+        "length_penalty:LIMIT (default: %(default)s)",
+    )
+    data.add_argument("--reward-weights", metavar="W,W,...", help="one weight per --reward function (default: 1 each)")
+    data.add_argument(
+        "--eval-size",
+        type=float,
+        default=200,
+        help="records held out for evaluation: a number, or a fraction below 1 (default: %(default)s)",
+    )
     train.add_argument("--steps", type=_int_from(0), required=True, help="most RL steps to take")
     train.add_argument("--run-dir", required=True, help="where metrics.jsonl and curves.png go")
     train.add_argument("--seed", type=_seed, default=0, help="seeds the model, data and sampling")
@@ -132,6 +152,9 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--groups-per-step", type=int, help="prompts per RL step")
     train.add_argument("--temperature", type=float, help="sampling temperature of rollouts")
     train.add_argument("--num-workers", type=int, help="prompt-loader worker processes")
+    train.add_argument(
+        "--micro-batch-size", type=int, help="sequences per forward and backward pass (gradients accumulate)"
+    )
     train.add_argument(
         "--ray-replicas", type=int, help="engine replicas as Ray actors (a local Ray cluster unless --ray-address)"
     )
@@ -209,6 +232,10 @@ def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     from rlnb import ConfigError
 
     config, options = demo_settings()
+    if getattr(args, "data", None) is not None:
+        if args.task is not None:
+            raise ConfigError(f"--data {args.data} and --task {args.task}: give one, the task or your data")
+        args.task = _data_task(args).name
     if args.dtype is not None and args.model is None:
         raise ConfigError(f"--dtype {args.dtype} applies to a --model only: the built-in policy is float32")
     if args.device is not None and args.model is None:
@@ -241,6 +268,84 @@ def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         "target_accuracy": args.target_accuracy,
     }
     return config, options
+
+
+# The functions of rlnb.rewards --reward names; those after a colon take an argument.
+_REWARDS = ("exact_match", "math_answer", "regex_format:", "length_penalty:")
+
+
+def _data_task(args: argparse.Namespace) -> Any:
+    """``--data`` and its flags as a registered task named after the file."""
+    from rlnb import ConfigError, rewards
+    from rlnb.data import Task, register_task
+
+    functions: list[Any] = []
+    for spec in _reward_specs(args.reward):
+        name, _, argument = spec.partition(":")
+        if name == "regex_format":
+            functions.append(rewards.regex_format(argument))
+        elif name == "length_penalty":
+            try:
+                limit = int(argument)
+            except ValueError:
+                raise ConfigError(
+                    f"--reward {spec}: the limit must be a whole number, e.g. length_penalty:200"
+                ) from None
+            functions.append(rewards.length_penalty(limit))
+        else:
+            functions.append(getattr(rewards, name))
+    weights = None
+    if args.reward_weights is not None:
+        try:
+            weights = [float(w) for w in args.reward_weights.split(",")]
+        except ValueError:
+            raise ConfigError(
+                f"--reward-weights {args.reward_weights}: give numbers, comma-separated, e.g. 1,0.2"
+            ) from None
+    eval_size = int(args.eval_size) if args.eval_size >= 1 and args.eval_size == int(args.eval_size) else args.eval_size
+    try:
+        task = Task.from_records(
+            f"data:{Path(args.data).stem}",
+            Path(args.data).expanduser(),
+            prompt=args.prompt_field,
+            answer=args.answer_field,
+            reward=functions,
+            reward_weights=weights,
+            eval_size=eval_size,
+        )
+    except ConfigError as exc:
+        for argument, flag in (
+            ("records=", "--data"),
+            ("prompt=", "--prompt-field"),
+            ("answer=", "--answer-field"),
+            ("eval_size=", "--eval-size"),
+            ("reward_weights=", "--reward-weights"),
+        ):
+            if argument in str(exc):
+                raise ConfigError(f"{flag}: {exc}") from None
+        raise
+    return register_task(task, replace=True)
+
+
+def _reward_specs(text: str) -> list[str]:
+    """``--reward``'s functions: split at the commas, but for those inside a
+    regex_format pattern; ConfigError naming an unknown one."""
+    from rlnb import ConfigError
+
+    specs: list[str] = []
+    for piece in text.split(","):
+        known = any(piece == r or (r.endswith(":") and piece.startswith(r)) for r in _REWARDS)
+        if specs and not known and specs[-1].startswith("regex_format:"):
+            specs[-1] += "," + piece  # a comma of the pattern
+        else:
+            specs.append(piece)
+    for spec in specs:
+        if not any(spec == r or (r.endswith(":") and spec.startswith(r)) for r in _REWARDS):
+            raise ConfigError(
+                f"--reward {spec!r} is unknown: use exact_match, math_answer, regex_format:PATTERN or "
+                "length_penalty:LIMIT, comma-separated"
+            )
+    return specs
 
 
 def _trackers(args: argparse.Namespace) -> tuple[str, ...]:
