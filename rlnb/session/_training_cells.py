@@ -39,6 +39,19 @@ class TrainingCells:
         self._check_open()
         return self._trainer.learner.policy
 
+    @property
+    def model_description(self) -> str:
+        """The model, where it learns and what serves it, in words
+        (:func:`rlnb.config.describe_model`); for a LoRA model with its counts, e.g.
+        "LoRA r=8 on all-linear, 34,816 trainable of 367,232 parameters"."""
+        from rlnb.config import describe_model
+        from rlnb.models import HFPolicy
+
+        self._check_open()
+        policy = self._trainer.learner.policy
+        counts = policy.parameter_counts() if isinstance(policy, HFPolicy) else None
+        return describe_model(self._trainer.config, counts)
+
     @public_call("the directory was left as it was", waits_for_rollouts=True)
     def save_pretrained(self, directory: str | os.PathLike[str], *, adapter_only: bool = False) -> Path:
         """Write the trained model as a Hugging Face model directory: safetensors weights,

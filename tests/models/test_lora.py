@@ -50,9 +50,13 @@ def test_only_the_adapter_trains_and_the_optimizer_holds_only_its_state(llama_di
         assert sum(p.numel() for p in held) == trainable == sum(v.numel() for v in adapter.values())
         assert all(id(p) in {id(q) for q in held} for p in optimizer.state)
         assert sess._trainer.learner.reference is None  # no second copy of the model for the KL term
-        assert describe_model(sess.config, sess.policy.parameter_counts()) == (
-            f"Hugging Face model {str(llama_dir)!r} (float32, learner on cpu, LoRA r=4 on all-linear, "
-            f"{trainable:,} trainable of {every:,} parameters) on the 'hf' engine"
+        assert (
+            sess.model_description
+            == describe_model(sess.config, sess.policy.parameter_counts())
+            == (
+                f"Hugging Face model {str(llama_dir)!r} (float32, learner on cpu, LoRA r=4 on all-linear, "
+                f"{trainable:,} trainable of {every:,} parameters) on the 'hf' engine"
+            )
         )
 
 
