@@ -5,19 +5,21 @@ Each is called as ``fn(completion, answer)``, and with ``prompt=`` and ``row=`` 
 task's record) when its signature takes them; it returns a number, or None when it
 does not apply to a sample. The sample's reward is the weighted sum of the values
 that are not None, and each function's mean and standard deviation per step go into
-the session's history as ``reward/<name>`` and ``reward/<name>/std``.
+the session's history as ``reward/<name>`` and ``reward/<name>/std``. A function
+marked :func:`batched` is called once per group, with lists (reward models, judges).
 
 Ready functions: :func:`exact_match`, :func:`math_answer` (needs ``rlnb[math]``),
 :func:`regex_format` and :func:`length_penalty`.
 """
 
-from rlnb.rewards._combine import BadValue, Rewards, Scored, per_function, reward_value
+from rlnb.rewards._combine import BadValue, Rewards, Scored, batched, per_function, reward_value
 from rlnb.rewards._ready import exact_match, length_penalty, math_answer, regex_format
 
 __all__ = [
     "BadValue",
     "Rewards",
     "Scored",
+    "batched",
     "exact_match",
     "length_penalty",
     "math_answer",

@@ -7,6 +7,11 @@ to the sample (that function then does not count for it, as TRL's multi-task
 rewards). An ``async def`` function is run to its end on the reward thread. The
 sample's reward is the weighted sum of the values that are not None (0.0 when every
 function said None), and each function's value is kept under its name.
+
+A function marked :func:`batched` is called once per group instead, with lists:
+``fn(completions, answers)``, and ``prompts=`` and ``rows=`` when it takes them; it
+returns one value (or None) per completion. For reward models and LLM judges, which
+score a batch in one call.
 """
 
 from __future__ import annotations
@@ -24,11 +29,35 @@ from rlnb._errors import ConfigError
 from rlnb._reprs import short_repr
 from rlnb._samples import Sample
 
-__all__ = ["FLOAT32_MAX", "BadValue", "RewardFunction", "Rewards", "Scored", "per_function", "reward_value"]
+__all__ = [
+    "FLOAT32_MAX",
+    "BadValue",
+    "RewardFunction",
+    "Rewards",
+    "Scored",
+    "batched",
+    "per_function",
+    "reward_value",
+]
 
 # The learner computes advantages in float32: a larger reward would become inf there.
 FLOAT32_MAX = 3.4028234663852886e38
 _KEYWORDS = ("prompt", "row")
+_BATCHED_KEYWORDS = ("prompts", "rows")
+_MARK = "__rlnb_batched__"
+
+
+def batched(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``fn`` to be called once per group, as ``fn(completions, answers)`` with lists
+    (and ``prompts=``, ``rows=`` lists when it takes them), returning a list of one
+    number (or None) per completion. Returns ``fn`` itself::
+
+        @rlnb.rewards.batched
+        def judge(completions, answers):
+            return model.score(completions, answers)
+    """
+    setattr(fn, _MARK, True)
+    return fn
 
 
 class BadValue(Exception):
@@ -69,8 +98,9 @@ class RewardFunction:
     fn: Callable[..., Any]
     name: str
     weight: float
-    keywords: tuple[str, ...]  # of "prompt", "row": those its signature takes
+    keywords: tuple[str, ...]  # of "prompt", "row" (batched: "prompts", "rows"): those its signature takes
     is_async: bool
+    is_batched: bool = False
 
     @classmethod
     def of(cls, fn: Any, name: str, weight: float, field: str) -> RewardFunction:
@@ -79,6 +109,9 @@ class RewardFunction:
                 f"{field}={fn!r} is invalid: a reward must be a function called as reward(completion, answer) "
                 "that returns a number (or None when it does not apply)"
             )
+        is_batched = bool(getattr(fn, _MARK, False))
+        names = _BATCHED_KEYWORDS if is_batched else _KEYWORDS
+        shape = "fn(completions, answers) -> list, with lists" if is_batched else "reward(completion, answer) -> float"
         keywords: tuple[str, ...] = ()
         try:
             signature = inspect.signature(fn)
@@ -86,23 +119,25 @@ class RewardFunction:
             signature = None
         if signature is not None:
             takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
-            keywords = tuple(k for k in _KEYWORDS if takes_any or _takes_keyword(signature, k))
+            keywords = tuple(k for k in names if takes_any or _takes_keyword(signature, k))
             try:
                 signature.bind("completion", "answer", **dict.fromkeys(keywords))
             except TypeError as exc:
                 raise ConfigError(
-                    f"{field}={fn!r} is invalid: it cannot be called as reward(completion, answer) -> float, "
-                    f"with prompt= and row= if it takes them ({exc})"
+                    f"{field}={fn!r} is invalid: it cannot be called as {shape}, "
+                    f"with {names[0]}= and {names[1]}= if it takes them ({exc})"
                 ) from None
         target = getattr(fn, "__call__", fn) if not inspect.isroutine(fn) else fn  # noqa: B004
         is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(target)
-        return cls(fn, name, weight, keywords, is_async)
+        return cls(fn, name, weight, keywords, is_async, is_batched)
 
-    def __call__(self, completion: str, answer: Any, prompt: str, row: Mapping[str, Any] | None) -> float | None:
-        given = {"prompt": prompt, "row": row}
+    def __call__(self, completion: Any, answer: Any, **given: Any) -> Any:
         value = self.fn(completion, answer, **{k: given[k] for k in self.keywords})
         if self.is_async:
             value = asyncio.run(value)  # on the reward thread, which runs no loop of its own
+        return value
+
+    def value(self, value: Any) -> float | None:
         try:
             return reward_value(value, allow_none=True)
         except BadValue as bad:
@@ -159,13 +194,42 @@ class Rewards:
     def names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.functions)
 
+    @property
+    def has_batched(self) -> bool:
+        """Whether a function is called once per group (:meth:`score_group`)."""
+        return any(f.is_batched for f in self.functions)
+
     def score(self, completion: str, answer: Any, *, prompt: str = "", row: Mapping[str, Any] | None = None) -> Scored:
-        """Call every function (on the caller's thread) and sum their weighted values.
-        Raises what a function raises, and ``BadValue`` naming a function that returned
+        """Call every function that scores one sample (on the caller's thread) and sum
+        their weighted values; batched functions wait for :meth:`score_group`. Raises
+        what a function raises, and ``BadValue`` naming a function that returned
         something other than a finite number or None."""
-        parts = {f.name: f(completion, answer, prompt, row) for f in self.functions}
-        total = sum(f.weight * value for f in self.functions if (value := parts[f.name]) is not None)
-        return Scored(float(total), parts)
+        parts = {
+            f.name: f.value(f(completion, answer, prompt=prompt, row=row)) for f in self.functions if not f.is_batched
+        }
+        return self._scored(parts)
+
+    def score_group(
+        self, scored: Sequence[Scored], completions: Sequence[str], answers: Sequence[Any], prompts: Sequence[str],
+        rows: Sequence[Mapping[str, Any] | None],
+    ) -> list[Scored]:  # fmt: skip
+        """``scored`` (a group's samples, by :meth:`score`) with the batched functions'
+        values added, each function called once with the group's lists."""
+        parts = [dict(s.parts) for s in scored]
+        for f in self.functions:
+            if not f.is_batched:
+                continue
+            values = f(list(completions), list(answers), prompts=list(prompts), rows=list(rows))
+            if isinstance(values, str | bytes) or not isinstance(values, Sequence) or len(values) != len(parts):
+                raise BadValue(f"{short_repr(values)}, not a list of {len(parts)} values (one per completion)", f.name)
+            for part, value in zip(parts, values, strict=True):
+                part[f.name] = f.value(value)
+        return [self._scored(part) for part in parts]
+
+    def _scored(self, parts: dict[str, float | None]) -> Scored:
+        ordered = {f.name: parts[f.name] for f in self.functions if f.name in parts}
+        total = sum(f.weight * value for f in self.functions if (value := ordered.get(f.name)) is not None)
+        return Scored(float(total), ordered)
 
 
 def per_function(samples: Iterable[Sample]) -> dict[str, float]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from rlnb._errors import ClosedError, EngineError, RolloutError
 from rlnb._reprs import short_repr
@@ -26,10 +27,12 @@ from rlnb.rollout._reward import CallTimedOut, PoolFull, RewardPool
 from rlnb.rollout._state import StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor
 
-__all__ = ["GroupRunner", "RewardFn"]
+__all__ = ["GroupRewardFn", "GroupRunner", "RewardFn"]
 
 # A number, or a Scored with each reward function's value (a task's rewards.score).
 RewardFn = Callable[[PromptItem, str], "float | Scored"]
+# Once per group, after its samples: their Scored with the batched functions' values added.
+GroupRewardFn = Callable[[PromptItem, list[Sample]], list[Scored]]
 
 
 def _scored(reward_fn: RewardFn, item: PromptItem, completion: str) -> Scored:
@@ -47,7 +50,8 @@ class GroupRunner:
     waits on ``machine``, reports background failures to ``tasks``.
 
     ``reward_fn`` may be replaced at any time: completions scored later use the new
-    one. It runs on the runner's :class:`RewardPool`, which :meth:`close` shuts.
+    one. It runs on the runner's :class:`RewardPool`, which :meth:`close` shuts, and
+    so does ``group_reward_fn`` (None: none), once per group once its samples are done.
     """
 
     def __init__(
@@ -68,6 +72,7 @@ class GroupRunner:
         reward_timeout: float | None,
         seed: int,
         reward_workers: int = 1,
+        group_reward_fn: GroupRewardFn | None = None,
     ) -> None:
         self._engine = engine
         self._machine = machine
@@ -76,6 +81,7 @@ class GroupRunner:
         self._buffer = buffer
         self._encode, self._decode = encode, decode
         self.reward_fn = reward_fn
+        self.group_reward_fn = group_reward_fn
         self._group_size = group_size
         self._sampling = sampling
         self._max_continuations = max_continuations
@@ -100,7 +106,10 @@ class GroupRunner:
         base_seed = self._seed * 1_000_003 + item.prompt_id * 1009
         coros = [self._run_sample(item, prompt_ids, i, base_seed + i, ticket) for i in range(self._group_size)]
         try:
-            results = await asyncio.gather(*coros, return_exceptions=True)
+            results: list[Sample | BaseException] = await asyncio.gather(*coros, return_exceptions=True)
+            samples = [r for r in results if isinstance(r, Sample)]
+            if self.group_reward_fn is not None and len(samples) == len(results):
+                results = await self._reward_group(self.group_reward_fn, item, samples)
             group = self._end_group(item, prompt_ids, results, ticket, to_buffer=to_buffer)
             if group is not None and to_buffer:
                 # Never waits: when the buffer is full the group is held there until the
@@ -269,6 +278,24 @@ class GroupRunner:
         result = await self._engine.generate(request)
         return self._decode(list(result.token_ids))
 
+    async def _reward_group(
+        self, group_reward_fn: GroupRewardFn, item: PromptItem, samples: list[Sample]
+    ) -> list[Sample | BaseException]:
+        """``samples`` rescored by ``group_reward_fn`` (on a worker thread, as
+        :meth:`reward`); its failure, as a RolloutError, fails the group."""
+        where = f"prompt {item.prompt_id} ({short_repr(item.prompt)}), the group's {len(samples)} completions"
+        self._counts.generating += 1  # as a sample's reward: a WAIT drain waits for it
+        try:
+            scored: list[Scored] = await self._call_reward(group_reward_fn, item, samples, where=where)
+        except RolloutError as exc:
+            return [exc]
+        finally:
+            self._counts.generating -= 1
+        return [
+            dataclasses.replace(sample, reward=s.total, rewards=dict(s.parts))
+            for sample, s in zip(samples, scored, strict=True)
+        ]
+
     async def reward(self, item: PromptItem, completion: str) -> Scored:
         """``reward_fn(item, completion)`` as a Scored, run on a worker thread.
 
@@ -278,13 +305,15 @@ class GroupRunner:
         on one more thread), or returns anything but a finite number (not retried: a
         bug, not bad luck); ClosedError once closed."""
         where = f"prompt {item.prompt_id} ({short_repr(item.prompt)}), completion {short_repr(completion)}"
+        scored: Scored = await self._call_reward(_scored, self.reward_fn, item, completion, where=where)
+        return scored
+
+    async def _call_reward(self, fn: Callable[..., Any], /, *args: Any, where: str) -> Any:
+        """``fn(*args)`` on a reward thread, retried and its failures explained as :meth:`reward` says."""
         attempt = 0
         while True:
             try:
-                scored: Scored = await self._rewards.call(
-                    _scored, self.reward_fn, item, completion, timeout=self._reward_timeout
-                )
-                return scored
+                return await self._rewards.call(fn, *args, timeout=self._reward_timeout)
             except BadValue as bad:
                 which = "the reward function" if bad.function is None else f"the reward function {bad.function!r}"
                 may_skip = "" if bad.function is None else ", or None when it does not apply to the sample"

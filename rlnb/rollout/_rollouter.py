@@ -22,7 +22,7 @@ from rlnb._samples import Group, PromptItem
 from rlnb.buffer import ReplayBuffer
 from rlnb.engines import Engine, PauseMode, SamplingParams
 from rlnb.rollout._accounting import Counters, RolloutStatistics, Ticket, is_cancellation
-from rlnb.rollout._group import GroupRunner, RewardFn
+from rlnb.rollout._group import GroupRewardFn, GroupRunner, RewardFn
 from rlnb.rollout._quiesce import Quiescence
 from rlnb.rollout._state import RolloutState, StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor
@@ -37,7 +37,9 @@ class Rollouter:
     """Dispatches prompts as groups of samples to ``engine`` and puts rewarded groups in ``buffer``.
 
     ``prompts`` yields :class:`PromptItem`; ``encode``/``decode`` map text to token
-    ids; ``reward_fn(item, completion)`` scores a completion. Background dispatch
+    ids; ``reward_fn(item, completion)`` scores a completion, and
+    ``group_reward_fn(item, samples)`` (if given) each group once its samples are
+    done (a task's batched reward functions). Background dispatch
     runs at most ``max_policy_lag`` policy versions ahead of the learner: at most
     ``(max_policy_lag + 1) * groups_per_step`` groups bound for the learner are live
     at once, counted from what is there now (groups generating, plus groups in the
@@ -72,6 +74,7 @@ class Rollouter:
         seed: int = 0,
         on_bad_prompt: str = "raise",
         reward_workers: int = 1,
+        group_reward_fn: GroupRewardFn | None = None,
     ) -> None:
         if max_inflight < group_size:
             raise ValueError(f"max_inflight ({max_inflight}) must be >= group_size ({group_size})")
@@ -100,6 +103,7 @@ class Rollouter:
             reward_timeout=reward_timeout,
             reward_workers=reward_workers,
             seed=seed,
+            group_reward_fn=group_reward_fn,
         )
         self._capacity = asyncio.Semaphore(max_inflight)
         self._version = 0
@@ -216,12 +220,14 @@ class Rollouter:
     def dispatching(self) -> bool:
         return self._dispatcher is not None and not self._dispatcher.done()
 
-    async def set_reward_fn(self, reward_fn: RewardFn) -> None:
-        """Score every completion from now on with ``reward_fn`` (samples already scored keep theirs)."""
+    async def set_reward_fn(self, reward_fn: RewardFn, group_reward_fn: GroupRewardFn | None = None) -> None:
+        """Score every completion from now on with ``reward_fn``, and each group with
+        ``group_reward_fn`` (None: none); samples already scored keep theirs."""
         if not callable(reward_fn):
             raise TypeError(f"the reward function must be callable, got {type(reward_fn).__name__}")
         self._machine.check_open()
         self._runner.reward_fn = reward_fn
+        self._runner.group_reward_fn = group_reward_fn
 
     async def set_version(self, version: int) -> None:
         """Tell the rollouter the learner's policy version (opens the policy-lag budget)."""

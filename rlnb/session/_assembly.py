@@ -8,15 +8,17 @@ composition root reads as a list of stages.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from rlnb._errors import CheckpointError, ConfigError
+from rlnb._samples import PromptItem, Sample
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config, ModelConfig, engine_kind
 from rlnb.data import Task
 from rlnb.engines import Engine, SamplingParams
+from rlnb.rewards import Scored
 from rlnb.rollout import Rollouter
 
 if TYPE_CHECKING:
@@ -220,6 +222,21 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
 _VLLM_START_TIMEOUT = 600.0  # seconds: about 15 on an idle CPU, a minute on a busy one
 
 
+def group_reward_fn(task: Task) -> Callable[[PromptItem, list[Sample]], list[Scored]]:
+    """Scores a group with ``task``'s batched reward functions, once its samples are done."""
+
+    def score(item: PromptItem, samples: list[Sample]) -> list[Scored]:
+        return task.rewards.score_group(
+            [Scored(s.reward or 0.0, s.rewards) for s in samples],
+            [s.completion for s in samples],
+            [item.answer] * len(samples),
+            [item.prompt] * len(samples),
+            [item.row] * len(samples),
+        )
+
+    return score
+
+
 def make_rollouter(
     config: Config,
     task: Task,
@@ -238,6 +255,7 @@ def make_rollouter(
         reward_fn=lambda item, completion: task.rewards.score(
             completion, item.answer, prompt=item.prompt, row=item.row
         ),
+        group_reward_fn=group_reward_fn(task) if task.rewards.has_batched else None,
         buffer=buffer,
         group_size=r.group_size,
         max_inflight=r.max_inflight,

@@ -122,3 +122,39 @@ def test_a_function_that_returns_text_fails_the_rollout_naming_the_function() ->
     with rlnb.Session(small_config(task=t.name), name="text-reward") as sess:
         with pytest.raises(rlnb.RolloutError, match=r"the reward function 'returns_text' returned 'high'.*or None"):
             sess.rollout(1)
+
+
+def test_a_batched_function_is_called_once_per_group_with_its_lists() -> None:
+    calls: list[tuple[int, bool]] = []
+
+    @rlnb.rewards.batched
+    def judge(completions: list[str], answers: list[str], *, rows: list[dict[str, Any]]) -> list[float]:
+        calls.append((len(completions), len(set(answers)) == 1 and rows[0] is not None))
+        return [0.25] * len(completions)
+
+    t = Task.from_records("judged", ROWS, reward=[constant_one, judge], reward_weights=[1.0, 2.0], eval_size=0)
+    register_task(t, replace=True)
+    with rlnb.Session(small_config(task=t.name), name="judged") as sess:
+        metrics = sess.step()  # four groups of four
+        assert calls == [(4, True)] * 4
+        assert metrics["reward/judge"] == 0.25 and metrics["reward_mean"] == 1.5
+        (group,) = sess.rollout(1)
+    assert all(s.rewards == {"constant_one": 1.0, "judge": 0.25} and s.reward == 1.5 for s in group.samples)
+
+
+def test_a_batched_function_must_give_one_value_per_completion() -> None:
+    @rlnb.rewards.batched
+    def short(completions: list[str], answers: list[str]) -> list[float]:
+        return [1.0]
+
+    rewards = Rewards.of([right, short], None)
+    first = [rewards.score("c", "a") for _ in range(3)]
+    assert all(dict(s.parts) == {"right": 1.0} for s in first)  # the batched one waits for the group
+    with pytest.raises(BadValue, match=r"\[1\.0\], not a list of 3 values") as caught:
+        rewards.score_group(first, ["c"] * 3, ["a"] * 3, ["p"] * 3, [None] * 3)
+    assert caught.value.function == "short"
+    t = Task.from_records("short-judge", ROWS, reward=short, eval_size=0)
+    register_task(t, replace=True)
+    with rlnb.Session(small_config(task=t.name), name="short-judge") as sess:
+        with pytest.raises(rlnb.RolloutError, match=r"the reward function 'short' returned \[1\.0\], not a list of 4"):
+            sess.rollout(1)
