@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["Group", "PromptItem", "RolloutBatch", "Sample"]
+__all__ = ["Group", "PromptItem", "RolloutBatch", "Sample", "messages_text"]
 
 FINISH_REASONS = ("stop", "length", "aborted")
 
@@ -121,6 +121,20 @@ class PromptItem:
     answer: Any = None
     # A data set task's record, for reward functions that take ``row=``.
     row: dict[str, Any] | None = dataclasses.field(default=None, hash=False)
+    # A chat prompt's messages ({"role", "content"}); ``prompt`` is then their text.
+    messages: tuple[dict[str, str], ...] | None = dataclasses.field(default=None, hash=False)
+
+    @property
+    def encodable(self) -> str | tuple[dict[str, str], ...]:
+        """What a tokenizer encodes: the messages of a chat prompt (through the model's
+        chat template, where it has one), else the text."""
+        return self.messages if self.messages is not None else self.prompt
+
+
+def messages_text(messages: Sequence[Mapping[str, str]]) -> str:
+    """Chat messages as plain text, for a tokenizer without a chat template (the
+    built-in one) and for display: their contents, one per line."""
+    return "\n".join(m["content"] for m in messages)
 
 
 def _versions(sample: Sample) -> str:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from rlnb._errors import ConfigError
 from rlnb._reprs import short_repr
-from rlnb._samples import PromptItem
+from rlnb._samples import PromptItem, messages_text
 
 __all__ = ["EVAL_ID_OFFSET", "Generated", "PromptSource", "Records"]
 
@@ -98,10 +98,11 @@ class Records:
                         f"(its fields: {sorted(row)}); name the field that holds each record's {argument}"
                     )
             text = row[prompt]
-            if not isinstance(text, str):
+            if not (isinstance(text, str) or _is_chat(text)):
                 raise ConfigError(
                     f"Task.from_records(prompt={prompt!r}) is invalid: record {index}'s {prompt!r} is "
-                    f"{short_repr(text)}; a prompt must be a string"
+                    f"{short_repr(text)}; a prompt must be a string, or a list of chat messages "
+                    "{'role': ..., 'content': ...} with string values"
                 )
         held = _held_out(len(rows), eval_size, f"{name}:split:{split_seed}")
         kept = set(held)
@@ -117,10 +118,11 @@ class Records:
         return [self._item(EVAL_ID_OFFSET + i, row) for i, row in enumerate(self.held_out_rows[:n])]
 
     def characters(self) -> set[str]:
-        """Every character of the prompts and of the answers that are strings."""
+        """Every character of the prompts (as the built-in tokenizer reads them) and of
+        the answers that are strings."""
         found: set[str] = set()
         for row in self.rows:
-            found.update(row[self.prompt])
+            found.update(_text(row[self.prompt]))
             if isinstance(row[self.answer], str):
                 found.update(row[self.answer])
         return found
@@ -130,7 +132,7 @@ class Records:
         allowed = set(alphabet)
         for index, row in enumerate(self.rows):
             for field in (self.prompt, self.answer):
-                value = row[field]
+                value = _text(row[field]) if field == self.prompt else row[field]
                 outside = "".join(sorted(set(value) - allowed)) if isinstance(value, str) else ""
                 if outside:
                     raise ConfigError(
@@ -144,7 +146,11 @@ class Records:
 
     def _item(self, prompt_id: int, row_index: int) -> PromptItem:
         row = self.rows[row_index]
-        return PromptItem(prompt_id, row[self.prompt], row[self.answer], row=dict(row))
+        prompt = row[self.prompt]
+        if isinstance(prompt, str):
+            return PromptItem(prompt_id, prompt, row[self.answer], row=dict(row))
+        messages = tuple({"role": m["role"], "content": m["content"]} for m in prompt)
+        return PromptItem(prompt_id, messages_text(messages), row[self.answer], row=dict(row), messages=messages)
 
     def _order(self, seed: int, epoch: int) -> list[int]:
         """Epoch ``epoch``'s shuffle of the training records for ``seed`` (the last two kept)."""
@@ -171,6 +177,22 @@ class Records:
             f"Records({self.source}, {len(self.train)} to train on, {len(self.held_out_rows)} held out, "
             f"prompt={self.prompt!r}, answer={self.answer!r})"
         )
+
+
+def _is_chat(value: Any) -> bool:
+    """Whether ``value`` is a non-empty list of chat messages ({"role", "content"} strings)."""
+    return (
+        isinstance(value, list | tuple)
+        and bool(value)
+        and all(
+            isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in value
+        )
+    )
+
+
+def _text(prompt: Any) -> str:
+    return prompt if isinstance(prompt, str) else messages_text(prompt)
 
 
 def _read(records: Any) -> tuple[list[Any], str]:

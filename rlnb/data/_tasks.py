@@ -91,7 +91,10 @@ class Task:
 
         records: a list of dicts, a ``datasets.Dataset``, or the path of a ``.jsonl``,
             ``.json`` (a list) or ``.parquet`` file (``rlnb[data]``).
-        prompt, answer: the fields that hold each record's prompt (a string) and answer
+        prompt, answer: the fields that hold each record's prompt (a string, or a list of
+            chat messages ``{"role", "content"}``, which a Hugging Face model's chat
+            template gets as they are; the built-in tokenizer reads their contents,
+            one per line) and answer
             (what the reward functions get as ``answer``; they get the whole record as
             ``row=`` when they take it).
         reward, reward_weights: one reward function or a list, and their weights (see

@@ -84,7 +84,7 @@ class Warmup:
                     items = [next(self._prompts) for _ in range(cfg.batch_size)]
                     with defer_interrupts():
                         metrics = self._learner.supervised_step(
-                            [(item.prompt, str(item.answer)) for item in items], optimizer
+                            [(item.encodable, str(item.answer)) for item in items], optimizer
                         )
                         self.steps += 1
                     history.append(metrics)

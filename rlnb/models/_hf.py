@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ from torch import nn
 
 from rlnb._errors import ConfigError
 from rlnb._files import write_model_dir
+from rlnb._samples import messages_text
 
 if TYPE_CHECKING:
     from rlnb.config import LoraConfig
@@ -394,15 +395,19 @@ class HFTokenizer:
         self.chat = bool(getattr(tokenizer, "chat_template", None))
         self.vocab_size: int = len(tokenizer)
 
-    def encode(self, text: str, *, bos: bool = False) -> list[int]:
+    def encode(self, text: str | Sequence[Mapping[str, str]], *, bos: bool = False) -> list[int]:
         """A prompt's ids (``bos``: through the chat template if there is one, else with
-        the tokenizer's special tokens), or a target's (``bos=False``: the text's own)."""
+        the tokenizer's special tokens), or a target's (``bos=False``: the text's own).
+        A prompt may be chat messages ({"role", "content"}): the chat template gets them
+        as they are; without one, their contents are the text, one per line."""
+        if not isinstance(text, str) and not (bos and self.chat):
+            text = messages_text(text)
         if not bos:
+            assert isinstance(text, str)
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         if self.chat:
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-            )
+            messages = [{"role": "user", "content": text}] if isinstance(text, str) else [dict(m) for m in text]
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
         return list(self.tokenizer(text, add_special_tokens=bos)["input_ids"])
 
@@ -516,9 +521,10 @@ def load_hf_model(
 ) -> HFPolicy:
     """The causal LM in the local directory ``path`` as an :class:`HFPolicy` in train
     mode on ``device`` (nothing is downloaded), with gradient checkpointing and a LoRA
-    adapter (its initial weights made from ``seed``) if asked for. :class:`~rlnb.ConfigError` for a directory that is not a
-    causal LM, a ``max_len`` past its positions, a device torch does not have, an
-    architecture rlnb cannot drive, or LoRA targets the model lacks."""
+    adapter (its initial weights made from ``seed``) if asked for.
+    :class:`~rlnb.ConfigError` for a directory that is not a causal LM, a ``max_len``
+    past its positions, a device torch does not have, an architecture rlnb cannot
+    drive, or LoRA targets the model lacks."""
     check_model_dir(path, max_len=max_len)
     where = check_device(device)
     transformers = _quiet_transformers()

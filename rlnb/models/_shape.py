@@ -44,7 +44,7 @@ def model_shape(config: Config, task: Task) -> tuple[Tokenizer, ModelConfig]:
     else:
         tokenizer = CharTokenizer(task.alphabet)
     # The longest of a sample of prompts, as the model sees it, and the completion.
-    positions = max(len(tokenizer.encode(task.item(config.seed, i).prompt, bos=True)) for i in range(16))
+    positions = max(len(tokenizer.encode(task.item(config.seed, i).encodable, bos=True)) for i in range(16))
     positions += config.rollout.max_new_tokens or task.max_new_tokens
     if config.model.max_len < positions:
         raise ConfigError(

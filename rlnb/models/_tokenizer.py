@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from rlnb._errors import ConfigError
+from rlnb._samples import messages_text
 
 __all__ = ["CharTokenizer"]
 
@@ -51,11 +52,14 @@ class CharTokenizer:
         """Number of ids: the three specials plus one per character."""
         return self._N_SPECIAL + len(self._alphabet)
 
-    def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
-        """The ids of ``text``'s characters, optionally framed by BOS and EOS.
+    def encode(self, text: str | Sequence[Mapping[str, str]], *, bos: bool = False, eos: bool = False) -> list[int]:
+        """The ids of ``text``'s characters, optionally framed by BOS and EOS. Chat
+        messages are their contents, one per line (this tokenizer has no template).
 
         Raises ``ValueError`` naming the first character not in the alphabet.
         """
+        if not isinstance(text, str):
+            text = messages_text(text)
         ids = self._ids
         try:
             body = [ids[c] for c in text]

@@ -62,7 +62,7 @@ class GroupRunner:
         tasks: TaskSupervisor,
         counters: Counters,
         buffer: ReplayBuffer,
-        encode: Callable[[str], list[int]],
+        encode: Callable[[str | tuple[dict[str, str], ...]], list[int]],
         decode: Callable[[list[int]], str],
         reward_fn: RewardFn,
         group_size: int,
@@ -102,7 +102,7 @@ class GroupRunner:
         group raises when not ``to_buffer`` (collect() reports it); otherwise its
         failure is reported to ``tasks`` and the result is None. Counts the group on
         ``ticket`` (a group cancelled before its end is counted by ``settle_rest``)."""
-        prompt_ids = tuple(self._encode(item.prompt))
+        prompt_ids = tuple(self._encode(item.encodable))
         base_seed = self._seed * 1_000_003 + item.prompt_id * 1009
         coros = [self._run_sample(item, prompt_ids, i, base_seed + i, ticket) for i in range(self._group_size)]
         try:
@@ -252,7 +252,7 @@ class GroupRunner:
         """One completion of ``item`` with ``sampling`` (not retried) and its reward. An
         abort pause meanwhile is waited out and the completion continued from its
         prefix (greedy decoding continues exactly), so a pause never scores half an answer."""
-        prompt_ids = tuple(self._encode(item.prompt))
+        prompt_ids = tuple(self._encode(item.encodable))
         tokens: list[int] = []
         continuation = 0
         while True:

@@ -59,7 +59,7 @@ class Rollouter:
         engine: Engine,
         *,
         prompts: Iterator[PromptItem],
-        encode: Callable[[str], list[int]],
+        encode: Callable[[str | tuple[dict[str, str], ...]], list[int]],
         decode: Callable[[list[int]], str],
         reward_fn: RewardFn,
         buffer: ReplayBuffer,

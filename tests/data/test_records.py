@@ -153,3 +153,30 @@ def test_a_session_loaded_mid_epoch_goes_on_with_the_same_prompts(tmp_path: Path
     with rlnb.Session.load(saved, name="second") as sess:
         second = [sess.step() for _ in range(3)]
     assert_same_metrics(first + second, straight)
+
+
+CHATS = [
+    {"messages": [{"role": "system", "content": "add"}, {"role": "user", "content": f"{a}+{a}"}], "sum": str(2 * a)}
+    for a in range(10, 30)
+]
+
+
+def test_a_prompt_may_be_chat_messages() -> None:
+    t = Task.from_records("chats", CHATS, prompt="messages", answer="sum", reward=exact, eval_size=2)
+    item = t.item(0, 0)
+    assert item.messages is not None and [m["role"] for m in item.messages] == ["system", "user"]
+    assert item.prompt == "add\n" + item.messages[1]["content"]  # what the built-in tokenizer reads, and shows
+    assert "\n" in t.alphabet and "a" in t.alphabet
+    with pytest.raises(rlnb.ConfigError, match=r"record 0's 'messages' is \[\{'role': 'user'\}\].*chat messages"):
+        Task.from_records("bad-chats", [{"messages": [{"role": "user"}], "sum": "1"}], prompt="messages",
+                          answer="sum", reward=exact, eval_size=0)  # fmt: skip
+
+
+def test_a_session_trains_on_chat_messages_with_the_built_in_policy() -> None:
+    t = Task.from_records("chats-session", CHATS, prompt="messages", answer="sum", reward=exact, eval_size=2)
+    register_task(t, replace=True)
+    with rlnb.Session(small_config(task=t.name), name="chats") as sess:
+        sess.step()
+        (group,) = sess.rollout(1)
+        assert group.prompt.startswith("add\n")
+        assert len(group.prompt_ids) == 1 + len(group.prompt)  # BOS, then a character each, "\n" included

@@ -85,7 +85,8 @@ def test_a_session_trains_a_model_with_gradient_checkpointing(llama_dir: Path) -
 def test_gradient_checkpointing_of_the_built_in_policy_is_a_config_error() -> None:
     with pytest.raises(
         rlnb.ConfigError,
-        match=r"ModelConfig\.gradient_checkpointing=True is invalid: it is for Hugging Face models \(ModelConfig\.path\)",
+        match=r"ModelConfig\.gradient_checkpointing=True is invalid: "
+        r"it is for Hugging Face models \(ModelConfig\.path\)",
     ):
         rlnb.ModelConfig(gradient_checkpointing=True)
     with pytest.raises(

@@ -266,6 +266,10 @@ def test_a_chat_template_frames_the_prompt(tmp_path: Path, llama_dir: Path) -> N
     chat = load_hf_tokenizer(tmp_path / "chat")
     assert chat.chat and chat.encode("12+34", bos=True) == [ALPHABET.index(c) for c in "12+34="]
     assert chat.encode("46") == [4, 6]  # targets are never templated
+    messages = [{"role": "system", "content": "1"}, {"role": "user", "content": "2+3"}]
+    assert chat.encode(messages, bos=True) == [ALPHABET.index(c) for c in "1=2+3="]  # the messages, as given
+    plain = load_hf_tokenizer(llama_dir)  # no template: the contents, one per line
+    assert plain.encode([{"role": "user", "content": "2+3"}], bos=True) == plain.encode("2+3", bos=True)
 
 
 def test_save_pretrained_writes_a_model_transformers_loads_and_it_writes_what_the_session_writes(
