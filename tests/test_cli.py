@@ -346,3 +346,20 @@ def test_bad_data_flags_are_one_line_naming_the_flag(
     assert code == 2 and err.count("\n") == 1, err
     for word in words:
         assert word in err, err
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--lora-r", "8"], ["--lora-r 8", "LoRA adapts a Hugging Face model (ModelConfig.path)"]),
+        (["--lora-r", "0", "--model", "DIR"], ["--lora-r 0", "LoraConfig.r=0 is invalid"]),
+    ],
+)
+def test_a_bad_lora_flag_is_one_line_naming_it(
+    args: list[str], words: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [str(tmp_path) if a == "DIR" else a for a in args]
+    assert main(["train", "--steps", "1", "--run-dir", str(tmp_path / "run"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(word in err for word in words), err
+    assert not (tmp_path / "run").exists()

@@ -38,6 +38,7 @@ CONFIG_FLAGS = {
     "dtype": ("model", "dtype"),
     "device": ("model", "device"),
     "max_len": ("model", "max_len"),
+    "lora": ("model", "lora"),
     "engine": ("engine", "kind"),
     "task": (None, "task"),
     "seed": (None, "seed"),
@@ -203,6 +204,9 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", help="where the --model learns (and the hf engine runs): cpu, cuda or cuda:N")
     parser.add_argument("--max-len", type=_int_from(1), help="context length in tokens, prompt and completion")
+    parser.add_argument(
+        "--lora-r", type=int, help="train a LoRA adapter of this rank on the --model instead of all its weights"
+    )
 
 
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -232,6 +236,13 @@ def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     from rlnb import ConfigError
 
     config, options = demo_settings()
+    if args.lora_r is not None:
+        from rlnb import LoraConfig
+
+        try:
+            args.lora = LoraConfig(r=args.lora_r)
+        except ConfigError as exc:
+            raise ConfigError(f"--lora-r {args.lora_r}: {exc}") from None
     if getattr(args, "data", None) is not None:
         if args.task is not None:
             raise ConfigError(f"--data {args.data} and --task {args.task}: give one, the task or your data")
@@ -257,7 +268,8 @@ def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         except ConfigError as exc:
             shown = repr(value) if dest in ("model", "ray_address") else value  # may be empty or hold spaces
             hint = "; pass --warmup-task none for the task's own answers" if dest == "warmup_task" else ""
-            raise ConfigError(f"--{dest.replace('_', '-')} {shown}: {exc}{hint}") from None
+            flag = f"--{dest.replace('_', '-')} {shown}" if dest != "lora" else f"--lora-r {args.lora_r}"
+            raise ConfigError(f"{flag}: {exc}{hint}") from None
     if args.command == "demo":
         return config, options
     options = {
