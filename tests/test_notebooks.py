@@ -121,6 +121,11 @@ def test_03_grpo_by_hand_matches_the_step_and_ctrl_c_is_one_line(execute_noteboo
 
 def test_04_your_own_task_learns(execute_notebook: Execute) -> None:
     out, _ = run_notebook(execute_notebook, "04-your-own-task")
+    said = [line for cell in out for line in cell.splitlines() if line.startswith("rlnb: task 'times7'")]
+    assert said == [
+        "rlnb: task 'times7' makes its prompts in this process, not in loader workers: its make_prompt is "
+        "defined in this notebook, which a worker cannot import (define them in a .py module to use workers)"
+    ]
     found = re.search(r"accuracy: (\d\.\d+) at first, (\d\.\d+) after the warm-up, (\d\.\d+) after RL", out[2])
     assert found, out[2]
     start, warm, end = (float(x) for x in found.groups())
