@@ -1,5 +1,6 @@
 """The dashboard's curves: reward, entropy and held-out accuracy as small SVG charts
-with a labelled grid, built from strings (no matplotlib on the ticker thread)."""
+with a labelled grid, built from strings (no matplotlib on the ticker thread), and
+each reward function's mean when a task has several."""
 
 from __future__ import annotations
 
@@ -56,7 +57,9 @@ class Curves:
         shown = list(history[::stride]) + ([history[-1]] if history and (len(history) - 1) % stride else [])
         steps = [float(m.get("version", i * stride + 1)) for i, m in enumerate(shown)]
         charts = []
-        for key, title in self._SERIES:
+        # A task with several reward functions: a chart of each one's mean per step too.
+        per_function = [k for k in (history[-1] if history else {}) if k.startswith("reward/") and "/std" not in k[7:]]
+        for key, title in (*self._SERIES, *((k, k) for k in per_function)):
             if key == "eval":
                 svg = self.chart(title, [(float(v), a) for v, a in evaluations], y_range=(0.0, 1.0), dots=True)
             else:

@@ -22,3 +22,17 @@ def test_a_chart_has_a_labelled_grid() -> None:
     assert {"0.2", "0.4", "0.6", "50", "100", "150"} <= set(labels), labels
     assert svg.count('stroke="#e4e4e4"') >= 6  # grid lines, not just the ends
     assert "no data yet" in Curves().chart("entropy", [])
+
+
+def test_each_reward_function_of_a_task_with_several_gets_a_chart() -> None:
+    history = [
+        {"version": v, "reward_mean": 0.5, "entropy": 1.0, "reward/exact_match": 0.1 * v, "reward/exact_match/std": 0.0}
+        for v in range(1, 4)
+    ]
+    html = Curves().render(history, [])
+    assert re.findall(r'alt="([^"]+)"', html) == ["reward_mean", "entropy", "held-out accuracy", "reward/exact_match"]
+    assert re.findall(r'alt="([^"]+)"', Curves().render([{"reward_mean": 1.0}], [])) == [
+        "reward_mean",
+        "entropy",
+        "held-out accuracy",
+    ]  # one function: no extra chart
