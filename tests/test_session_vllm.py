@@ -1,8 +1,13 @@
 """A session whose engine is vLLM (``EngineConfig(kind="vllm")``, the CPU build here):
-it trains the tiny Llama, its engine's behaviour log-probs are the learner's, pause
-and resume keep partial rollouts, a checkpoint loads back, and close leaves no
-process, nor does a kernel restart. Skipped when vllm is not installed, unless
-RLNB_REQUIRE_VLLM=1 (the ``vllm`` fixture)."""
+it trains a LoRA adapter of the tiny Llama, its engine's behaviour log-probs are the
+learner's, pause and resume keep partial rollouts, a checkpoint loads back, and close
+leaves no process, nor does a kernel restart (a session of the whole model). Skipped
+when vllm is not installed, unless RLNB_REQUIRE_VLLM=1 (the ``vllm`` fixture).
+
+Each vLLM start costs 30-50 s of CPU here, so the LoRA session is the one that checks
+log-probs: vLLM gets merged weights (``W + alpha / r * B @ A``) at every sync, which
+is the whole-model sync with other tensors in it. A whole model's sync and log-probs
+are checked on the engine itself (``tests/engines/test_vllm.py``)."""
 
 from __future__ import annotations
 
@@ -21,11 +26,29 @@ from tests.helpers.kernel import OpenKernel, ok
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.usefixtures("vllm")]
 
 
+LORA = rlnb.LoraConfig(r=4, alpha=8)
+
+
 def _config(model: Path) -> rlnb.Config:
     return small_config(
-        model=rlnb.ModelConfig(path=str(model), max_len=32),
+        model=rlnb.ModelConfig(path=str(model), max_len=32, lora=LORA),
         engine=rlnb.EngineConfig(kind="vllm", max_batch=64),
+        learn=rlnb.LearnConfig(lr=1e-2),  # the adapter (B starts at 0) moves log-probs well past 1e-4 in two steps
     )
+
+
+def _worst_gap(policy: torch.nn.Module, tokenizer: rlnb.models.HFTokenizer, groups: list[rlnb.Group]) -> float:
+    """The largest difference between a sample's behaviour log-probs and ``policy``'s."""
+    worst = 0.0
+    for group in groups:
+        prompt = tokenizer.encode(group.prompt, bos=True)
+        for sample in group.samples:
+            ids = torch.tensor([[*prompt, *sample.token_ids]])
+            with torch.no_grad():
+                logp = policy.forward(ids)[0, len(prompt) - 1 : -1].float().log_softmax(-1)
+            scored = logp.gather(-1, torch.tensor(sample.token_ids)[:, None]).squeeze(-1)
+            worst = max(worst, float((scored - torch.tensor(sample.logprobs)).abs().max()))
+    return worst
 
 
 def _engine_processes() -> list[psutil.Process]:
@@ -41,18 +64,20 @@ def test_a_vllm_session_trains_saves_loads_and_closes(tmp_path: Path) -> None:
         for _ in range(2):
             sess.step()
         assert sess.version == 2 and sess.statistics().engine.version == 2
-        # The done-when of the vLLM issue: behaviour log-probs match the learner's within 1e-4.
-        worst = 0.0
-        for group in sess.rollout(2):
-            prompt = tokenizer.encode(group.prompt, bos=True)
-            for sample in group.samples:
-                assert set(sample.versions) == {2}
-                ids = torch.tensor([[*prompt, *sample.token_ids]])
-                with torch.no_grad():
-                    logp = sess.policy.forward(ids)[0, len(prompt) - 1 : -1].float().log_softmax(-1)
-                scored = logp.gather(-1, torch.tensor(sample.token_ids)[:, None]).squeeze(-1)
-                worst = max(worst, float((scored - torch.tensor(sample.logprobs)).abs().max()))
+        assert "LoRA r=4 on all-linear" in sess.model_description
+        # The done-when of the vLLM issue: behaviour log-probs match the learner's within 1e-4,
+        # here the adapted learner's after LoRA updates; and the model without its adapter
+        # is far from them, so the match says vLLM serves the merged weights.
+        groups = sess.rollout(2)
+        assert {v for group in groups for sample in group.samples for v in sample.versions} == {2}
+        policy = sess.policy
+        assert isinstance(policy, rlnb.models.HFPolicy)
+        worst = _worst_gap(policy, tokenizer, groups)
+        with policy.adapter_disabled():
+            unadapted = _worst_gap(policy, tokenizer, groups)
+        print(f"behaviour log-probs vs the adapted learner: {worst:.1e}; vs the model without it: {unadapted:.1e}")
         assert worst <= 1e-4, worst
+        assert unadapted > 100 * 1e-4, unadapted
         sess.pause("keep")
         sess.resume()
         assert sess.step()["version"] == 3
@@ -60,8 +85,8 @@ def test_a_vllm_session_trains_saves_loads_and_closes(tmp_path: Path) -> None:
         written = sess.complete(["12+34=", "56+78="], max_new_tokens=4)
         assert _engine_processes(), "vLLM runs EngineCore in a child process"
     assert _engine_processes() == []
-    with rlnb.Session.load(tmp_path / "ckpt", name="vllm") as loaded:
-        assert loaded.version == 3
+    with rlnb.Session.load(tmp_path / "ckpt", name="vllm") as loaded:  # the adapter, merged into a new vLLM
+        assert loaded.version == 3 and loaded.config.model.lora == LORA
         assert loaded.complete(["12+34=", "56+78="], max_new_tokens=4) == written  # the saved weights, greedy
     assert _engine_processes() == []
 
