@@ -235,7 +235,7 @@ class Rewards:
 def per_function(samples: Iterable[Sample]) -> dict[str, float]:
     """Each reward function's mean and standard deviation (over the samples where it
     applied) as ``reward/<name>`` and ``reward/<name>/std``; empty for samples scored
-    by a single function."""
+    by a single function (``reward_mean`` is its mean)."""
     values: dict[str, list[float]] = {}
     for sample in samples:
         for name, value in sample.rewards.items():
@@ -243,7 +243,9 @@ def per_function(samples: Iterable[Sample]) -> dict[str, float]:
                 values.setdefault(name, []).append(value)
             else:
                 values.setdefault(name, [])
-    metrics = {}
+    metrics: dict[str, float] = {}
+    if len(values) < 2:  # one function: its mean is reward_mean
+        return metrics
     for name, found in values.items():
         if found:
             metrics[f"reward/{name}"] = statistics.fmean(found)
