@@ -27,7 +27,6 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from rlnb._errors import ClosedError
-from rlnb.config import describe_model
 from rlnb.notebook import _clicks
 from rlnb.runtime import release_output_pipes, snapshot
 
@@ -109,7 +108,7 @@ class Dashboard:
         from rlnb.notebook import _curves, _panels
 
         self.name = session.name
-        self.model = describe_model(session.config)
+        self.model = session.model_description  # with a LoRA model's parameter counts
         self.interval = float(interval)
         self._mode = session.config.mode
         self._session = weakref.ref(session)
