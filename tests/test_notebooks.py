@@ -158,6 +158,31 @@ def test_06_your_own_model_learns_and_transformers_writes_what_it_writes(
     assert (tmp_path / "runs" / "models" / "reverse-trained" / "model.safetensors").is_file()
 
 
+def test_08_your_records_and_two_rewards_train_a_lora_adapter_that_peft_loads(
+    tmp_path: Path, execute_notebook: Execute
+) -> None:
+    # ~75 s on an idle 2-core machine: a full fine-tune for the base, then LoRA
+    out, cells = run_notebook(execute_notebook, "08-your-data-your-rewards-lora", timeout=300)
+    assert '"question": ' in out[0] and '"answer": ' in out[0], out[0]
+    lora = re.search(r"LoRA r=16 on all-linear, ([\d,]+) trainable of ([\d,]+) parameters", out[3])
+    assert lora, out[3]
+    dashboard = next(c for c in cells if c.source == "sess.dashboard()")
+    assert lora[0] in dashboard.outputs[0]["data"]["text/html"]  # the dashboard's model row says the same
+    before = number_after(out[5], "accuracy of the base model:")
+    warm = number_after(out[5], "accuracy after the warm-up:")
+    found = re.search(r"accuracy after 120 RL steps: (\d\.\d+)", out[5])
+    assert found, out[5]
+    after = float(found[1])
+    # Measured with the LoRA session's seed 0, 1, 2: 0.42 -> 0.73/0.76/0.72 -> 0.85/0.81/0.83.
+    assert warm >= before + 0.15 and after >= warm + 0.04, (before, warm, after)
+    for name in ("exact_match", "format"):  # a curve per reward function
+        assert re.search(rf"reward/{name}: \d\.\d+ over the first 20 steps, \d\.\d+ over the last 20", out[8]), out[8]
+    assert any("image/png" in o.get("data", {}) for o in cells[8].outputs)
+    assert "transformers + peft generate the same: True" in out[6], out[6]
+    assert (tmp_path / "runs" / "08" / "adapter" / "adapter_model.safetensors").is_file()
+    assert "closed (tracker exit code 0)" in out[7], out[7]
+
+
 @pytest.mark.ray  # runs with the other Ray tests, one at a time
 @pytest.mark.timeout(900)
 def test_07_ray_replicas_survive_a_killed_one_and_close_leaves_no_ray_process(
