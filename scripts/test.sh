@@ -18,11 +18,12 @@ if [ "${1:-}" = "--fast" ]; then
     shift
     exec .venv/bin/python -m pytest -m unit -n "${RLNB_TEST_WORKERS:-2}" --dist loadfile "$@"
 fi
-# Two pytest processes, side by side: Ray's driver keeps C++ threads that open sockets
-# after ray.shutdown(), which the leak checks of later tests in the same process would
-# see, so the tests that start Ray (marker "ray") run in a process of their own. Much of
-# their time is spent waiting on Ray's processes to start or a start to time out, time
-# the other tests use. Its output follows the other's, whole. Exit 5 (nothing
+# Two pytest processes: Ray's driver keeps C++ threads that open sockets after
+# ray.shutdown(), which the leak checks of later tests in the same process would
+# see; the tests that start Ray (marker "ray") run in a process of their own, after
+# the others. (Run beside them, the whole took 14 minutes instead of 17, but on two
+# cores the extra load pushed timing-bound tests past their limits: a process-death
+# deadline of 2 s, a Ray head node's start, a kernel restart.) Exit 5 (nothing
 # collected) from one of them is fine when the other ran tests.
 #
 # The first runs on RLNB_TEST_WORKERS pytest-xdist workers (default 2), a test module
@@ -32,19 +33,11 @@ fi
 # `-n 0` runs it in one process. The Ray tests run one after another: two Ray clusters
 # starting at once on a fresh machine raced (a raylet start timed out, and the token
 # authentication that the first local cluster sets up disagreed between them).
-# (Its log is not in /tmp: the Ray tests check that they leave nothing there.)
-ray_log=$(mktemp -p "$PWD" .ray-tests.XXXXXX.log)
-trap 'rm -f "$ray_log"' EXIT
 set +e
-.venv/bin/python -m pytest -m ray "$@" >"$ray_log" 2>&1 &
-ray_pid=$!
 .venv/bin/python -m pytest -m "not ray" -n "${RLNB_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
 first=$?
-wait "$ray_pid"
+.venv/bin/python -m pytest -m ray "$@"
 second=$?
-echo
-echo "=== the Ray tests (marker \"ray\"), run beside the others ==="
-cat "$ray_log"
 set -e
 if [ "$first" = 5 ] && [ "$second" = 5 ]; then exit 5; fi
 [ "$first" = 5 ] && first=0
