@@ -210,12 +210,17 @@ class Rewards:
         return self._scored(parts)
 
     def score_group(
-        self, scored: Sequence[Scored], completions: Sequence[str], answers: Sequence[Any], prompts: Sequence[str],
+        self,
+        scored: Sequence[Mapping[str, float | None]],
+        completions: Sequence[str],
+        answers: Sequence[Any],
+        prompts: Sequence[str],
         rows: Sequence[Mapping[str, Any] | None],
-    ) -> list[Scored]:  # fmt: skip
-        """``scored`` (a group's samples, by :meth:`score`) with the batched functions'
-        values added, each function called once with the group's lists."""
-        parts = [dict(s.parts) for s in scored]
+    ) -> list[Scored]:
+        """A group's samples, each with the values :meth:`score` gave it (``scored``),
+        scored again with the batched functions' values added, each function called
+        once with the group's lists."""
+        parts = [dict(p) for p in scored]
         for f in self.functions:
             if not f.is_batched:
                 continue

@@ -227,7 +227,7 @@ def group_reward_fn(task: Task) -> Callable[[PromptItem, list[Sample]], list[Sco
 
     def score(item: PromptItem, samples: list[Sample]) -> list[Scored]:
         return task.rewards.score_group(
-            [Scored(s.reward or 0.0, s.rewards) for s in samples],
+            [s.rewards for s in samples],
             [s.completion for s in samples],
             [item.answer] * len(samples),
             [item.prompt] * len(samples),

@@ -151,7 +151,7 @@ def test_a_batched_function_must_give_one_value_per_completion() -> None:
     first = [rewards.score("c", "a") for _ in range(3)]
     assert all(dict(s.parts) == {"right": 1.0} for s in first)  # the batched one waits for the group
     with pytest.raises(BadValue, match=r"\[1\.0\], not a list of 3 values") as caught:
-        rewards.score_group(first, ["c"] * 3, ["a"] * 3, ["p"] * 3, [None] * 3)
+        rewards.score_group([s.parts for s in first], ["c"] * 3, ["a"] * 3, ["p"] * 3, [None] * 3)
     assert caught.value.function == "short"
     t = Task.from_records("short-judge", ROWS, reward=short, eval_size=0)
     register_task(t, replace=True)
