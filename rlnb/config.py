@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import os
 import re
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -71,7 +73,9 @@ RENAMED: dict[str, dict[str, str]] = {}
 
 
 __all__ = [
+    "LIVE_FIELDS",
     "BufferConfig",
+    "Change",
     "Config",
     "DataConfig",
     "EngineConfig",
@@ -439,6 +443,8 @@ class RolloutConfig:
         hung reward then holds up every later one). A reward must return a finite
         number: an int, a float, a bool (0.0 or 1.0) or a numpy/torch scalar; None,
         a string, a list, NaN or inf fails its sample at once (not retried).
+    reward_weights: one weight per reward function of the task, in place of its own
+        (``Task.reward_weights``); None (the default) keeps the task's.
     reward_workers: reward calls that may run at once. 1 (the default) keeps runs
         reproducible: samples are rewarded, and groups reach the buffer, in the
         order they finished. A reward that waits (a judge model behind an API, a
@@ -458,8 +464,23 @@ class RolloutConfig:
     max_retries: int = 2
     reward_timeout: float | None = 10.0
     reward_workers: int = 1
+    reward_weights: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.reward_weights, list):  # as JSON, or a user, gives it
+            object.__setattr__(self, "reward_weights", tuple(self.reward_weights))
+        weights = self.reward_weights
+        require(
+            weights is None
+            or (
+                isinstance(weights, tuple)
+                and len(weights) > 0
+                and all(isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) for w in weights)
+            ),
+            "RolloutConfig.reward_weights",
+            weights,
+            "use None (the task's own) or one finite number per reward function, e.g. reward_weights=(1.0, 0.5)",
+        )
         require(
             is_int(self.group_size) and self.group_size >= 2,
             "RolloutConfig.group_size",
@@ -502,7 +523,9 @@ class LearnConfig:
     micro_batch_size: None (the default) runs each update's samples through the
         model at once; N runs them N sequences at a time and accumulates the
         gradients: the same update (the loss is still the mean over all the
-        update's completion tokens), with activations for N sequences at most."""
+        update's completion tokens), with activations for N sequences at most.
+    keep_batches: the last N batches trained on are kept, frozen, for
+        ``Session.batches``, ``what_if`` and ``rescore`` (0: none)."""
 
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
@@ -516,6 +539,7 @@ class LearnConfig:
     scale_advantages: bool = True
     lr_decay_steps: int | None = None
     micro_batch_size: int | None = None
+    keep_batches: int = 8
 
     def __post_init__(self) -> None:
         check_number("LearnConfig.lr", self.lr, gt=0, fix="use a learning rate > 0, e.g. lr=1e-4")
@@ -551,6 +575,7 @@ class LearnConfig:
             optional=True,
             example="None (the whole batch at once) or micro_batch_size=8",
         )
+        check_int("LearnConfig.keep_batches", self.keep_batches, minimum=0, example="keep_batches=8")
 
 
 @_keywords()
@@ -681,6 +706,15 @@ class Config:
                 f"its answers may hold {outside!r}, which task {self.task!r} has no tokens for; "
                 "use a task of the same characters, or None for the session task's own answers",
             )
+        weights = self.rollout.reward_weights
+        if weights is not None:
+            names = task.rewards.names
+            require(
+                len(weights) == len(names),
+                "RolloutConfig.reward_weights",
+                weights,
+                f"task {self.task!r} has {len(names)} reward function(s), {', '.join(names)}: give one weight each",
+            )
         require(self.mode in ("sync", "async"), "Config.mode", self.mode, 'use "sync" or "async"')
         kind, path = self.engine.kind, self.model.path
         require(
@@ -707,6 +741,99 @@ class Config:
     def replace(self, **changes: Any) -> Config:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
+
+    def with_live(self, **changes: Any) -> tuple[Config, list[tuple[str, Any, Any]]]:
+        """A copy with the live settings ``changes`` (:data:`LIVE_FIELDS`, by field name:
+        ``lr=1e-3``, ``temperature=0.7``) applied and validated, and the ``(field, old,
+        new)`` of each value that differs. :class:`ConfigError` for a field that is not
+        live (naming the live ones) or a value the config refuses, before anything changes."""
+        parts: dict[str, dict[str, Any]] = {}
+        for field, value in changes.items():
+            part = LIVE_FIELDS.get(field)
+            if part is None:
+                raise ConfigError(_not_live(field))
+            parts.setdefault(part, {})[field] = value
+        replaced = {part: dataclasses.replace(getattr(self, part), **values) for part, values in parts.items()}
+        config = dataclasses.replace(self, **replaced)
+        diff = []
+        for field, part in LIVE_FIELDS.items():
+            old, new = getattr(getattr(self, part), field), getattr(getattr(config, part), field)
+            if field in changes and old != new:
+                diff.append((field, old, new))
+        return config, diff
+
+
+# The settings a running session may change (``Session.set``), and the part of the config
+# each lives in. Learner settings take effect at the next step; rollout settings for the
+# groups dispatched after the change.
+LIVE_FIELDS: dict[str, str] = {
+    "lr": "learn",
+    "lr_decay_steps": "learn",
+    "kl_coef": "learn",
+    "clip_eps": "learn",
+    "is_cap": "learn",
+    "max_grad_norm": "learn",
+    "temperature": "rollout",
+    "top_p": "rollout",
+    "top_k": "rollout",
+    "max_new_tokens": "rollout",
+    "max_policy_lag": "rollout",
+    "groups_per_step": "rollout",
+    "group_size": "rollout",
+    "reward_weights": "rollout",
+}
+
+
+def _not_live(field: str) -> str:
+    live = ", ".join(LIVE_FIELDS)
+    where = [cls.__name__ for cls in PARTS.values() if field in {f.name for f in dataclasses.fields(cls)}]
+    if where or field in {f.name for f in dataclasses.fields(Config)}:
+        owner = f"{where[0]}.{field}" if where else f"Config.{field}"
+        return (
+            f"{owner} cannot change in a running session: it needs a new one (rlnb.Session(config.replace(...)), "
+            f"or save() and edit the checkpoint); the live settings are {live}"
+        )
+    near = difflib.get_close_matches(field, list(LIVE_FIELDS), n=1)
+    hint = f"did you mean {near[0]}=...? " if near else ""
+    return f"{field!r} is not a setting: {hint}the live settings are {live}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One live setting changed in a session: at policy version ``step``, ``field``
+    went from ``old`` to ``new``, at ``time`` (seconds since the epoch)."""
+
+    step: int
+    field: str
+    old: Any
+    new: Any
+    time: float = dataclasses.field(default_factory=time.time)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-safe: tuples become lists."""
+        data = dataclasses.asdict(self)
+        for key in ("old", "new"):
+            if isinstance(data[key], tuple):
+                data[key] = list(data[key])
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Change:
+        def value(v: Any) -> Any:
+            return tuple(v) if isinstance(v, list) else v
+
+        return cls(int(data["step"]), str(data["field"]), value(data["old"]), value(data["new"]), float(data["time"]))
+
+    def __str__(self) -> str:
+        return f"step {self.step}: {self.field} {_short(self.old)} -> {_short(self.new)}"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_short(v) for v in value) + ")"
+    return repr(value)
 
 
 # Config's fields that are configs of their own, and their classes.

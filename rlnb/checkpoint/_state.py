@@ -21,7 +21,7 @@ from rlnb.checkpoint._format import (
     write,
 )
 from rlnb.checkpoint._validate import check, python_rng, vocabulary
-from rlnb.config import config_to_dict
+from rlnb.config import Change, config_to_dict
 
 if TYPE_CHECKING:
     from rlnb.data import PromptLoader
@@ -72,6 +72,7 @@ def capture(
         "python_rng": random.getstate(),  # JSON makes its tuples lists
         "tracker": {"run_id": run_id},
         "reward": reward,  # the name of a custom reward in force (its code is not saved)
+        "changes": [change.as_dict() for change in trainer.changes],  # live settings changed (Session.set)
         "vocabulary": vocabulary(model_shape(trainer.config, trainer.task)[0]),  # what each token id means
     }
     tensors: dict[str, dict[str, Any]] = {
@@ -139,6 +140,7 @@ def restore(trainer: Trainer, manifest: dict[str, Any], tensors: dict[str, Any],
         trainer.buffer.load_state_dict(buffer)
         learner.version = int(manifest["step"])
         rollouter.give_back([PromptItem(*item) for item in manifest["returned_prompts"]])
+        trainer.changes[:] = [Change.from_dict(c) for c in manifest.get("changes") or ()]
     except (RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
         raise CheckpointError(f"{root}: the saved state does not fit this session ({exc})") from exc
     trainer.sync_weights()

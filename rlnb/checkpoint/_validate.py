@@ -52,6 +52,7 @@ def _rng_ok(saved: Any) -> bool:
     return False
 
 
+_CHANGE = {"step", "field", "old", "new", "time"}
 # Manifest entries restore() applies as they are: (valid?, what they should be).
 _ENTRIES: dict[str, tuple[Any, str]] = {
     "step": (lambda v: is_int(v) and v >= 0, "an int >= 0"),
@@ -63,6 +64,10 @@ _ENTRIES: dict[str, tuple[Any, str]] = {
     "tracker": (lambda v: isinstance(v, dict) and isinstance(v.get("run_id"), str | None), '{"run_id": ...}'),
     "reward": (lambda v: isinstance(v, str | None), "null or a reward function's name"),
     "python_rng": (_rng_ok, "the state random.getstate() gave"),
+    "changes": (  # absent from checkpoints saved before live settings
+        lambda v: v is None or (isinstance(v, list) and all(isinstance(c, dict) and _CHANGE <= set(c) for c in v)),
+        'a list of {"step", "field", "old", "new", "time"} (Session.set\'s changes)',
+    ),
 }
 
 

@@ -7,9 +7,11 @@ from rlnb.learn._loss import LossTerms, grpo_advantages, policy_loss
 from rlnb.learn._progress import progress_bar
 from rlnb.learn._trainer import Callback, Trainer, TrainingStatistics
 from rlnb.learn._warmup import Warmup
+from rlnb.learn._whatif import KeptBatch, WhatIf, advantages_of, what_if
 
 __all__ = [
     "Callback",
+    "KeptBatch",
     "LearnConfig",
     "Learner",
     "LossTerms",
@@ -17,8 +19,11 @@ __all__ = [
     "Trainer",
     "TrainingStatistics",
     "Warmup",
+    "WhatIf",
+    "advantages_of",
     "collate",
     "grpo_advantages",
     "policy_loss",
     "progress_bar",
+    "what_if",
 ]

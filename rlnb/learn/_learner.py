@@ -164,11 +164,17 @@ class Learner:
         itself, or with LoRA a model without adapters whose weights are merged."""
         return self.policy.serving_copy() if isinstance(self.policy, HFPolicy) else self.policy
 
-    def _reference_logp(self, batch: TrainBatch) -> torch.Tensor | None:
+    @property
+    def has_reference(self) -> bool:
+        """Whether a KL term can be computed: a frozen reference was kept (``kl_coef > 0``
+        when the learner was made), or LoRA's base model serves as one."""
+        return self.reference is not None or self._lora
+
+    def _reference_logp(self, batch: TrainBatch, kl_coef: float) -> torch.Tensor | None:
         """The reference policy's log-probs of every target (no gradient), or None without a KL term."""
         if self.reference is not None:
             return self._all_logp(self.reference, batch)
-        if not self._kl:
+        if not (self._lora and kl_coef > 0):
             return None
         assert isinstance(self.policy, HFPolicy)
         with self.policy.adapter_disabled():
@@ -178,12 +184,13 @@ class Learner:
         """``prompt``'s token ids as the learner reads them (and the rollouts give the engine)."""
         return self._encode(prompt)
 
-    def lr_at(self, version: int) -> float:
-        """The learning rate of the step that makes policy version ``version + 1``."""
-        decay = self.config.lr_decay_steps
-        if decay is None:
-            return self.config.lr
-        return self.config.lr * max(0.0, 1.0 - version / decay)
+    def lr_at(self, version: int, config: LearnConfig | None = None) -> float:
+        """The learning rate of the step that makes policy version ``version + 1``
+        (under ``config``; None: the learner's)."""
+        cfg = self.config if config is None else config
+        if cfg.lr_decay_steps is None:
+            return cfg.lr
+        return cfg.lr * max(0.0, 1.0 - version / cfg.lr_decay_steps)
 
     @staticmethod
     def _token_logp(
@@ -219,11 +226,11 @@ class Learner:
         version goes up by one. Raises ``ValueError`` for an empty or malformed batch."""
         if not groups:
             raise ValueError("Learner.step() needs at least one group")
-        cfg = self.config
+        cfg = self.config  # read once: a live change (Session.set) applies from the next step
         start = time.perf_counter()
         dev = self.policy.device
         batch = collate(groups, self._encode, self._pad, scale_advantages=cfg.scale_advantages).to(dev)
-        lr = self.lr_at(self.version)
+        lr = self.lr_at(self.version, cfg)
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = lr
         parts = torch.arange(len(groups), device=dev).chunk(max(1, min(cfg.minibatches, len(groups))))
@@ -232,7 +239,7 @@ class Learner:
         single_update = cfg.epochs == 1 and len(parts) == 1
         with torch.no_grad():
             prox = None if single_update else self._all_logp(self.policy, batch)
-            ref = self._reference_logp(batch)
+            ref = self._reference_logp(batch, cfg.kl_coef)
         lengths = batch.mask.sum(dim=1)
         sums: dict[str, float] = {k: 0.0 for k in ("loss", "policy", "kl", "clip", "isw", "istrunc", "ent", "gn")}
         updates = 0
@@ -326,6 +333,31 @@ class Learner:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.config.max_grad_norm)
         optimizer.step()
         return {"sft_loss": float(loss.detach()), "grad_norm": float(grad_norm)}
+
+    def logp(self, groups: Sequence[Group]) -> tuple[torch.Tensor, TrainBatch]:
+        """The policy's log-prob of every completion token of ``groups`` (no gradient;
+        [N, C], zero past each completion's end: ``batch.mask``) and their batch."""
+        batch = collate(groups, self._encode, self._pad, scale_advantages=self.config.scale_advantages)
+        batch = batch.to(self.policy.device)
+        with torch.no_grad():
+            return self._all_logp(self.policy, batch) * batch.mask, batch
+
+    def twin(self, config: LearnConfig | None = None) -> Learner:
+        """An independent learner on copies of this one's policy and optimiser state
+        (the frozen reference is shared: nothing changes it), with ``config`` (None:
+        this one's). Training it changes nothing here. Call it while no step runs."""
+        twin = copy.copy(self)
+        twin.config = self.config if config is None else config
+        twin.policy = copy.deepcopy(self.policy)
+        lc = twin.config
+        twin.optimizer = torch.optim.AdamW(
+            twin.trainable_parameters(), lr=lc.lr, betas=lc.betas, weight_decay=lc.weight_decay, foreach=True
+        )
+        state = copy.deepcopy(self.optimizer.state_dict())
+        for group in state["param_groups"]:
+            group.update(betas=lc.betas, weight_decay=lc.weight_decay)
+        twin.optimizer.load_state_dict(state)
+        return twin
 
     def export_weights(self) -> dict[str, Any]:
         """The policy's weights for an engine's ``update_weights`` (tensors, not copies:

@@ -15,6 +15,7 @@ are all-or-nothing: a Ctrl-C is held back and raised once both are done.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import threading
@@ -26,13 +27,14 @@ from rlnb._checks import is_int
 from rlnb._errors import EngineError, TrainingInterrupted, WeightSyncError
 from rlnb._samples import Group
 from rlnb.buffer import ReplayBuffer
-from rlnb.config import Config
+from rlnb.config import Change, Config
 from rlnb.data import Task
 from rlnb.learn._background import BackgroundRun
 from rlnb.learn._foreground import Foreground, ForegroundCall, wait_with_progress
 from rlnb.learn._learner import Learner
 from rlnb.learn._progress import progress_bar
 from rlnb.learn._warmup import Warmup
+from rlnb.learn._whatif import KeptBatch
 from rlnb.rewards import per_function
 from rlnb.rollout import Rollouter, RolloutState
 from rlnb.runtime import AsyncBridge, Deferred, defer_interrupts
@@ -117,6 +119,10 @@ class Trainer:
         self.callbacks: list[Callback] = list(callbacks)
         self.history: list[dict[str, float]] = []
         self.evaluations: list[tuple[int, float]] = []  # (policy version, held-out accuracy)
+        self.changes: list[Change] = []  # live settings changed (Session.set), oldest first
+        self.batches: collections.deque[KeptBatch] = collections.deque(maxlen=config.learn.keep_batches)
+        # Held while the learner updates: a twin taken under it (what_if) never sees half a step.
+        self.update_lock = threading.Lock()
         self.warmup_stage = Warmup(learner, task, config)
         self._phase: str | None = None  # what the current step waits for
         self._unpublished: dict[str, float] | None = None  # a trained step whose weights did not reach the engine
@@ -218,8 +224,12 @@ class Trainer:
     def _update(self, groups: list[Group]) -> dict[str, float]:
         """Update on ``groups``, then publish the step (callers defer SIGINT)."""
         self._phase = "updating"
-        metrics = self.learner.step(groups)
+        with self.update_lock:
+            config = self.learner.config
+            metrics = self.learner.step(groups)
         metrics.update(per_function(s for g in groups for s in g.samples))  # a task with several rewards
+        if self.batches.maxlen:
+            self.batches.append(KeptBatch.of(groups, metrics, config))
         self._publish(metrics)
         return metrics
 

@@ -19,7 +19,7 @@ from rlnb.models._hf import (
 )
 from rlnb.models._kvcache import KVCache
 from rlnb.models._policy import TinyPolicy
-from rlnb.models._shape import model_shape
+from rlnb.models._shape import check_positions, model_shape
 from rlnb.models._tokenizer import CharTokenizer
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "KVCache",
     "TinyPolicy",
     "check_device",
+    "check_positions",
     "hf_model_on_meta",
     "load_hf_model",
     "load_hf_tokenizer",

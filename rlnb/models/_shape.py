@@ -43,15 +43,7 @@ def model_shape(config: Config, task: Task) -> tuple[Tokenizer, ModelConfig]:
             hf_model_on_meta(config.model.path, lora=config.model.lora)
     else:
         tokenizer = CharTokenizer(task.alphabet)
-    # The longest of a sample of prompts, as the model sees it, and the completion.
-    positions = max(len(tokenizer.encode(task.item(config.seed, i).encodable, bos=True)) for i in range(16))
-    positions += config.rollout.max_new_tokens or task.max_new_tokens
-    if config.model.max_len < positions:
-        raise ConfigError(
-            f"ModelConfig.max_len={config.model.max_len} is invalid: task {task.name!r} needs {positions} positions "
-            f"(a prompt and up to {config.rollout.max_new_tokens or task.max_new_tokens} new tokens); "
-            f"use max_len >= {positions}, or a smaller RolloutConfig.max_new_tokens"
-        )
+    check_positions(config, task, tokenizer)
     model, needed = config.model, tokenizer.vocab_size
     if model.vocab_size is None:
         return tokenizer, model.replace(vocab_size=needed)
@@ -61,3 +53,16 @@ def model_shape(config: Config, task: Task) -> tuple[Tokenizer, ModelConfig]:
             "token ids; use None (the task's) or a larger size"
         )
     return tokenizer, model
+
+
+def check_positions(config: Config, task: Task, tokenizer: Tokenizer) -> None:
+    """Raise ConfigError unless ``config``'s model has room for the longest of a sample
+    of the task's prompts (as ``tokenizer`` writes it) and ``max_new_tokens`` more."""
+    positions = max(len(tokenizer.encode(task.item(config.seed, i).encodable, bos=True)) for i in range(16))
+    positions += config.rollout.max_new_tokens or task.max_new_tokens
+    if config.model.max_len < positions:
+        raise ConfigError(
+            f"ModelConfig.max_len={config.model.max_len} is invalid: task {task.name!r} needs {positions} positions "
+            f"(a prompt and up to {config.rollout.max_new_tokens or task.max_new_tokens} new tokens); "
+            f"use max_len >= {positions}, or a smaller RolloutConfig.max_new_tokens"
+        )

@@ -195,6 +195,20 @@ class Rewards:
         return tuple(f.name for f in self.functions)
 
     @property
+    def weights(self) -> tuple[float, ...]:
+        return tuple(f.weight for f in self.functions)
+
+    def with_weights(self, weights: Sequence[float] | None) -> Rewards:
+        """These functions with ``weights`` instead (one each, checked by the caller); None: as they are."""
+        if weights is None:
+            return self
+        if len(weights) != len(self.functions):
+            raise ValueError(f"{len(self.functions)} reward functions need as many weights, got {len(weights)}")
+        return Rewards(
+            tuple(dataclasses.replace(f, weight=float(w)) for f, w in zip(self.functions, weights, strict=True))
+        )
+
+    @property
     def has_batched(self) -> bool:
         """Whether a function is called once per group (:meth:`score_group`)."""
         return any(f.is_batched for f in self.functions)

@@ -41,7 +41,9 @@ class RolloutStatistics:
     ``groups_allowed`` (the policy-lag budget; None: no bound) or more.
     ``bad_prompts`` counts prompts the task's ``make_prompt`` could not make
     (raised as :class:`~rlnb.PromptError`, or skipped), ``last_bad_prompt``
-    describes the last one.
+    describes the last one. ``old_settings_in_flight`` counts the samples of groups
+    not yet ended that were dispatched before the last change of the sampling
+    settings or the group size (``Session.set``): they keep the settings they started with.
     """
 
     state: str
@@ -66,6 +68,7 @@ class RolloutStatistics:
     last_resume_to_dispatch_ms: float | None
     bad_prompts: int = 0
     last_bad_prompt: str | None = None
+    old_settings_in_flight: int = 0
 
 
 @dataclasses.dataclass
@@ -104,6 +107,7 @@ class Counters:
         version: int,
         lag_budget: tuple[int, int | None],
         last_resume_to_dispatch_ms: float | None,
+        old_settings_in_flight: int = 0,
     ) -> RolloutStatistics:
         return RolloutStatistics(
             state=state,
@@ -128,6 +132,7 @@ class Counters:
             last_resume_to_dispatch_ms=last_resume_to_dispatch_ms,
             bad_prompts=self.bad_prompts,
             last_bad_prompt=self.last_bad_prompt,
+            old_settings_in_flight=old_settings_in_flight,
         )
 
 

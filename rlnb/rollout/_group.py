@@ -12,6 +12,7 @@ call on the loop, and a hung one fails its sample after ``reward_timeout``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -82,8 +83,10 @@ class GroupRunner:
         self._encode, self._decode = encode, decode
         self.reward_fn = reward_fn
         self.group_reward_fn = group_reward_fn
-        self._group_size = group_size
-        self._sampling = sampling
+        self.group_size = group_size  # of groups started from now on (``settings``)
+        self.sampling = sampling
+        self.settings_version = 0  # counts changes of the two above
+        self._live: collections.Counter[int] = collections.Counter()  # samples of unended groups, by settings_version
         self._max_continuations = max_continuations
         self._max_retries = max_retries
         self._reward_timeout = reward_timeout
@@ -97,14 +100,30 @@ class GroupRunner:
         Idempotent; call it after the groups are cancelled."""
         self._rewards.close(timeout=min(1.0, self._reward_timeout or 1.0))
 
+    def configure(self, group_size: int, sampling: SamplingParams) -> None:
+        """Groups started from now on have ``group_size`` samples drawn with ``sampling``;
+        those already started keep theirs (:attr:`old_settings_in_flight` counts them)."""
+        if (group_size, sampling) != (self.group_size, self.sampling):
+            self.group_size, self.sampling = group_size, sampling
+            self.settings_version += 1
+
+    @property
+    def old_settings_in_flight(self) -> int:
+        """Samples of groups not yet ended that were started before the last settings change."""
+        return sum(n for version, n in self._live.items() if version < self.settings_version)
+
     async def run(self, item: PromptItem, ticket: Ticket, *, to_buffer: bool) -> Group | None:
-        """The group for ``item``, put in the buffer too when ``to_buffer``. A failed
-        group raises when not ``to_buffer`` (collect() reports it); otherwise its
-        failure is reported to ``tasks`` and the result is None. Counts the group on
-        ``ticket`` (a group cancelled before its end is counted by ``settle_rest``)."""
+        """The group for ``item``, put in the buffer too when ``to_buffer``: as many
+        samples as ``ticket`` holds permits for, drawn with the sampling settings in
+        force now. A failed group raises when not ``to_buffer`` (collect() reports
+        it); otherwise its failure is reported to ``tasks`` and the result is None.
+        Counts the group on ``ticket`` (a group cancelled before its end is counted
+        by ``settle_rest``)."""
         prompt_ids = tuple(self._encode(item.encodable))
         base_seed = self._seed * 1_000_003 + item.prompt_id * 1009
-        coros = [self._run_sample(item, prompt_ids, i, base_seed + i, ticket) for i in range(self._group_size)]
+        sampling, settings = self.sampling, self.settings_version
+        coros = [self._run_sample(item, prompt_ids, i, base_seed + i, ticket, sampling) for i in range(ticket.samples)]
+        self._live[settings] += ticket.samples
         try:
             results: list[Sample | BaseException] = await asyncio.gather(*coros, return_exceptions=True)
             samples = [r for r in results if isinstance(r, Sample)]
@@ -118,6 +137,9 @@ class GroupRunner:
                 self._buffer.put_or_hold(group)
             return group
         finally:  # also when cancelled mid-group: its finished samples must not hold up a WAIT drain
+            self._live[settings] -= ticket.samples
+            if not self._live[settings]:
+                del self._live[settings]
             ticket.grouped()
             await self._machine.notify_if_drained()
 
@@ -147,7 +169,13 @@ class GroupRunner:
         return Group(prompt=item.prompt, samples=samples, prompt_id=item.prompt_id, prompt_ids=prompt_ids)
 
     async def _run_sample(
-        self, item: PromptItem, prompt_ids: tuple[int, ...], index: int, seed: int, ticket: Ticket
+        self,
+        item: PromptItem,
+        prompt_ids: tuple[int, ...],
+        index: int,
+        seed: int,
+        ticket: Ticket,
+        sampling: SamplingParams,
     ) -> Sample:
         tokens: list[int] = []
         logprobs: list[float] = []
@@ -157,7 +185,9 @@ class GroupRunner:
         error: BaseException | None = None
         try:
             while True:
-                result = await self._generate_with_retries(item, prompt_ids, index, seed, tokens, continuations)
+                result = await self._generate_with_retries(
+                    item, prompt_ids, index, seed, tokens, continuations, sampling
+                )
                 tokens += result.token_ids
                 logprobs += result.logprobs
                 versions += result.versions
@@ -214,6 +244,7 @@ class GroupRunner:
         seed: int,
         prefix: list[int],
         continuation: int,
+        sampling: SamplingParams,
     ) -> GenerateResult:
         attempt = 0
         while True:
@@ -222,11 +253,11 @@ class GroupRunner:
                 await self._machine.wait_running()
             finally:
                 self._counts.queued -= 1
-            remaining = self._sampling.max_new_tokens - len(prefix)
+            remaining = sampling.max_new_tokens - len(prefix)
             request = GenerateRequest(
                 request_id=f"{item.prompt_id}.{index}.{continuation}.{attempt}",
                 prompt_ids=prompt_ids,
-                sampling=dataclasses.replace(self._sampling, max_new_tokens=max(1, remaining)),
+                sampling=dataclasses.replace(sampling, max_new_tokens=max(1, remaining)),
                 prefix_ids=tuple(prefix),
                 seed=seed * 31 + continuation * 7 + attempt,
             )

@@ -81,7 +81,6 @@ class Rollouter:
         self._prompts = prompts
         self._buffer = buffer
         self._returned: collections.deque[PromptItem] = collections.deque()  # taken, not rolled out
-        self._group_size = group_size
         self._max_policy_lag = max_policy_lag
         self._groups_per_step = groups_per_step
         self._counts = Counters()
@@ -229,6 +228,18 @@ class Rollouter:
         self._runner.reward_fn = reward_fn
         self._runner.group_reward_fn = group_reward_fn
 
+    async def configure(
+        self, *, group_size: int, sampling: SamplingParams, max_policy_lag: int | None, groups_per_step: int
+    ) -> None:
+        """Settings for every group dispatched from now on (in-flight groups keep their
+        size and sampling; ``statistics().old_settings_in_flight`` counts their samples),
+        and the policy-lag budget, which dispatch looks at again at once. The caller
+        has checked the values (``RolloutConfig``); ``group_size`` is at most the capacity."""
+        self._runner.configure(group_size, sampling)
+        self._max_policy_lag, self._groups_per_step = max_policy_lag, groups_per_step
+        if self._machine.state is not RolloutState.CLOSED:
+            await self._machine.notify()
+
     async def set_version(self, version: int) -> None:
         """Tell the rollouter the learner's policy version (opens the policy-lag budget)."""
         self._machine.check_open()
@@ -303,26 +314,29 @@ class Rollouter:
             and self._buffer.held() == 0
         )
 
-    async def _acquire_group(self) -> None:
-        taken = 0
+    async def _acquire_group(self) -> int:
+        """Capacity for one group of the group size in force now; returns that size
+        (a group keeps it even if the settings change while it waits)."""
+        size, taken = self._runner.group_size, 0
         try:
-            for _ in range(self._group_size):
+            for _ in range(size):
                 await self._capacity.acquire()
                 taken += 1
         except BaseException:  # cancelled half-way (stop(), Ctrl-C): give back what we took
             for _ in range(taken):
                 self._capacity.release()
             raise
+        return size
 
     async def _dispatch_loop(self) -> None:
         while True:
             await self._machine.wait_for(self._may_dispatch)
-            await self._acquire_group()
+            size = await self._acquire_group()
             if not self._may_dispatch():  # things changed while we waited for capacity
-                for _ in range(self._group_size):
+                for _ in range(size):
                     self._capacity.release()
                 continue
-            self._spawn_group(to_buffer=True)  # a bad prompt raises here: the dispatcher's failure is reported
+            self._spawn_group(size, to_buffer=True)  # a bad prompt raises here: the dispatcher's failure is reported
             self._generating_groups += 1  # only groups bound for the learner count against the budget
 
     async def _into_buffer(self, item: PromptItem, ticket: Ticket) -> None:
@@ -356,17 +370,18 @@ class Rollouter:
                 if not self._skip_bad_prompts:
                     raise
 
-    def _spawn_group(self, *, to_buffer: bool) -> asyncio.Task[Any]:
-        """Start a group on the next prompt, its capacity already acquired (given back
-        if there is no prompt); its ticket settles what its samples never will."""
+    def _spawn_group(self, size: int, *, to_buffer: bool) -> asyncio.Task[Any]:
+        """Start a group of ``size`` samples on the next prompt, its capacity already
+        acquired (given back if there is no prompt); its ticket settles what its
+        samples never will."""
         try:
             item = self._next_prompt()
         except BaseException:
-            for _ in range(self._group_size):
+            for _ in range(size):
                 self._capacity.release()
             raise
-        self._note_dispatch()
-        ticket = Ticket(self._group_size, self._capacity, self._counts)
+        self._note_dispatch(size)
+        ticket = Ticket(size, self._capacity, self._counts)
         task = self._tasks.spawn(
             self._into_buffer(item, ticket) if to_buffer else self._runner.run(item, ticket, to_buffer=False),
             name=f"rlnb-group-{item.prompt_id}",
@@ -377,10 +392,10 @@ class Rollouter:
             self._items[task] = item
         return task
 
-    def _note_dispatch(self) -> None:
+    def _note_dispatch(self, size: int) -> None:
         self._counts.groups_dispatched += 1
-        self._counts.dispatched += self._group_size
-        self._counts.in_flight += self._group_size
+        self._counts.dispatched += size
+        self._counts.in_flight += size
         if (latency := self._machine.take_resume_latency_ms()) is not None:
             self._resume_to_dispatch_ms = latency
 
@@ -419,8 +434,8 @@ class Rollouter:
         tasks: list[asyncio.Task[Any]] = []
         try:
             for _ in range(n_groups):
-                await self._acquire_group()
-                tasks.append(self._spawn_group(to_buffer=False))
+                size = await self._acquire_group()
+                tasks.append(self._spawn_group(size, to_buffer=False))
             results = await asyncio.gather(*tasks, return_exceptions=True)
         except BaseException:  # interrupted: what we started must not go on generating
             for task in tasks:
@@ -500,6 +515,7 @@ class Rollouter:
             version=self._version,
             lag_budget=self.lag_budget,
             last_resume_to_dispatch_ms=self._resume_to_dispatch_ms,
+            old_settings_in_flight=self._runner.old_settings_in_flight,
         )
 
     async def aclose(self) -> None:

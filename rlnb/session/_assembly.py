@@ -18,7 +18,7 @@ from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config, ModelConfig, engine_kind
 from rlnb.data import Task
 from rlnb.engines import Engine, SamplingParams
-from rlnb.rewards import Scored
+from rlnb.rewards import Rewards, Scored
 from rlnb.rollout import Rollouter
 
 if TYPE_CHECKING:
@@ -40,6 +40,8 @@ __all__ = [
     "make_rollouter",
     "make_tracker",
     "make_trainer",
+    "reward_functions",
+    "sampling_params",
 ]
 
 
@@ -222,11 +224,18 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
 _VLLM_START_TIMEOUT = 600.0  # seconds: about 15 on an idle CPU, a minute on a busy one
 
 
-def group_reward_fn(task: Task) -> Callable[[PromptItem, list[Sample]], list[Scored]]:
-    """Scores a group with ``task``'s batched reward functions, once its samples are done."""
+def reward_functions(
+    rewards: Rewards,
+) -> tuple[Callable[[PromptItem, str], Scored], Callable[[PromptItem, list[Sample]], list[Scored]] | None]:
+    """The rollouter's reward functions for ``rewards`` (a task's, with the config's
+    weights): one that scores each sample, and one that scores each group with the
+    batched functions once its samples are done (None without batched ones)."""
 
-    def score(item: PromptItem, samples: list[Sample]) -> list[Scored]:
-        return task.rewards.score_group(
+    def score(item: PromptItem, completion: str) -> Scored:
+        return rewards.score(completion, item.answer, prompt=item.prompt, row=item.row)
+
+    def score_group(item: PromptItem, samples: list[Sample]) -> list[Scored]:
+        return rewards.score_group(
             [s.rewards for s in samples],
             [s.completion for s in samples],
             [item.answer] * len(samples),
@@ -234,7 +243,7 @@ def group_reward_fn(task: Task) -> Callable[[PromptItem, list[Sample]], list[Sco
             [item.row] * len(samples),
         )
 
-    return score
+    return score, score_group if rewards.has_batched else None
 
 
 def make_rollouter(
@@ -247,32 +256,34 @@ def make_rollouter(
     buffer: ReplayBuffer,
 ) -> Rollouter:
     r = config.rollout
+    reward_fn, group_reward_fn = reward_functions(task.rewards.with_weights(r.reward_weights))
     return Rollouter(
         engine,
         prompts=prompts,
         encode=lambda text: tokenizer.encode(text, bos=True),
         decode=tokenizer.decode,
-        reward_fn=lambda item, completion: task.rewards.score(
-            completion, item.answer, prompt=item.prompt, row=item.row
-        ),
-        group_reward_fn=group_reward_fn(task) if task.rewards.has_batched else None,
+        reward_fn=reward_fn,
+        group_reward_fn=group_reward_fn,
         buffer=buffer,
         group_size=r.group_size,
         max_inflight=r.max_inflight,
         max_policy_lag=r.max_policy_lag,
         groups_per_step=r.groups_per_step,
-        sampling=SamplingParams(
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            max_new_tokens=r.max_new_tokens or task.max_new_tokens,
-        ),
+        sampling=sampling_params(config, task),
         max_continuations=r.max_continuations,
         on_bad_prompt=config.data.on_bad_prompt,
         reward_workers=r.reward_workers,
         max_retries=r.max_retries,
         reward_timeout=r.reward_timeout,
         seed=config.seed,
+    )
+
+
+def sampling_params(config: Config, task: Task) -> SamplingParams:
+    """How rollouts sample, from ``config.rollout`` (``max_new_tokens`` None: the task's)."""
+    r = config.rollout
+    return SamplingParams(
+        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens or task.max_new_tokens
     )
 
 

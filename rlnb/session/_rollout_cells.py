@@ -30,6 +30,7 @@ class RolloutCells:
     _trainer: Trainer
     _config: Config
     reward_name: str | None = None  # the custom reward in force (a checkpoint records it), if any
+    _custom_reward: Callable[[str, Any], float] | None = None  # and its function (a fork takes it)
 
     def _check(self) -> Rollouter:
         raise NotImplementedError  # the session's
@@ -115,3 +116,4 @@ class RolloutCells:
             pass
         self._bridge.run(self._check().set_reward_fn(lambda item, completion: reward_fn(completion, item.answer)))
         self.reward_name = getattr(reward_fn, "__qualname__", None) or repr(reward_fn)
+        self._custom_reward = reward_fn

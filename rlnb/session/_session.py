@@ -36,6 +36,7 @@ from rlnb.runtime import (
     warm_up_loop_backend,
 )
 from rlnb.session import _assembly as parts
+from rlnb.session._experiment_cells import ExperimentCells
 from rlnb.session._rollout_cells import RolloutCells
 from rlnb.session._statistics import SessionStatistics
 from rlnb.session._training_cells import TrainingCells
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from rlnb.learn import Callback
 
 
-class Session(RolloutCells, TrainingCells):
+class Session(RolloutCells, TrainingCells, ExperimentCells):
     """A training run you can drive one notebook cell at a time.
 
     ``Session(config, name=...)`` closes a live session of the same name first (so
@@ -89,6 +90,7 @@ class Session(RolloutCells, TrainingCells):
                 self._own(engine)
             self._name, self._callbacks, self._restore = name, callbacks, _restore
             self._lock = threading.Lock()
+            self._settings_lock = threading.Lock()  # one set() at a time
             self._task: Task = get_task(self._config.task)
             from rlnb.models import model_shape  # torch: not at `import rlnb`
 
@@ -181,6 +183,7 @@ class Session(RolloutCells, TrainingCells):
 
     @property
     def config(self) -> Config:
+        """The config with the live settings in force (:meth:`set` changes them)."""
         return self._config
 
     @property

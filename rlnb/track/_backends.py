@@ -78,6 +78,15 @@ class ConsoleBackend:
         else:
             self._handle.update({"text/plain": line}, raw=True)
 
+    def log_change(self, change: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> None:
+        line = f"rlnb: step {change['step']}: {change['field']} {_short(change['old'])} -> {_short(change['new'])}"
+        if notebook_cell() is None:
+            from tqdm import tqdm
+
+            tqdm.write(line, file=sys.stdout)
+        else:
+            print(line, flush=True)
+
     def finish(self, exit_code: int) -> None:
         line = f"rlnb: run finished with exit code {exit_code}" + (f" ({self._last})" if self._last else "")
         if self._handle is not None:
@@ -109,6 +118,9 @@ class JsonlBackend:
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self._write({"step": step, **metrics})
+
+    def log_change(self, change: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> None:
+        self._write({"event": "change", **change})
 
     def finish(self, exit_code: int) -> None:
         try:
@@ -218,3 +230,11 @@ class PlotBackend:
             from matplotlib import font_manager
 
             font_manager._get_font.cache_clear()  # type: ignore[attr-defined]
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, tuple | list):
+        return "(" + ", ".join(_short(v) for v in value) + ")"
+    return repr(value)

@@ -157,6 +157,29 @@ class Tracker:
                         stacklevel=2,
                     )
 
+    def log_change(self, change: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> None:
+        """Record a live setting changed (``{"step", "field", "old", "new", "time"}``;
+        ``config``: the whole config after it) with every backend that records
+        changes: the console prints a line, jsonl writes an ``"event": "change"``
+        record, wandb updates the run's config and marks the step. A backend that
+        fails is warned about once, as in :meth:`log`."""
+        if self._finished:
+            return
+        for backend in self._backends:
+            record = getattr(backend, "log_change", None)
+            if record is None:
+                continue
+            try:
+                record(change, config)
+            except Exception as exc:
+                if backend.name not in self._warned:
+                    self._warned.add(backend.name)
+                    warnings.warn(
+                        f"rlnb tracker backend {backend.name!r} failed to record a change ({exc!r}); the others go on",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+
     def finish(self, exit_code: int = EXIT_OK, *, raise_errors: bool = True) -> None:
         """Finish every backend with ``exit_code``; idempotent and thread-safe.
 

@@ -116,6 +116,16 @@ class WandbBackend:
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self.run.log(dict(metrics), step=step)
 
+    def log_change(self, change: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> None:
+        """The run's config takes the new values (wandb keeps each update in the run's
+        history of config changes), and a number is logged as ``change/<field>`` at the
+        step, a marker on the curves."""
+        if config is not None:
+            self.run.config.update(dict(config), allow_val_change=True)
+        new = change["new"]
+        if isinstance(new, int | float) and not isinstance(new, bool):
+            self.run.log({f"change/{change['field']}": float(new)}, step=int(change["step"]))
+
     def finish(self, exit_code: int) -> None:
         global _OPEN
         with self._lock:

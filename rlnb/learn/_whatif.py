@@ -1,0 +1,158 @@
+"""Batches kept after training, and "what if" questions asked of them.
+
+The trainer keeps the last ``LearnConfig.keep_batches`` batches it trained on as
+:class:`KeptBatch` objects, frozen. :func:`what_if` trains a twin of the learner (a
+copy of the current policy and optimiser) on one of them under other settings and
+under the same ones, so that the two differ by the change alone; the session's own
+learner, its version and the process's random state are left as they were.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from rlnb._samples import Group
+from rlnb.config import LearnConfig
+from rlnb.learn._learner import Learner, TrainBatch
+from rlnb.learn._loss import grpo_advantages
+
+__all__ = ["KeptBatch", "WhatIf", "advantages_of", "what_if"]
+
+# The metrics a what-if compares, in the order it shows them: the step's own (taken
+# before its update, so lr does not move them), then what the update did to the policy
+# on the batch (measured after it; a step that is not recorded has none of these).
+COMPARED = (
+    "loss",
+    "policy_loss",
+    "kl",
+    "clip_fraction",
+    "grad_norm",
+    "entropy",
+    "lr",
+    "update_kl",
+    "update_ratio_outside_clip",
+    "logp_change_positive",
+    "logp_change_negative",
+)
+
+
+def advantages_of(rewards: Sequence[Sequence[float]], *, scale: bool) -> tuple[tuple[float, ...], ...]:
+    """Each group's GRPO advantages (rewards centred on the group's mean, and divided by
+    its std when ``scale``), group by group as the learner computes them."""
+    return tuple(tuple(grpo_advantages(torch.tensor([list(r)]), scale=scale)[0].tolist()) for r in rewards)
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptBatch:
+    """A batch the learner trained on, as it was: ``step`` is the policy version its
+    update made; ``groups`` hold every sample's token ids, behaviour log-probs,
+    policy versions and rewards (each function's in ``Sample.rewards``);
+    ``advantages`` the GRPO advantages it was trained with (per group, per sample);
+    ``metrics`` the step's record; ``config`` the learner settings in force."""
+
+    step: int
+    groups: tuple[Group, ...]
+    advantages: tuple[tuple[float, ...], ...]
+    metrics: Mapping[str, float]
+    config: LearnConfig
+
+    @classmethod
+    def of(cls, groups: Sequence[Group], metrics: Mapping[str, float], config: LearnConfig) -> KeptBatch:
+        rewards = [[float(s.reward or 0.0) for s in g.samples] for g in groups]
+        advantages = advantages_of(rewards, scale=config.scale_advantages)
+        return cls(int(metrics["version"]), tuple(groups), advantages, dict(metrics), config)
+
+    @property
+    def rewards(self) -> tuple[tuple[float, ...], ...]:
+        """Each sample's reward (the weighted sum), group by group."""
+        return tuple(tuple(float(s.reward or 0.0) for s in g.samples) for g in self.groups)
+
+    @property
+    def samples(self) -> int:
+        return sum(len(g.samples) for g in self.groups)
+
+    def __repr__(self) -> str:
+        reward = self.metrics.get("reward_mean")
+        tail = "" if reward is None else f", reward_mean {reward:.3f}"
+        return f"<KeptBatch step {self.step}: {len(self.groups)} groups, {self.samples} samples{tail}>"
+
+
+@dataclasses.dataclass(frozen=True)
+class WhatIf:
+    """What one learner step on a kept batch gives under other settings.
+
+    ``recorded``: the step's metrics when it was trained. ``baseline`` and
+    ``changed``: the same batch trained once more by twins of the current policy and
+    optimiser, with the settings in force and with ``changes``: their difference is
+    the change's alone (the recorded step started from older weights)."""
+
+    step: int
+    changes: Mapping[str, Any]
+    recorded: Mapping[str, float]
+    baseline: Mapping[str, float]
+    changed: Mapping[str, float]
+
+    def rows(self) -> list[tuple[str, float | None, float, float]]:
+        """``(metric, recorded, baseline, changed)`` for each compared metric (recorded
+        is None for what the update did, which a training step does not measure)."""
+        return [(k, self.recorded.get(k), self.baseline[k], self.changed[k]) for k in COMPARED if k in self.changed]
+
+    def __repr__(self) -> str:
+        what = ", ".join(f"{k}={v!r}" for k, v in self.changes.items()) or "no change"
+        lines = [f"what if {what}, on the batch of step {self.step}:"]
+        lines.append(f"{'':28}{'recorded':>12}{'now':>12}{'what if':>12}")
+        for key, recorded, baseline, changed in self.rows():
+            shown = "" if recorded is None else f"{recorded:.4g}"
+            lines.append(f"{key:28}{shown:>12}{baseline:>12.4g}{changed:>12.4g}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        what = html.escape(", ".join(f"{k}={v!r}" for k, v in self.changes.items()) or "no change")
+        head = "<tr><th></th><th>recorded</th><th>now</th><th>what if</th></tr>"
+        body = "".join(
+            f"<tr><td>{k}</td><td>{'' if r is None else f'{r:.4g}'}</td><td>{b:.4g}</td><td>{c:.4g}</td></tr>"
+            for k, r, b, c in self.rows()
+        )
+        return f"<b>what if {what}</b>, on the batch of step {self.step}<table>{head}{body}</table>"
+
+
+def what_if(twins: tuple[Learner, Learner], batch: KeptBatch, changes: Mapping[str, Any]) -> WhatIf:
+    """Train ``twins`` (a learner's :meth:`~Learner.twin` with its own settings, and one
+    with ``changes``; taken together while no step ran) on ``batch``; see
+    :class:`WhatIf`. The process's random state is left as it was."""
+    groups, results = list(batch.groups), []
+    for twin in twins:
+        device = twin.policy.device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            before, tokens = twin.logp(groups)
+            metrics = twin.step(groups)
+            after, _ = twin.logp(groups)
+        results.append({**metrics, **_update_effect(before, after, tokens, twin.config.clip_eps)})
+    return WhatIf(batch.step, dict(changes), dict(batch.metrics), results[0], results[1])
+
+
+def _update_effect(before: torch.Tensor, after: torch.Tensor, batch: TrainBatch, clip_eps: float) -> dict[str, float]:
+    """What one update did to the policy on its batch's tokens: ``update_kl``, the KL
+    from the policy before to the one after (k3 estimate, on the batch's samples);
+    ``update_ratio_outside_clip``, the share of tokens whose probability ratio left
+    [1 - clip_eps, 1 + clip_eps]; ``logp_change_positive`` / ``_negative``, the mean
+    change of the log-prob of tokens of samples with a positive / negative advantage."""
+    mask = batch.mask
+    delta = (after - before)[mask]
+    ratio = delta.exp()
+    advantage = batch.advantages[:, None].expand_as(mask)[mask]
+
+    def mean(values: torch.Tensor) -> float:
+        return float(values.mean()) if values.numel() else 0.0
+
+    return {
+        "update_kl": mean(ratio - 1 - delta),
+        "update_ratio_outside_clip": mean(((ratio - 1).abs() > clip_eps).float()),
+        "logp_change_positive": mean(delta[advantage > 0]),
+        "logp_change_negative": mean(delta[advantage < 0]),
+    }

@@ -1,0 +1,298 @@
+"""The session's experiment cells: change settings of a running session, fork it, and
+ask "what if" of the batches it trained on. A part of :class:`~rlnb.Session`.
+
+``set`` changes the live settings (:data:`rlnb.config.LIVE_FIELDS`): learner ones
+take effect at the next step boundary (a step already updating keeps the settings
+it started with), rollout ones for every group dispatched after the call (groups in
+flight keep theirs; ``statistics().rollout.old_settings_in_flight`` counts their
+samples). Each change is a :class:`~rlnb.config.Change` in ``changes``, an event of
+the tracker and a checkpoint's, and ``config`` shows the values in force.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlnb._errors import ConfigError, public_call
+from rlnb.config import Change, Config, LearnConfig, config_to_dict
+from rlnb.session import _assembly as parts
+
+if TYPE_CHECKING:
+    from rlnb.data import Task
+    from rlnb.learn import KeptBatch, Trainer, WhatIf
+    from rlnb.rollout import Rollouter
+    from rlnb.runtime import AsyncBridge
+    from rlnb.session._session import Session
+    from rlnb.track import Tracker
+
+__all__ = ["ExperimentCells"]
+
+
+class ExperimentCells:
+    """Live settings, fork and what-if of :class:`~rlnb.Session`, which provides the
+    parts and ``_check()``."""
+
+    _bridge: AsyncBridge
+    _trainer: Trainer
+    _tracker: Tracker
+    _config: Config
+    _task: Task
+    _tokenizer: Any
+    _name: str
+    _prompts: Any
+    _settings_lock: threading.Lock
+    reward_name: str | None
+    _custom_reward: Callable[[str, Any], float] | None
+
+    def _check(self) -> Rollouter:
+        raise NotImplementedError  # the session's
+
+    # -- live settings ----------------------------------------------------------------
+
+    @property
+    def changes(self) -> list[Change]:
+        """Every live setting changed in this run (:meth:`set`), oldest first: a record
+        ``(step, field, old, new, time)`` each. A checkpoint keeps them, and a fork
+        starts with its parent's."""
+        return list(self._trainer.changes)
+
+    @public_call("nothing was changed, or every change was made: sess.config says which")
+    def set(self, **changes: Any) -> list[Change]:
+        """Change live settings of this session, in the foreground or while it trains in
+        the background, e.g. ``sess.set(lr=1e-3, temperature=0.7)``; returns a
+        :class:`~rlnb.config.Change` for each value that differs (logged by the tracker).
+
+        The live settings are :data:`rlnb.config.LIVE_FIELDS`: the learner's ``lr``,
+        ``lr_decay_steps``, ``kl_coef``, ``clip_eps``, ``is_cap`` and ``max_grad_norm``
+        (from the next step), and rollouts' ``temperature``, ``top_p``, ``top_k``,
+        ``max_new_tokens``, ``max_policy_lag``, ``groups_per_step``, ``group_size`` and
+        ``reward_weights`` (for groups dispatched from now on). Raises
+        :class:`~rlnb.ConfigError` for another field or a value ``Config`` refuses,
+        before anything changes."""
+        rollouter = self._check()
+        with self._settings_lock:
+            config, diff = self._live_config(changes)
+            if not diff:
+                return []
+            step = self._trainer.version
+            records = [Change(step, field, old, new) for field, old, new in diff]
+            self._apply(config, {field for field, _, _ in diff}, rollouter)
+            self._trainer.changes.extend(records)
+            as_dict = config_to_dict(config)
+            for record in records:
+                self._tracker.log_change(record.as_dict(), as_dict)
+        return records
+
+    def _live_config(self, changes: dict[str, Any], *, call: str = "set") -> tuple[Config, list[tuple[str, Any, Any]]]:
+        """The config with ``changes``, and what differs; every check that needs the
+        session's parts too (the reference policy, the reward, the model's length)."""
+        config, diff = self._config.with_live(**changes)
+        changed = {field for field, _, _ in diff}
+        learner = self._trainer.learner
+        if "kl_coef" in changed and config.learn.kl_coef > 0 and not learner.has_reference:
+            raise ConfigError(
+                f"{call}(kl_coef={config.learn.kl_coef!r}): this session started with kl_coef=0, so it kept no "
+                "frozen reference policy to measure the KL against; start one with LearnConfig(kl_coef>0) "
+                "(a small value such as 1e-3 keeps the reference), or use LoRA, whose base model is the reference"
+            )
+        if "reward_weights" in changed and self.reward_name is not None:
+            raise ConfigError(
+                f"{call}(reward_weights=...): a custom reward from set_reward() ({self.reward_name}) is in force; "
+                "reward_weights weigh the task's own reward functions"
+            )
+        if "max_new_tokens" in changed:
+            from rlnb.models import check_positions
+
+            try:
+                check_positions(config, self._task, self._tokenizer)
+            except ConfigError as exc:
+                raise ConfigError(f"{call}(max_new_tokens={config.rollout.max_new_tokens!r}): {exc}") from None
+        return config, diff
+
+    def _apply(self, config: Config, changed: Collection[str], rollouter: Rollouter) -> None:
+        """Hand ``config``'s live settings to the parts that use them."""
+        trainer = self._trainer
+        if config.learn != self._config.learn:
+            trainer.learner.config = config.learn  # read once at the start of each step
+        if config.rollout != self._config.rollout:
+            r = config.rollout
+            self._bridge.run(
+                rollouter.configure(
+                    group_size=r.group_size,
+                    sampling=parts.sampling_params(config, self._task),
+                    max_policy_lag=r.max_policy_lag,
+                    groups_per_step=r.groups_per_step,
+                )
+            )
+        if "reward_weights" in changed:
+            rewards = self._task.rewards.with_weights(config.rollout.reward_weights)
+            self._bridge.run(rollouter.set_reward_fn(*parts.reward_functions(rewards)))
+        self._config = trainer.config = config
+
+    # -- fork -------------------------------------------------------------------------
+
+    @public_call("nothing was made; this session is as it was", waits_for_rollouts=True)
+    def fork(self, name: str, **changes: Any) -> Session:
+        """A new, independent session called ``name`` that starts where this one stands:
+        weights, optimiser, scheduler, prompt stream position, random streams, buffer,
+        history and change log, with the live settings ``changes`` (:meth:`set`'s)
+        applied. Without changes, in sync mode, its next ``step()`` gives the same
+        metrics as this one's.
+
+        Generations in flight are finished into the buffer first (nothing is lost, as
+        in :meth:`save`). The fork builds its own engine, loader and tracker from the
+        config (an ``engine=`` object given to this session is not shared); with a
+        run dir, its tracker writes to ``<run_dir>-<name>``. Callbacks are not
+        copied; a reward from :meth:`set_reward` is. Each session trains and closes
+        on its own. Raises :class:`~rlnb.ConfigError` for a bad name or change, and
+        ``RuntimeError`` while this session trains in the background (``stop()`` it
+        first), before anything is made."""
+        from rlnb import checkpoint
+
+        self._check()
+        if not isinstance(name, str) or not name.strip() or name == self._name:
+            raise ConfigError(
+                f"fork(name={name!r}) is invalid: give the new session a name of its own, e.g. "
+                f"fork({self._name + '-b'!r}) (its name must differ from this session's, {self._name!r})"
+            )
+        config, diff = self._live_config(changes, call="fork")
+        if (run_dir := config.track.run_dir) is not None:
+            sibling = Path(run_dir).with_name(f"{Path(run_dir).name}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}")
+            config = config.replace(track=dataclasses.replace(config.track, run_dir=str(sibling), run_id=None))
+        trainer = self._trainer
+        with trainer.quiesced():
+            manifest, tensors = checkpoint.capture(
+                trainer, prompts=self._prompts, name=self._name, run_id=None, reward=self.reward_name
+            )
+            tensors = {stem: {k: v.clone() for k, v in state.items()} for stem, state in tensors.items()}
+        manifest["format_version"] = checkpoint.FORMAT_VERSION  # as write() would record it
+        history, evaluations = [dict(m) for m in trainer.history], list(trainer.evaluations)
+        make: Any = type(self)  # the Session class (imported from here it would be a cycle)
+        fork: Session = make(config, name=name, _restore=(manifest, tensors, Path(f"<fork of {self._name!r}>")))
+        try:
+            fork._trainer.history[:0] = history
+            fork._trainer.evaluations[:0] = evaluations  # the change log came with the checkpoint
+            if self._custom_reward is not None:
+                fork.set_reward(self._custom_reward)
+            step = fork._trainer.version
+            records = [Change(step, field, old, new) for field, old, new in diff]
+            fork._trainer.changes.extend(records)
+            as_dict = config_to_dict(config)
+            for record in records:
+                fork._tracker.log_change(record.as_dict(), as_dict)
+        except BaseException:
+            fork.close()
+            raise
+        return fork
+
+    # -- what if ------------------------------------------------------------------------
+
+    @property
+    def batches(self) -> list[KeptBatch]:
+        """The last ``LearnConfig.keep_batches`` batches trained on, oldest first, frozen
+        (:class:`~rlnb.learn.KeptBatch`): token ids, behaviour log-probs, versions,
+        rewards by function, advantages, and the step's metrics."""
+        return list(self._trainer.batches)
+
+    def _kept(self, batch: KeptBatch | int | None, call: str) -> KeptBatch:
+        kept = self._trainer.batches
+        if not kept:
+            why = "LearnConfig.keep_batches is 0" if not kept.maxlen else "no step has been trained yet"
+            raise RuntimeError(f"{call}(): there is no kept batch to ask of ({why})")
+        if batch is None:
+            return kept[-1]
+        if isinstance(batch, bool):
+            raise TypeError(f"{call}(batch={batch!r}): pass one of sess.batches, an index into them, or None")
+        if isinstance(batch, int):
+            try:
+                return list(kept)[batch]
+            except IndexError:
+                raise IndexError(
+                    f"{call}(batch={batch}): {len(kept)} batches are kept (sess.batches); use an index in "
+                    f"[{-len(kept)}, {len(kept)})"
+                ) from None
+        if not hasattr(batch, "groups") or not hasattr(batch, "metrics"):
+            raise TypeError(
+                f"{call}(batch={batch!r}): pass one of sess.batches, an index into them, or None (the last)"
+            )
+        return batch
+
+    @public_call("nothing was changed")
+    def what_if(self, batch: KeptBatch | int | None = None, **changes: Any) -> WhatIf:
+        """One learner step on a kept batch (None: the last; an int indexes
+        :attr:`batches`) with the learner settings ``changes`` (any
+        :class:`~rlnb.LearnConfig` field), run on twins of the **current** policy and
+        optimiser: once with the settings in force and once with the changes, so the
+        two differ by the change alone. Returns a :class:`~rlnb.learn.WhatIf` with
+        both, beside the step's recorded metrics (loss, KL, clip fraction, grad norm,
+        entropy...). The session is not changed: its weights, optimiser, version and
+        random state are as they were, so its next step is the same as without the
+        question. Works while it trains in the background (the twins are taken
+        between two steps)."""
+        from rlnb.learn import what_if
+
+        self._check()
+        kept = self._kept(batch, "what_if")
+        learner = self._trainer.learner
+        try:
+            config = LearnConfig(**{**_fields(learner.config), **changes})
+        except TypeError as exc:
+            raise ConfigError(f"what_if(): {exc}") from None
+        if config.kl_coef > 0 and not learner.has_reference:
+            raise ConfigError(
+                f"what_if(kl_coef={config.kl_coef!r}): this session keeps no reference policy (it started with "
+                "kl_coef=0), so there is no KL to measure"
+            )
+        with self._trainer.update_lock:
+            twins = learner.twin(), learner.twin(config)
+        return what_if(twins, kept, changes)
+
+    @public_call("nothing was changed")
+    def rescore(
+        self,
+        batch: KeptBatch | int | None = None,
+        *,
+        reward: Any,
+        reward_weights: list[float] | None = None,
+    ) -> dict[str, Any]:
+        """A kept batch's rewards and GRPO advantages under another reward: ``reward``
+        is a function ``(completion, answer) -> float`` or a list of them (as
+        ``Task(reward=...)`` takes, with ``reward_weights``). Returns ``{"rewards":
+        ..., "advantages": ..., "recorded_rewards": ..., "recorded_advantages": ...}``,
+        each a list per group of a value per sample. Nothing in the session changes;
+        the reward runs on this thread."""
+        from rlnb.learn import advantages_of
+        from rlnb.rewards import Rewards
+
+        self._check()
+        kept = self._kept(batch, "rescore")
+        rewards = Rewards.of(reward, reward_weights, field="rescore")
+        scale = self._trainer.learner.config.scale_advantages
+        values: list[list[float]] = []
+        for group in kept.groups:
+            item = self._task.item(self._config.seed, group.prompt_id)
+            scored = [rewards.score(s.completion, item.answer, prompt=item.prompt, row=item.row) for s in group.samples]
+            if rewards.has_batched:
+                scored = rewards.score_group(
+                    [s.parts for s in scored],
+                    [s.completion for s in group.samples],
+                    [item.answer] * len(group.samples),
+                    [item.prompt] * len(group.samples),
+                    [item.row] * len(group.samples),
+                )
+            values.append([s.total for s in scored])
+        return {
+            "rewards": values,
+            "advantages": [list(a) for a in advantages_of(values, scale=scale)],
+            "recorded_rewards": [list(r) for r in kept.rewards],
+            "recorded_advantages": [list(a) for a in kept.advantages],
+        }
+
+
+def _fields(config: LearnConfig) -> dict[str, Any]:
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
