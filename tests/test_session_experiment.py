@@ -19,6 +19,7 @@ import dataclasses
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,7 +95,7 @@ def test_a_bad_change_raises_the_configs_error_and_changes_nothing() -> None:
     with rlnb.Session(small_config(), name="live") as sess:
         sess.step()
         config = sess.config
-        cases = [
+        cases: list[tuple[dict[str, Any], str]] = [
             ({"lr": -1.0}, "LearnConfig.lr=-1.0 is invalid"),
             ({"group_size": 1}, "RolloutConfig.group_size=1 is invalid"),
             ({"lr": 1e-3, "top_p": 2.0}, "top_p"),  # a good one beside a bad one: neither is made
@@ -106,7 +107,7 @@ def test_a_bad_change_raises_the_configs_error_and_changes_nothing() -> None:
             ({"max_new_tokens": 500}, "set(max_new_tokens=500): ModelConfig.max_len=32 is invalid"),
         ]
         for changes, words in cases:
-            with pytest.raises(rlnb.ConfigError, match=None) as info:
+            with pytest.raises(rlnb.ConfigError) as info:
                 sess.set(**changes)
             assert words in str(info.value), (changes, str(info.value))
             if "cannot change" in words or "not a setting" in words or "did you mean" in words:
@@ -149,6 +150,7 @@ def test_reward_weights_change_the_rewards_of_later_groups() -> None:
         return 1.0 if len(completion) <= 2 else 0.0
 
     base = get_task("addition")
+    assert callable(base.reward)
     task = register_task(
         dataclasses.replace(base, name="addition-two-rewards", reward=[base.reward, short]), replace=True
     )
