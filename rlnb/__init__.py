@@ -61,6 +61,8 @@ __version__ = "0.1.0"
 # Subpackages the documentation names as ``rlnb.<name>`` that pull in torch: imported
 # at their first use, so ``import rlnb`` stays light and ``rlnb.learn.Callback`` works.
 _LAZY_SUBMODULES = frozenset({"bench", "learn", "models", "testing"})
+# Functions exported from a module that is imported at their first use: name -> module.
+_LAZY_ATTRIBUTES = {"compare": "rlnb.notebook"}
 
 
 def __getattr__(name: str) -> object:
@@ -68,7 +70,15 @@ def __getattr__(name: str) -> object:
         import importlib
 
         return importlib.import_module(f"rlnb.{name}")
+    if name in _LAZY_ATTRIBUTES:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY_ATTRIBUTES[name]), name)
     raise AttributeError(f"module 'rlnb' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_ATTRIBUTES})
 
 
 __all__ = [
@@ -112,6 +122,7 @@ __all__ = [
     "WarmupConfig",
     "WeightSyncError",
     "close_all",
+    "compare",
     "load_ipython_extension",
     "probe",
     "sessions",
