@@ -355,16 +355,16 @@ class Trainer:
         return accuracy
 
     @contextlib.contextmanager
-    def quiesced(self) -> Iterator[None]:
-        """:meth:`_quiesced`, marked as the foreground call ``save()``."""
-        with self.foreground.call("save()"), self._quiesced():
+    def quiesced(self, call: str = "save()") -> Iterator[None]:
+        """:meth:`_quiesced`, marked as the foreground ``call`` (``save()``, ``fork()``)."""
+        with self.foreground.call(call), self._quiesced(call):
             yield
 
     @contextlib.contextmanager
-    def _quiesced(self) -> Iterator[None]:
+    def _quiesced(self, call: str) -> Iterator[None]:
         """Nothing generating inside (``Rollouter.quiesce``): dispatch stopped and
         in-flight groups finished into the buffer; afterwards rollouts are as they were."""
-        self.check_idle("save()")
+        self.check_idle(call)
         quiescence = self.rollouter.quiesce(timeout=self.config.step_timeout)
         try:
             self.bridge.run(quiescence.enter())

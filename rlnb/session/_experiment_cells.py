@@ -165,7 +165,7 @@ class ExperimentCells:
             sibling = Path(run_dir).with_name(f"{Path(run_dir).name}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}")
             config = config.replace(track=dataclasses.replace(config.track, run_dir=str(sibling), run_id=None))
         trainer = self._trainer
-        with trainer.quiesced():
+        with trainer.quiesced("fork()"):
             manifest, tensors = checkpoint.capture(
                 trainer, prompts=self._prompts, name=self._name, run_id=None, reward=self.reward_name
             )
