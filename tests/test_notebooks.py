@@ -183,6 +183,50 @@ def test_08_your_records_and_two_rewards_train_a_lora_adapter_that_peft_loads(
     assert "closed (tracker exit code 0)" in out[7], out[7]
 
 
+def test_09_settings_change_mid_run_forks_part_ways_and_what_if_leaves_the_run_alone(
+    tmp_path: Path, execute_notebook: Execute
+) -> None:
+    # ~60 s on an idle 2-core machine: a warm-up, 60 background steps, two forks of 40
+    out, cells = run_notebook(execute_notebook, "09-experiment-live", timeout=240)
+    assert number_after(out[0], "accuracy after the warm-up:") > 0.3
+    dashboard = cells[1].outputs[0]["data"]["text/html"]  # the static copy that replaced it at close
+    assert "rlnb-dashboard rlnb-static" in dashboard
+    assert "Change(step=" in out[2] and "field='lr', old=0.0001, new=0.0004" in out[2], out[2]
+    found = re.search(r"changed at step (\d+): lr 0.0001 -> 0.0004", out[3])
+    assert found and int(found[1]) >= 20, out[3]
+    lrs = re.search(r"lr of steps \d+ to \d+ : \[(.*)\]", out[3])
+    assert lrs, out[3]
+    values = [float(v) for v in lrs[1].split(",")]
+    assert values[0] == 1e-4 and values[2:] == [4e-4, 4e-4], values  # the step updating at the change keeps its lr
+    assert "config now: 0.0004" in out[3]
+    assert "cold starts at step 60 with temperature 0.6" in out[4], out[4]
+    assert "hot starts at step 60 with temperature 1.4" in out[4], out[4]
+    assert any("image/png" in o.get("data", {}) for o in cells[5].outputs), "the comparison shows an image"
+    means = dict(re.findall(r"(cold|hot): mean reward of its last 20 steps (\d\.\d+)", out[6]))
+    assert float(means["cold"]) > float(means["hot"]), out[6]  # a cold branch samples its best guess more often
+    assert (tmp_path / "09-compare.png").stat().st_size > 10_000
+    clip, lr = _what_if(out[7]), _what_if(out[8])
+    # A tighter clip range clips more, and the update moves the policy less.
+    assert clip["clip_fraction"][2] > clip["clip_fraction"][1], out[7]
+    assert clip["update_kl"][2] < clip["update_kl"][1], out[7]
+    assert lr["update_kl"][2] > 3 * lr["update_kl"][1], out[8]  # a larger lr moves the policy further
+    assert "live sessions: []" in out[9]
+
+
+def _what_if(text: str) -> dict[str, list[float]]:
+    """A WhatIf's rows: metric -> [recorded, now, what if] (recorded NaN where the step has none)."""
+    rows = {}
+    for line in text.splitlines():
+        name, *numbers = line.split()
+        try:
+            values = [float(n) for n in numbers]
+        except ValueError:
+            continue  # the title and the header
+        if re.fullmatch(r"[a-z_]+", name) and len(values) in (2, 3):
+            rows[name] = [math.nan] * (3 - len(values)) + values
+    return rows
+
+
 @pytest.mark.ray  # runs with the other Ray tests, one at a time
 @pytest.mark.timeout(900)
 def test_07_ray_replicas_survive_a_killed_one_and_close_leaves_no_ray_process(
