@@ -43,8 +43,8 @@ from rlnb.engines._vllm_setup import (
     _to_safetensors,
     _versions,
     import_vllm,
-    keep_zmq_gc,
 )
+from rlnb.runtime import keep_zmq_gc
 
 __all__ = ["VLLMEngine"]
 

@@ -277,34 +277,3 @@ class _Closed:
     """Stands in for the AsyncLLM once the engine closed."""
 
     errored = False
-
-
-def keep_zmq_gc() -> None:
-    """Start pyzmq's garbage collector (a thread and a zmq context of its own, which
-    track buffers sent without copying, such as the weights a sync sends) and mark
-    its thread and FDs as kept for the life of the process, as the forkserver is.
-    pyzmq would start it on the first such send and never stop it."""
-    from zmq.utils.garbage import gc
-
-    from rlnb.runtime import note_process_long
-
-    if gc.is_alive() and gc._push is not None:
-        return
-    before = _anon_fds()
-    if not gc.is_alive():
-        gc.start()
-    gc._push_socket  # noqa: B018 - made on first use: made now, with the rest
-    thread = gc.thread
-    note_process_long(fds=_anon_fds() - before, threads=[] if thread is None else [thread])
-
-
-def _anon_fds() -> set[int]:
-    """The eventfd and epoll FDs open now: what a zmq context and its sockets open."""
-    out = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{name}").startswith("anon_inode:[event"):
-                out.add(int(name))
-        except OSError:  # closed meanwhile
-            pass
-    return out

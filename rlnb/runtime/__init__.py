@@ -10,11 +10,13 @@ from rlnb.runtime._ipython import notebook_cell, release_output_pipes
 from rlnb.runtime._probe import (
     ChildInfo,
     Snapshot,
+    keep_zmq_gc,
     note_process_long,
     open_runs,
     register_run,
     snapshot,
     unregister_run,
+    warm_up_kernel_messages,
 )
 from rlnb.runtime._registry import (
     close_all,
@@ -37,6 +39,7 @@ __all__ = [
     "defer_interrupts",
     "install_hooks",
     "lookup_session",
+    "keep_zmq_gc",
     "make_view",
     "note_process_long",
     "notebook_cell",
@@ -50,5 +53,6 @@ __all__ = [
     "snapshot",
     "unregister_run",
     "unregister_session",
+    "warm_up_kernel_messages",
     "warm_up_loop_backend",
 ]

@@ -33,6 +33,7 @@ from rlnb.runtime import (
     replace_session,
     snapshot,
     unregister_session,
+    warm_up_kernel_messages,
     warm_up_loop_backend,
 )
 from rlnb.session import _assembly as parts
@@ -97,6 +98,7 @@ class Session(RolloutCells, TrainingCells, ExperimentCells):
             self._tokenizer, self._model = model_shape(self._config, self._task)
             replace_session(name)
             warm_up_loop_backend()  # its process-long FDs are not this session's
+            warm_up_kernel_messages()  # nor pyzmq's garbage collector, in a kernel
             self._baseline = snapshot()  # what the process held before this session built anything
             for stage in self._STAGES:
                 getattr(self, f"_build_{stage}")()
