@@ -10,13 +10,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = [
-    "history_file",
-    "ipython_shell",
-    "notebook_cell",
-    "output_pipes",
-    "release_output_pipes",
-]
+__all__ = ["history_file", "ipython_shell", "notebook_cell", "output_pipes", "release_output_pipes"]
 
 
 def ipython_shell() -> Any:
