@@ -5,6 +5,7 @@ and a restart with training, the dashboard and an offline wandb run is graceful.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -193,3 +194,43 @@ def test_every_dashboard_button_in_a_kernel_does_what_its_method_does(tmp_path: 
     # for a moment, which restores the state it found
     for mode in ("abort", "keep", "wait"):
         assert seen[mode] in ("paused", "syncing") and seen[mode + " resumed"] in ("running", "syncing"), seen
+
+
+def test_live_settings_fork_and_what_if_in_a_kernel(open_kernel: OpenKernel) -> None:
+    """Sync mode, from cells: a change is one line, a refused one is the error's one
+    line (no traceback into rlnb), a fork steps as its parent does, a what-if shows
+    its table and changes nothing, and every session closes."""
+    from tests.helpers.kernel import cell_output
+
+    setup = """
+import rlnb
+config = rlnb.Config(
+    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
+    data=rlnb.DataConfig(num_workers=0),
+    track=rlnb.TrackConfig(backends=("console",)),
+)
+sess = rlnb.Session(config, name="k")
+sess.step()
+"""
+    with open_kernel() as (_, kc):
+        ok(kc, setup)
+        shown = cell_output(kc, "sess.set(lr=1e-3, temperature=0.7)")
+        assert "rlnb: step 1: lr 0.0001 -> 0.001" in shown and "rlnb: step 1: temperature 1 -> 0.7" in shown, shown
+        assert "Change(step=1, field='lr', old=0.0001, new=0.001" in shown, shown
+        refused = re.sub(r"\x1b\[[0-9;]*m", "", cell_output(kc, "sess.set(lr=-1)"))  # no colours
+        assert "ConfigError: LearnConfig.lr=-1 is invalid: use a learning rate > 0" in refused, refused
+        assert "rlnb/config.py" not in refused and "_experiment_cells" not in refused, refused  # the call's own line
+        assert value(kc, "sess.config.learn.lr") == "0.001"
+        same = ok(
+            kc,
+            "b = sess.fork('k-b')\n"
+            "x, y = sess.step(), b.step()\n"
+            "print(all(x[k] == y[k] for k in x if k != 'train_tokens_per_s'), b.changes == sess.changes)",
+        )
+        assert same.strip().endswith("True True"), same
+        table = cell_output(kc, "sess.what_if(lr=1e-2)")
+        assert "what if lr=0.01, on the batch of step 2" in table and "update_kl" in table, table
+        assert ok(kc, "print(sess.version, len(sess.history))").strip() == "2 2"
+        closed = ok(kc, "b.close(); sess.close(); print(rlnb.sessions())")
+        assert closed.strip().endswith("[]"), closed
