@@ -4,6 +4,7 @@ puts the dashboard through a full buffer, a foreground train and close."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -15,7 +16,7 @@ from typing import Any
 import nbformat
 import psutil
 import pytest
-from playwright.sync_api import Page
+from playwright.sync_api import Locator, Page
 
 from tests.helpers.browser import (
     cell_outputs,
@@ -86,6 +87,16 @@ def test_a_notebook_runs_in_jupyterlab_and_restarts_clean(
 
 
 PAUSE_RESUME = ROOT / "notebooks" / "02-pause-and-resume.ipynb"
+# Run again once a setting changed: the steps after the last change, and each one's lr.
+AFTER_THE_CHANGE = """import json, threading
+if sess.changes:
+    change, tick = sess.changes[-1], threading.Event()
+    for _ in range(1200):  # a minute at most: two steps after the change
+        if sess.version >= change.step + 2:
+            break
+        tick.wait(0.05)
+    after = [(int(m["version"]), m["lr"]) for m in sess.history if m["version"] > change.step]
+    print(json.dumps({"step": change.step, "new": change.new, "after": after[:2]}))"""
 
 
 def state_word(page: Page) -> str:
@@ -106,6 +117,29 @@ def press(page: Page, method: str) -> None:
         page.wait_for_timeout(50)
     page.wait_for_timeout(300)  # nobody clicks a button the moment it comes on
     button.click()
+
+
+def change_lr_from_the_settings_panel(page: Page, board: Locator) -> None:
+    """Open the dashboard's settings, type a new lr, Apply it while training goes on
+    in the background, see the panel say so and the curves mark it; a screenshot of
+    the dashboard with the settings open, then close them again."""
+    settings = board.locator(".rlnb-settings").first
+    header = settings.locator(".jupyter-widget-Collapse-header").first
+    header.click()
+    lr = settings.locator(".rlnb-setting-lr input").first
+    lr.wait_for(state="visible")
+    assert lr.input_value() == "0.0001"
+    lr.fill("0.0002")
+    press(page, "apply")
+    said = ".rlnb-dashboard .rlnb-settings-message"
+    wait_for(page, "s => document.querySelector(s)?.innerText.includes('lr 0.0001 → 0.0002')", said)
+    assert page.locator(f"{said} .rlnb-error").count() == 0
+    assert lr.input_value() == "0.0002"
+    marked = "s => [...document.querySelectorAll(s)].some(i => atob(i.src.split(',')[1]).includes('rlnb-change'))"
+    wait_for(page, marked, ".rlnb-dashboard .rlnb-curves img")  # at the curves' pace: within a few seconds
+    board.screenshot(path=str(SCREENSHOTS / "settings.png"))
+    header.click()
+    lr.wait_for(state="hidden")
 
 
 def saved_widget_state(path: Path) -> dict[str, Any] | None:
@@ -130,6 +164,7 @@ def test_the_dashboard_pauses_resumes_and_stops_background_training_in_jupyterla
     nb = nbformat.read(PAUSE_RESUME, as_version=4)
     assert "sess.close()" in nb.cells[-1].source
     nb.cells[-1] = nbformat.v4.new_code_cell("sess.start()")  # leave it training in the background
+    nb.cells.append(nbformat.v4.new_code_cell(AFTER_THE_CHANGE))  # says nothing until a change
     nbformat.write(nb, notebooks / PAUSE_RESUME.name)
     with open_lab(notebooks) as url, open_browser(height=1800) as page:
         open_notebook(page, url, PAUSE_RESUME.name)
@@ -149,6 +184,19 @@ def test_the_dashboard_pauses_resumes_and_stops_background_training_in_jupyterla
         wait_for(page, "([s, before]) => document.querySelector(s)?.innerText !== before", [version, seen])
 
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        change_lr_from_the_settings_panel(page, board)
+        check = sum(cell.cell_type == "code" for cell in nb.cells) - 1
+        run_cell(page, check)  # Shift+Enter in the last cell adds an empty one below it
+        printed = "([s, i]) => document.querySelectorAll(s)[i]?.querySelector('.jp-OutputArea')?.innerText"
+        wait_for(page, printed + ".includes('\"after\"')", [".jp-Notebook .jp-CodeCell", check])
+        wait_for_idle(page)
+        said = json.loads(cell_outputs(page)[check])
+        assert said["new"] == 0.0002, said
+        # the step under way when Apply was clicked may keep the old lr; the one after it has the new
+        (first, lr1), (second, lr2) = said["after"]
+        assert (first, second) == (said["step"] + 1, said["step"] + 2) and lr2 == 0.0002 and lr1 in (0.0001, 0.0002)
+        print(f"\nthe settings panel's part: {time.monotonic() - started:.1f} s")
         board.screenshot(path=str(SCREENSHOTS / "dashboard.png"))  # training in the background
         threads = '.rlnb-dashboard .rlnb-gauge[data-gauge="threads"]'
         # The most seen over a second: the reward pool's thread leaves after a second idle,

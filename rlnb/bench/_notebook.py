@@ -4,6 +4,16 @@
   reply, through jupyter_client) while a session trains in the background.
 - **Button to quiescent:** from ``click()`` of the dashboard's Pause button (mode
   "abort") to the engine holding no request, timed inside the kernel.
+- **Apply to the new lr:** from ``click()`` of the settings panel's Apply, with a
+  new lr typed in, to the end of the first step whose record has that lr, against
+  the median step time of the same background run (step end to step end). Each
+  click lands at a random moment of a step, as a person's would. A step reads the
+  learner's settings when its update starts, after its rollouts (sync mode), so a
+  click during the rollouts is trained on in that step and one during the update
+  in the next: with clicks spread evenly over a step of time T whose rollouts take
+  R, the median is 1.5 T - R, within one step when rollouts take half of it or more.
+  Also reported: how long the click's handler took, and the share of clicks the
+  step under way took up.
 - **Dashboard overhead:** background training steps/s with a live dashboard (its
   ticker updating the widgets) over steps/s without one, interleaved in one run.
   Each round's dashboard is made, and has drawn once, before its clock starts:
@@ -51,6 +61,43 @@ sess.resume()
 print(json.dumps(times))
 """
 
+# Apply a new lr from the settings panel, then wait for the first step trained with it.
+APPLY = """
+import random
+from rlnb.learn import Callback
+class Ends(Callback):
+    def __init__(self):
+        self.times, self.lr, self.at, self.seen = [], None, None, threading.Event()
+    def on_step_end(self, metrics):
+        now = time.perf_counter()
+        self.times.append(now)
+        if self.lr is not None and self.at is None and metrics["lr"] == self.lr:
+            self.at, self.version = now, int(metrics["version"])
+            self.seen.set()
+ends, rng, applied, handler, same = Ends(), random.Random(0), [], [], 0
+sess.callbacks.append(ends)
+while len(ends.times) < 3:
+    tick.wait(0.01)
+for i in range({n}):
+    gaps = sorted(b - a for a, b in zip(ends.times, ends.times[1:]))
+    tick.wait(rng.uniform(0, gaps[len(gaps) // 2]))  # a random moment of a step
+    lr = (2e-4, 1e-4)[i % 2]
+    ends.lr, ends.at = lr, None
+    ends.seen.clear()
+    dash.settings["lr"].value = lr
+    before = sess.version
+    start = time.perf_counter()
+    dash.apply_button.click()
+    handler.append((time.perf_counter() - start) * 1e3)
+    if not ends.seen.wait(60) or "set at step" not in dash.settings_message.value:
+        raise RuntimeError(f"no step trained with lr={{lr}} within 60 s: {{dash.settings_message.value}}")
+    applied.append((ends.at - start) * 1e3)
+    same += ends.version == before + 1
+sess.callbacks.remove(ends)
+gaps = [(b - a) * 1e3 for a, b in zip(ends.times, ends.times[1:])]
+print(json.dumps({{"applied": applied, "steps": gaps, "handler": handler, "same": same / {n}}}))
+"""
+
 # Steps/s of background runs with and without a live dashboard, interleaved.
 OVERHEAD = """
 sess.stop()
@@ -71,7 +118,7 @@ print(json.dumps(rates))
 """
 
 
-def run(*, cells: int = 100, clicks: int = 50, rounds: int = 5, steps: int = 60) -> BenchResult:
+def run(*, cells: int = 100, clicks: int = 50, applies: int = 20, rounds: int = 5, steps: int = 60) -> BenchResult:
     from rlnb.bench._kernel import Kernel
 
     with tempfile.TemporaryDirectory(prefix="rlnb-bench-") as tmp, Kernel(Path(tmp)) as kernel:
@@ -82,14 +129,22 @@ def run(*, cells: int = 100, clicks: int = 50, rounds: int = 5, steps: int = 60)
             kernel.ok("1")
             round_trips.append((time.perf_counter() - start) * 1e3)
         pause_ms = json.loads(kernel.ok(PAUSE.format(n=clicks)))
+        apply = json.loads(kernel.ok(APPLY.format(n=applies), timeout=60.0 * applies))
         rates = json.loads(kernel.ok(OVERHEAD.format(rounds=rounds, steps=steps)))
         kernel.ok("sess.close()")
     ratio = median(rates["dashboard"]) / median(rates["plain"])
+    apply_ms, step_ms = median(apply["applied"]), median(apply["steps"])
     figures: dict[str, Any] = {
         "cell_round_trip_median_ms": round(median(round_trips), 2),
         "cell_round_trip_p99_ms": round(p99(round_trips), 2),
         "pause_click_to_quiescent_median_ms": round(median(pause_ms), 2),
         "pause_click_to_quiescent_p99_ms": round(p99(pause_ms), 2),
+        "apply_click_to_new_lr_median_ms": round(apply_ms, 1),
+        "apply_click_to_new_lr_max_ms": round(max(apply["applied"]), 1),
+        "step_time_median_ms": round(step_ms, 1),
+        "apply_over_step_time": round(apply_ms / step_ms, 3),
+        "apply_handler_median_ms": round(median(apply["handler"]), 2),
+        "apply_taken_by_the_step_under_way": round(apply["same"], 2),
         "steps_per_s_plain": [round(r, 2) for r in rates["plain"]],
         "steps_per_s_dashboard": [round(r, 2) for r in rates["dashboard"]],
         "dashboard_over_plain": round(ratio, 3),
@@ -102,5 +157,6 @@ def run(*, cells: int = 100, clicks: int = 50, rounds: int = 5, steps: int = 60)
             Target("cell_round_trip_p99", figures["cell_round_trip_p99_ms"], "<=", 50.0, " ms"),
             Target("pause_click_to_quiescent_p99", figures["pause_click_to_quiescent_p99_ms"], "<=", 100.0, " ms"),
             Target("dashboard_over_plain_steps_per_s", ratio, ">=", 0.95),
+            Target("apply_click_to_new_lr_over_step_time", apply_ms / step_ms, "<=", 1.0),
         ),
     )

@@ -1,21 +1,30 @@
 """The dashboard's curves: reward, entropy and held-out accuracy as small SVG charts
 with a labelled grid, built from strings (no matplotlib on the ticker thread), and
-each reward function's mean when a task has several."""
+each reward function's mean when a task has several; a dashed line marks each step
+at which live settings changed (``Session.set``), labelled with what changed."""
 
 from __future__ import annotations
 
 import base64
 import html
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from rlnb import _reprs
 
-__all__ = ["Curves", "ticks"]
+if TYPE_CHECKING:
+    from rlnb.config import Change
+
+__all__ = ["Curves", "marks", "ticks"]
 
 _MAX_POINTS = 400  # per curve; longer histories are thinned evenly
 _GRID = "#e4e4e4"
 _AXIS = "#999"
+_MARK = "#b26a00"
+_LABEL_CHARS = 26  # a mark's label is cut to this: a chart is 270 px wide
+_LABEL_ROWS = 3  # rows of labels at the top of a chart; a label that fits in none is left out
+_CHAR_PX = 5.0  # about the width of a character of a 9 px sans-serif label
 
 
 def ticks(low: float, high: float, most: int = 5, *, whole: bool = False) -> list[float]:
@@ -41,6 +50,28 @@ def _label(value: float) -> str:
     return _reprs.number(int(value) if float(value).is_integer() and abs(value) < 1e6 else value)
 
 
+def marks(changes: Iterable[Change]) -> list[tuple[float, str]]:
+    """One ``(step, label)`` per policy version at which settings changed, in order:
+    "lr→0.001", or "lr→0.001, top_k→5" for several at one step (a field changed twice
+    there shows its last value)."""
+    by_step: dict[int, dict[str, object]] = {}
+    for change in changes:
+        by_step.setdefault(change.step, {})[change.field] = change.new
+    out = []
+    for step in sorted(by_step):
+        text = ", ".join(f"{field}→{_value(new)}" for field, new in by_step[step].items())
+        out.append((float(step), _reprs.clip(text, _LABEL_CHARS)))
+    return out
+
+
+def _value(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, tuple):
+        return "(" + ",".join(_value(v) for v in value) + ")"
+    return str(value)
+
+
 class Curves:
     """reward_mean and entropy per step and held-out accuracy per evaluation, as
     three small SVG charts built from strings: a redraw costs well under a
@@ -50,9 +81,16 @@ class Curves:
     _SERIES = (("reward_mean", "reward_mean"), ("entropy", "entropy"), ("eval", "held-out accuracy"))
     WIDTH, HEIGHT = 270, 140
 
-    def render(self, history: Sequence[Mapping[str, float]], evaluations: Sequence[tuple[int, float]]) -> str:
+    def render(
+        self,
+        history: Sequence[Mapping[str, float]],
+        evaluations: Sequence[tuple[int, float]],
+        changes: Sequence[Change] = (),
+    ) -> str:
         """The charts as one HTML block (each chart an ``<img>`` of SVG, so that it
-        survives in a saved notebook's sanitised output too)."""
+        survives in a saved notebook's sanitised output too); each of ``changes``
+        (``Session.changes``) is a dashed line at its step, on every chart."""
+        changed = marks(changes)
         stride = max(1, len(history) // _MAX_POINTS)  # 400 points look the same as 4,000
         shown = list(history[::stride]) + ([history[-1]] if history and (len(history) - 1) % stride else [])
         steps = [float(m.get("version", i * stride + 1)) for i, m in enumerate(shown)]
@@ -61,10 +99,12 @@ class Curves:
         per_function = [k for k in (history[-1] if history else {}) if k.startswith("reward/") and "/std" not in k[7:]]
         for key, title in (*self._SERIES, *((k, k) for k in per_function)):
             if key == "eval":
-                svg = self.chart(title, [(float(v), a) for v, a in evaluations], y_range=(0.0, 1.0), dots=True)
+                points = [(float(v), a) for v, a in evaluations]
+                svg = self.chart(title, points, y_range=(0.0, 1.0), dots=True, marks=changed)
             else:
                 values = [float(m.get(key, math.nan)) for m in shown]
-                svg = self.chart(title, [(x, y) for x, y in zip(steps, values, strict=True) if math.isfinite(y)])
+                points = [(x, y) for x, y in zip(steps, values, strict=True) if math.isfinite(y)]
+                svg = self.chart(title, points, marks=changed)
             data = base64.b64encode(svg.encode()).decode()
             charts.append(f'<img alt="{html.escape(title)}" src="data:image/svg+xml;base64,{data}">')
         return '<div style="display:flex;gap:8px;flex-wrap:wrap">' + "".join(charts) + "</div>"
@@ -76,9 +116,12 @@ class Curves:
         *,
         y_range: tuple[float, float] | None = None,
         dots: bool = False,
+        marks: Sequence[tuple[float, str]] = (),
     ) -> str:
         """One chart as an SVG document: a line through ``points`` over a grid whose
-        lines are labelled with round values on both axes."""
+        lines are labelled with round values on both axes, and a dashed vertical line
+        at the step of each of ``marks`` (``(step, label)``; the steps widen the x
+        range), labelled unless it is too close to the last label."""
         w, h = self.WIDTH, self.HEIGHT
         left, right, top, bottom = 40, w - 10, 20, h - 22
         parts = [
@@ -93,7 +136,7 @@ class Curves:
             parts += [frame, f'<text {middle} text-anchor="middle" fill="#999">no data yet</text></svg>']
             return "".join(parts)
         xs, ys = [p[0] for p in points], [p[1] for p in points]
-        x0, x1 = min(xs), max(xs)
+        x0, x1 = min(xs + [m[0] for m in marks]), max(xs + [m[0] for m in marks])
         y0, y1 = y_range if y_range is not None else (min(ys), max(ys))
         x0, x1 = (x0 - 1, x1 + 1) if x1 == x0 else (x0, x1)
         y0, y1 = (y0 - 0.5, y1 + 0.5) if y1 == y0 else (y0, y1)
@@ -112,6 +155,7 @@ class Curves:
             parts.append(f'<text x="{px(x):.1f}" y="{bottom + 12}" text-anchor="middle">{_label(x)}</text>')
         parts.append(frame)
         parts.append(f'<text x="{left - 6}" y="{bottom + 12}" text-anchor="end" fill="#666">step</text>')
+        parts += _marks_svg([(px(x), x, label) for x, label in marks], top, bottom, right)
         line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
         parts.append(f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="1.4"/>')
         if dots or len(points) < 3:  # a line through one or two points is hard to see
@@ -121,3 +165,30 @@ class Curves:
 
     def close(self) -> None:
         """Nothing to release: the charts are strings."""
+
+
+def _marks_svg(marks: Sequence[tuple[float, float, str]], top: float, bottom: float, right: float) -> list[str]:
+    """A dashed line at each mark's x (px), and its label beside it near the top (on
+    the left of the line near the right edge), haloed in white over the curve: in the
+    first of three rows where it overlaps no other label, else none."""
+    parts = []
+    row_ends = [-math.inf] * _LABEL_ROWS  # the right end (px) of the last label in each row
+    for x, step, label in marks:
+        parts.append(
+            f'<line class="rlnb-change" data-step="{step:g}" x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{bottom}" '
+            f'stroke="{_MARK}" stroke-width="1" stroke-dasharray="3,2"/>'
+        )
+        width = _CHAR_PX * len(label)
+        end = x + 2 + width > right
+        start = x - 2 - width if end else x + 2
+        row = next((i for i, edge in enumerate(row_ends) if start > edge + 3), None)
+        if row is None:
+            continue
+        row_ends[row] = start + width
+        anchor, at = ("end", x - 2) if end else ("start", x + 2)
+        parts.append(
+            f'<text class="rlnb-change-label" x="{at:.1f}" y="{top + 9 + 10 * row}" text-anchor="{anchor}" '
+            f'font-size="9" fill="{_MARK}" stroke="#fff" stroke-width="2.5" paint-order="stroke">'
+            f"{html.escape(label)}</text>"
+        )
+    return parts

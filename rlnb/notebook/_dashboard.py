@@ -9,8 +9,13 @@ static copy (HTML, the curves as SVG images), so a saved notebook never shows a 
 While a blocking call (``train()``, ``step()``, ``wait()``, ...) holds the kernel's
 main thread, the ticker turns off every button that cannot run beside it and says
 why; where clicks reach the kernel meanwhile (through JupyterLab's kernel subshell,
-once a click has shown it), pause and resume stay on. A click the kernel held back
-until the call returned is refused rather than run late (see ``_clicks``).
+once a click has shown it), pause, resume and the settings' Apply stay on. A click
+the kernel held back until the call returned is refused rather than run late (see
+``_clicks``).
+
+A collapsed "settings" section holds an input per live setting and an Apply button
+that calls ``Session.set`` with the fields edited (:meth:`Dashboard.apply_settings`
+from code); the curves mark each change at its step.
 
 ipywidgets and IPython are imported only when a dashboard is made.
 """
@@ -26,11 +31,12 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from rlnb._errors import ClosedError
+from rlnb._errors import ClosedError, ConfigError
 from rlnb.notebook import _clicks
 from rlnb.runtime import release_output_pipes, snapshot
 
 if TYPE_CHECKING:
+    from rlnb.config import Change
     from rlnb.session import Session, SessionStatistics
 
 __all__ = ["Dashboard", "dashboard"]
@@ -92,7 +98,20 @@ class Dashboard:
     - ``notice``: why buttons are off, when they are (``HTML``);
     - ``message``: the last action's result or error (``HTML``);
     - ``state``, ``gauges``, ``curves``, ``rollouts``: the panels (``HTML`` each);
+    - ``settings``: an input by live setting (:data:`rlnb.config.LIVE_FIELDS`: a
+      ``FloatText``, an ``IntText``, or a ``Text`` where empty means None and for
+      ``reward_weights``, "1, 0.5"), filled from ``sess.config``; ``apply_button``
+      calls :meth:`apply_settings` with the fields edited, and ``settings_message``
+      says what changed or why not; ``settings_panel`` is the collapsed ``Accordion``
+      holding them;
     - ``ticks`` and ``last_tick_s``: how many updates ran and what the last one took.
+
+    Apply is on whenever the session is open, beside background training too (a
+    change reaches the learner at its next step and rollouts for groups dispatched
+    after it); while a blocking call holds the kernel it is on only where clicks
+    reach the kernel meanwhile (a kernel subshell), as pause and resume: it then runs
+    beside the call on the subshell's thread. Each tick shows values changed
+    elsewhere (``sess.set(...)`` in a cell) in the inputs no one is editing.
 
     A ticker thread ``rlnb-<name>-dashboard`` calls :meth:`tick` every ``interval``
     seconds until :meth:`close` or the session's close, which replaces every display
@@ -105,7 +124,7 @@ class Dashboard:
             raise ValueError(f"Dashboard(interval={interval!r}): use a positive number of seconds")
         if session.closed:
             raise ClosedError(f"session {session.name!r} is closed; a dashboard needs a live session")
-        from rlnb.notebook import _curves, _panels
+        from rlnb.notebook import _curves, _panels, _settings
 
         self.name = session.name
         self.model = session.model_description  # with a LoRA model's parameter counts
@@ -125,12 +144,14 @@ class Dashboard:
         self._pinned: dict[str, Any] | None = None  # what the ticker's updates are sent as caused by
         self._tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._next_curves = 0.0
-        self._drawn: tuple[int, int] = (0, 0)
+        self._drawn: tuple[int, int, int] = (0, 0, 0)
+        self._routed: str | None = None  # the subshell the inputs' messages were last routed to
         self._shown_batch = 0
         self.ticks = 0
         self.last_tick_s: float | None = None
         self._curves = _curves.Curves()
         self._batch = _panels.LastBatch()
+        self._settings = _settings.SettingsPanel(session.config)
         self._build_widgets()
         self._thread = threading.Thread(target=self._run, name=f"rlnb-{self.name}-dashboard", daemon=True)
         session.callbacks.append(self._batch)
@@ -166,13 +187,19 @@ class Dashboard:
         self.curves = w.HTML(layout=w.Layout(display="none"))
         self.rollouts = w.HTML()
         panels = w.HBox([self.state, self.gauges], layout=w.Layout(flex_flow="row wrap"))
-        self.widget = w.VBox([controls, self.notice, self.message, panels, self.curves, self.rollouts])
+        settings = self._settings
+        self.settings, self.apply_button, self.settings_message = settings.inputs, settings.button, settings.message
+        self.settings_panel = settings.widget
+        self.apply_button.on_click(self._apply_clicked)
+        board = [controls, self.notice, self.message, panels, self.curves, self.settings_panel, self.rollouts]
+        self.widget = w.VBox(board)
         classes = [(controls, "controls"), (self.notice, "notice"), (self.message, "message"), (self.state, "state")]
         classes += [(self.gauges, "gauges"), (self.curves, "curves"), (self.rollouts, "rollouts")]
         for widget, name in [*classes, (self.widget, "dashboard")]:
             widget.add_class(f"rlnb-{name}")
         self._widgets = [*b.values(), self.pause_mode, self.save_path, controls, panels, self.widget]
         self._widgets += [self.notice, self.message, self.state, self.gauges, self.curves, self.rollouts]
+        self._widgets += settings.widgets
 
     def _close_widgets(self) -> None:
         for widget in self._widgets:  # their layouts and styles are widgets with comms too
@@ -202,9 +229,24 @@ class Dashboard:
             if (page := self._page) is not None and page is not self._pinned:
                 _clicks.send_as_caused_by(page)
                 self._pinned = page
+                self._route_inputs(page)
             self.tick()
             if self._stop.wait(self.interval):
                 return
+
+    def _route_inputs(self, page: dict[str, Any]) -> None:
+        """Once per subshell: route what the page sends about each input and button
+        (typed values, clicks) to that subshell, where this thread's updates now say
+        they come from. A widget's messages otherwise go where its last update came
+        from, perhaps the busy main shell: a value typed there would reach the kernel
+        after the Apply click that reads it."""
+        subshell = (page.get("header") or {}).get("subshell_id")
+        if subshell == self._routed:
+            return
+        self._routed = subshell
+        for widget in (*self.buttons.values(), self.pause_mode, self.save_path):
+            widget.send_state("disabled")
+        self._settings.route()
 
     @property
     def live_clicks(self) -> bool:
@@ -251,6 +293,7 @@ class Dashboard:
             steady = dataclasses.replace(stats.rollout, state=self._stats.rollout.state)
             stats = dataclasses.replace(stats, rollout=steady)
         self._stats = stats
+        self._settings.refresh(sess.config)  # a change made in code shows here
         now = time.monotonic()
         self._tokens.append((now, stats.engine.generated_tokens))
         while len(self._tokens) > 2 and now - self._tokens[1][0] >= _TOKENS_WINDOW:
@@ -261,7 +304,7 @@ class Dashboard:
         self.gauges.value = _panels.gauges_html(snapshot(), self._baseline)
         self._sync_buttons(stats)
         if curves and now >= self._next_curves:
-            self._draw_curves(sess.history, sess.evaluations)
+            self._draw_curves(sess.history, sess.evaluations, sess.changes)
             step, groups = self._batch.last  # a table of many samples: at the curves' pace
             if step != self._shown_batch:
                 self._shown_batch = step
@@ -278,14 +321,16 @@ class Dashboard:
             self.name, self._stats, rate, exit_code=self._exit_code, model=self.model, mode=self._mode
         )
 
-    def _draw_curves(self, history: list[dict[str, float]], evaluations: list[tuple[int, float]]) -> None:
+    def _draw_curves(
+        self, history: list[dict[str, float]], evaluations: list[tuple[int, float]], changes: list[Change]
+    ) -> None:
         """Redraw when the data changed, at most every ``CURVES_INTERVAL`` s and
         never more than 1/_TIME_SHARE of the time."""
-        key = (len(history), len(evaluations))
+        key = (len(history), len(evaluations), len(changes))
         if key == self._drawn:
             return
         started = time.monotonic()
-        self.curves.value = self._curves.render(history, evaluations)
+        self.curves.value = self._curves.render(history, evaluations, changes)
         self.curves.layout.display = None
         self._drawn = key
         self._next_curves = started + max(CURVES_INTERVAL, _TIME_SHARE * (time.monotonic() - started))
@@ -300,21 +345,31 @@ class Dashboard:
         stats = None if self._closed else stats
         usable = _panels.usable(stats, live_clicks=self.live_clicks)
         notice = _panels.controls_notice(stats, live_clicks=self.live_clicks)
+        settings = _panels.settings_usable(stats, live_clicks=self.live_clicks)
         with self._lock:
             for method, button in self.buttons.items():
                 if method not in self._busy:
                     button.disabled = not usable[method]
             self.pause_mode.disabled = self.save_path.disabled = self._closed
+            busy = "apply" in self._busy
+            self._settings.set_disabled(button=busy or not settings, inputs=self._closed)
             self.notice.value = f'<div style="color:#666;line-height:1.4">{html.escape(notice)}</div>' if notice else ""
+
+    def _from_page(self, button: Any) -> dict[str, Any] | None:
+        """The page's message behind a click on ``button``, or None (code called
+        ``click()``); a message through a subshell becomes the one the ticker's
+        updates are sent as caused by, so the next clicks go there too."""
+        page = _clicks.page_message(button)
+        if page is not None and _clicks.through_a_subshell(page):
+            self._page = page
+        return page
 
     def _act(self, method: str, _button: Any = None) -> None:
         """A click: call the session's ``method`` (busy meanwhile) and say what happened.
         A click from the page that was made while a blocking call held the kernel is
         refused instead (see ``_clicks``)."""
         button = self.buttons[method]
-        page = _clicks.page_message(button)
-        if page is not None and _clicks.through_a_subshell(page):
-            self._page = page  # the page has a subshell for clicks: the ticker keeps them going there
+        page = self._from_page(button)
         with self._lock:
             if self._closed or method in self._busy:
                 return
@@ -349,6 +404,66 @@ class Dashboard:
         stats = sess.statistics(raise_errors=False)
         why_off = _panels.controls_notice(stats, live_clicks=self.live_clicks)
         return _clicks.refusal(method, stats, off=button.disabled, why_off=why_off)
+
+    def _apply_clicked(self, _button: Any = None) -> None:
+        """A click on the settings' Apply: :meth:`apply_settings` with the fields edited
+        (busy meanwhile), its outcome said in the panel, never raised. A click from the
+        page that a blocking call held back is refused, as any button's (``_clicks``)."""
+        button = self.apply_button
+        page = self._from_page(button)
+        with self._lock:
+            if self._closed or "apply" in self._busy:
+                return
+            refused = self._refusal("apply", button) if page is not None else None
+            if refused is None:
+                self._busy.add("apply")
+                button.disabled, button.description = True, "apply…"
+        if refused is not None:
+            self._settings.say(refused, error=True)
+            return
+        try:
+            values = self._settings.edited()
+            if values:
+                self.apply_settings(**values)
+            else:
+                self._settings.say("nothing to apply: no field was edited (the inputs show the values in force)")
+        except ConfigError as exc:  # a value typed that is not one: apply_settings says the rest itself
+            self._settings.say(str(exc), error=True)
+        except Exception as exc:
+            self._settings.say(f"{type(exc).__name__}: {exc}", error=True)
+        finally:
+            with self._lock:
+                button.description = "apply"
+                self._busy.discard("apply")
+        self.tick(wait=False, curves=False)
+
+    def apply_settings(self, **values: Any) -> list[Change]:
+        """What the settings' Apply does: ``sess.set(**values)`` (live settings by name,
+        as :meth:`~rlnb.Session.set` takes them), then the panel says what changed
+        ("set at step 11: lr 0.0001 → 0.001 (from the next step's update)") and its
+        inputs show the values now in force. Returns the changes.
+
+        Raises :class:`~rlnb.ConfigError` for a setting or value ``set`` refuses,
+        before anything changes (the panel shows the message too, in red), and
+        :class:`~rlnb.ClosedError` once the session or this dashboard is closed.
+        Blocks only while ``set`` hands rollout settings to the event loop
+        (milliseconds); may run beside background training, and beside a foreground
+        call from another thread (a click through a kernel subshell)."""
+        sess = self._session()
+        if self._closed or sess is None or sess.closed:
+            raise ClosedError(
+                f"this dashboard of session {self.name!r} is closed: use sess.set(...) or a new sess.dashboard()"
+            )
+        try:
+            changes = sess.set(**values)
+        except Exception as exc:
+            self._settings.say(str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}", error=True)
+            raise
+        from rlnb.notebook import _settings
+
+        self._settings.refresh(sess.config, force=values.keys())
+        self._settings.say(_settings.changes_text(changes))
+        return changes
 
     def _call(self, method: str) -> str:
         from rlnb.notebook import _panels
@@ -385,7 +500,8 @@ class Dashboard:
             f'<div class="rlnb-message">{self.message.value}</div>',
             f'<div style="display:flex;flex-wrap:wrap;gap:2em"><div class="rlnb-state">{self.state.value}</div>',
             f'<div class="rlnb-gauges">{self.gauges.value}</div></div>',
-            f'<div class="rlnb-curves">{self.curves.value}</div><div class="rlnb-rollouts">{self.rollouts.value}</div>',
+            f'<div class="rlnb-curves">{self.curves.value}</div>{self._settings.static_html()}',
+            f'<div class="rlnb-rollouts">{self.rollouts.value}</div>',
         )
         return f'<div class="rlnb-dashboard rlnb-static">{"".join(parts)}</div>'
 
@@ -434,7 +550,9 @@ class Dashboard:
 
         sess = self._session()
         history, evaluations = ([], []) if sess is None else (sess.history, sess.evaluations)
+        changes = [] if sess is None else sess.changes
         if sess is not None:
+            self._settings.keep(sess.config)  # the static copy shows the settings it closed with
             if self._batch in sess.callbacks:
                 sess.callbacks.remove(self._batch)
             if session_closed:
@@ -449,7 +567,7 @@ class Dashboard:
         del sess
         try:
             if history or evaluations:
-                self._draw_curves(history, evaluations)
+                self._draw_curves(history, evaluations, changes)
             step, groups = self._batch.last
             if step != self._shown_batch:
                 self.rollouts.value = _panels.rollouts_html(groups, step)

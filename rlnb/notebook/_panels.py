@@ -32,6 +32,7 @@ __all__ = [
     "kept_html",
     "replicas_html",
     "rollouts_html",
+    "settings_usable",
     "state_html",
     "training_state",
     "training_text",
@@ -66,9 +67,10 @@ _GONE = (
     ".jupyter-widgets-disconnected .rlnb-live{display:none}"
     ".rlnb-dashboard .jupyter-widgets-disconnected::before,"
     ".rlnb-dashboard.jupyter-widgets-disconnected::before{display:none!important}"
-    # the buttons, the notice and the gauges spoke of a process that is gone
+    # the buttons, the notice, the gauges and the settings spoke of a process that is gone
     ".rlnb-controls.jupyter-widgets-disconnected,.rlnb-notice.jupyter-widgets-disconnected,"
-    ".rlnb-gauges.jupyter-widgets-disconnected{display:none!important}</style>"
+    ".rlnb-gauges.jupyter-widgets-disconnected,.rlnb-settings.jupyter-widgets-disconnected"
+    "{display:none!important}</style>"
     '<div class="rlnb-gone">kernel gone: a restart or shutdown closed the session '
     "(tracker exit code 130); run the notebook again to go on</div>"
 )
@@ -262,8 +264,20 @@ def _table(rows: Sequence[tuple[str, str]]) -> str:
 
 def beside(call: ForegroundCall) -> frozenset[str]:
     """The buttons that may run beside the blocking ``call`` (on another thread):
-    pause and resume, and stop while ``wait()`` waits on the background run."""
-    return frozenset({"pause", "resume", "stop"} if call.call == "wait()" else {"pause", "resume"})
+    pause and resume, the settings' ``apply`` (``Session.set`` changes settings
+    between two steps, the foreground's as the background's), and stop while
+    ``wait()`` waits on the background run."""
+    both = {"pause", "resume", "apply"}
+    return frozenset({*both, "stop"} if call.call == "wait()" else both)
+
+
+def settings_usable(stats: SessionStatistics | None, *, live_clicks: bool = False) -> bool:
+    """Whether the settings' Apply can run now: while the session is open, beside
+    background training too; beside a blocking call only where clicks reach the
+    kernel meanwhile (``live_clicks``), as pause and resume."""
+    if stats is None or stats.closed:
+        return False
+    return stats.training.foreground is None or live_clicks
 
 
 def usable(stats: SessionStatistics | None, *, live_clicks: bool = False) -> dict[str, bool]:
@@ -300,10 +314,10 @@ def controls_notice(stats: SessionStatistics | None, *, live_clicks: bool = Fals
         what = f"{t.foreground.call} is running in the foreground" + (f", at {progress}" if progress else "")
         stop = "stop waiting (training goes on)" if t.foreground.call == "wait()" else "stop it"
         if live_clicks:
-            works = " and ".join(sorted(beside(t.foreground), key=METHODS.index))
+            works = " and ".join(sorted(beside(t.foreground) & set(METHODS), key=METHODS.index))
             return (
-                f"{what}: {works} work meanwhile; the other buttons are off until it returns; "
-                f"interrupt the kernel (■) to {stop}"
+                f"{what}: {works} work meanwhile, and so does the settings' apply; the other buttons are off "
+                f"until it returns; interrupt the kernel (■) to {stop}"
             )
         return (
             f"{what}: the kernel runs clicks only once it returns, so the buttons are off until then "

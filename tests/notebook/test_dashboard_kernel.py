@@ -230,6 +230,62 @@ def test_through_a_subshell_pause_and_resume_work_beside_a_foreground_train(
         ok(kc, "sess.close()")
 
 
+def send_value(kc: BlockingKernelClient, comm_id: str, value: Any, *, subshell: str) -> None:
+    """What the page sends when something is typed into an input widget."""
+    data = {"method": "update", "state": {"value": value}, "buffer_paths": []}
+    msg = kc.session.msg("comm_msg", {"comm_id": comm_id, "data": data})
+    msg["header"]["subshell_id"] = subshell
+    kc.shell_channel.send(msg)
+
+
+def test_through_a_subshell_apply_reads_what_was_typed_beside_a_foreground_train(
+    tmp_path: Path, open_kernel: OpenKernel
+) -> None:
+    """A value typed into the settings panel while a cell trains reaches the kernel
+    before the Apply click that reads it: once a click has shown the dashboard the
+    page's subshell, its ticker routes every input's messages there, so a typed value
+    does not wait behind the busy main shell while the click runs at once."""
+    with open_kernel() as (_, kc):
+        ok(kc, SETUP)
+        ok(kc, SLOW_STEPS)
+        opened = opened_widgets(execute(kc, "sess.dashboard()"))
+        subshell = make_subshell(kc)
+        pause, resume = widget(opened, button="pause"), widget(opened, button="resume")
+        lr, apply = widget(opened, css="rlnb-setting-lr"), widget(opened, css="rlnb-settings-apply")
+        message, said = widget(opened, css="rlnb-message"), widget(opened, css="rlnb-settings-message")
+        click(kc, pause, subshell=subshell)
+        read_until(kc, lambda m: "paused (abort)" in "".join(states(m, message, "value")), "the pause")
+        click(kc, resume, subshell=subshell)
+        read_until(kc, lambda m: "resumed" in "".join(states(m, message, "value")), "the resume")
+        time.sleep(1.2)  # two of the ticker's ticks: the first routes the inputs' messages to the subshell
+        started = tmp_path / "training"
+        msg_id = kc.execute(f"open({str(started)!r}, 'w').close(); sess.train(30, progress=False)")
+        deadline = time.monotonic() + TIMEOUT
+        while not started.exists():
+            assert time.monotonic() < deadline, "the cell never started"
+            time.sleep(0.01)
+        time.sleep(0.5)
+        send_value(kc, lr, 2e-4, subshell=subshell)
+        click(kc, apply, subshell=subshell)
+        during = read_until(kc, lambda m: bool(states(m, said, "value")), "Apply's outcome")
+        ended = [m for m in during if m["msg_type"] == "status" and m["parent_header"].get("msg_id") == msg_id]
+        assert not [m for m in ended if m["content"]["execution_state"] == "idle"], "the cell had ended: not beside it"
+        assert "set at step" in states(during, said, "value")[-1], states(
+            during, said, "value"
+        )  # not "nothing to apply"
+        assert "lr 0.0001 → 0.0002" in states(during, said, "value")[-1]
+        reply = kc.get_shell_msg(timeout=TIMEOUT)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=TIMEOUT)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        out = ok(
+            kc, "(c,) = sess.changes; print(c.step, sorted({m['lr'] for m in sess.history if m['version'] > c.step}))"
+        )
+        step, lrs = out.split(" ", 1)
+        assert 0 < int(step) < 30 and lrs.strip() in ("[0.0002]", "[0.0001, 0.0002]"), out
+        ok(kc, "sess.close()")
+
+
 CLOSE_LEAVES_NOTHING = """
 import rlnb
 from rlnb.runtime import snapshot
