@@ -716,6 +716,13 @@ class Config:
                 f"task {self.task!r} has {len(names)} reward function(s), {', '.join(names)}: give one weight each",
             )
         require(self.mode in ("sync", "async"), "Config.mode", self.mode, 'use "sync" or "async"')
+        require(
+            self.mode == "sync" or self.rollout.groups_per_step <= self.buffer.capacity,
+            "RolloutConfig.groups_per_step",
+            self.rollout.groups_per_step,
+            f"an async step takes its batch from the buffer, which holds at most BufferConfig.capacity="
+            f"{self.buffer.capacity} groups: use groups_per_step <= {self.buffer.capacity}, or a larger capacity",
+        )
         kind, path = self.engine.kind, self.model.path
         require(
             not (kind == "tiny" and path is not None),

@@ -59,6 +59,27 @@ CONFIGS = [
     pytest.param(lambda: rlnb.Config(seed=2**32), f"Config.seed={2**32}", "< 2**32", id="seed-too-large-for-numpy"),
     pytest.param(lambda: rlnb.Config(step_timeout=0), "Config.step_timeout=0", "seconds > 0", id="step-timeout"),
     pytest.param(lambda: rlnb.Config(learn={"lr": 1e-3}), "Config.learn=", "rlnb.LearnConfig(...)", id="part-a-dict"),
+    pytest.param(
+        lambda: rlnb.Config(mode="async", buffer=rlnb.BufferConfig(capacity=8)),
+        "RolloutConfig.groups_per_step=16 is invalid",
+        "holds at most BufferConfig.capacity=8 groups: use groups_per_step <= 8",
+        id="batch-larger-than-the-buffer",
+    ),
+    pytest.param(
+        lambda: rlnb.RolloutConfig(reward_weights=(1.0, float("inf"))),
+        "RolloutConfig.reward_weights=(1.0, inf)",
+        "one finite number per reward function",
+        id="reward-weights-not-finite",
+    ),
+    pytest.param(
+        lambda: rlnb.Config(rollout=rlnb.RolloutConfig(reward_weights=(1.0, 2.0))),
+        "RolloutConfig.reward_weights=(1.0, 2.0)",
+        "task 'addition' has 1 reward function(s)",
+        id="reward-weights-count",
+    ),
+    pytest.param(
+        lambda: rlnb.LearnConfig(keep_batches=-1), "LearnConfig.keep_batches=-1", "keep_batches=8", id="keep-batches"
+    ),
     pytest.param(lambda: rlnb.LearnConfig(lr=float("nan")), "LearnConfig.lr=nan", "lr=1e-4", id="lr-nan"),
     pytest.param(lambda: rlnb.LearnConfig(lr="1e-4"), "LearnConfig.lr='1e-4'", "lr=1e-4", id="lr-a-string"),
     pytest.param(lambda: rlnb.LearnConfig(betas=(0.9,)), "LearnConfig.betas", "two numbers", id="betas"),
