@@ -771,7 +771,8 @@ class Config:
 
 
 # The settings a running session may change (``Session.set``), and the part of the config
-# each lives in. Learner settings take effect at the next step; rollout settings for the
+# each lives in. Learner settings take effect in the next update (lr and max_grad_norm at
+# its optimiser step); rollout settings for the
 # groups dispatched after the change.
 LIVE_FIELDS: dict[str, str] = {
     "lr": "learn",

@@ -226,13 +226,15 @@ class Learner:
         version goes up by one. Raises ``ValueError`` for an empty or malformed batch."""
         if not groups:
             raise ValueError("Learner.step() needs at least one group")
-        cfg = self.config  # read once: a live change (Session.set) applies from the next step
+        # The settings that shape the loss are read once, here; lr (with its schedule) and
+        # max_grad_norm at the first optimiser step, where they are used: a live change
+        # (Session.set) made before that point applies to this step, and its record says so.
+        cfg = self.config
         start = time.perf_counter()
         dev = self.policy.device
         batch = collate(groups, self._encode, self._pad, scale_advantages=cfg.scale_advantages).to(dev)
-        lr = self.lr_at(self.version, cfg)
-        for param_group in self.optimizer.param_groups:
-            param_group["lr"] = lr
+        lr: float | None = None
+        max_grad_norm = cfg.max_grad_norm
         parts = torch.arange(len(groups), device=dev).chunk(max(1, min(cfg.minibatches, len(groups))))
         # With one update per batch the proximal policy is the current one: its
         # log-probs are the first (only) forward pass's, detached; no extra pass.
@@ -279,10 +281,16 @@ class Learner:
                         ("ent", float((entropy.detach() * mask).sum() / mask.sum().clamp_min(1))),
                     ):
                         sums[key] += value * share
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), cfg.max_grad_norm)
+                if lr is None:  # the first optimiser step of this update
+                    now = self.config
+                    lr, max_grad_norm = self.lr_at(self.version, now), now.max_grad_norm
+                    for param_group in self.optimizer.param_groups:
+                        param_group["lr"] = lr
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm)
                 self.optimizer.step()
                 updates += 1
                 sums["gn"] += float(grad_norm)
+        assert lr is not None  # epochs >= 1 and a part at least: every update steps the optimiser
         self.version += 1
         elapsed = time.perf_counter() - start
         tokens = int(batch.mask.sum())

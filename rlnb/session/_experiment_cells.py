@@ -2,8 +2,9 @@
 ask "what if" of the batches it trained on. A part of :class:`~rlnb.Session`.
 
 ``set`` changes the live settings (:data:`rlnb.config.LIVE_FIELDS`): learner ones
-take effect at the next step boundary (a step already updating keeps the settings
-it started with), rollout ones for every group dispatched after the call (groups in
+take effect in the next update (``clip_eps``, ``is_cap`` and ``kl_coef`` as it
+starts, ``lr`` and ``max_grad_norm`` at its optimiser step: a step under way takes a
+new ``lr`` unless it has stepped already), rollout ones for every group dispatched after the call (groups in
 flight keep theirs; ``statistics().rollout.old_settings_in_flight`` counts their
 samples). Each change is a :class:`~rlnb.config.Change` in ``changes``, an event of
 the tracker and a checkpoint's, and ``config`` shows the values in force.
@@ -69,7 +70,7 @@ class ExperimentCells:
 
         The live settings are :data:`rlnb.config.LIVE_FIELDS`: the learner's ``lr``,
         ``lr_decay_steps``, ``kl_coef``, ``clip_eps``, ``is_cap`` and ``max_grad_norm``
-        (from the next step), and rollouts' ``temperature``, ``top_p``, ``top_k``,
+        (from the next update; see the module docstring), and rollouts' ``temperature``, ``top_p``, ``top_k``,
         ``max_new_tokens``, ``max_policy_lag``, ``groups_per_step``, ``group_size`` and
         ``reward_weights`` (for groups dispatched from now on). Raises
         :class:`~rlnb.ConfigError` for another field or a value ``Config`` refuses,
