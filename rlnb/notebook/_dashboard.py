@@ -440,7 +440,7 @@ class Dashboard:
     def apply_settings(self, **values: Any) -> list[Change]:
         """What the settings' Apply does: ``sess.set(**values)`` (live settings by name,
         as :meth:`~rlnb.Session.set` takes them), then the panel says what changed
-        ("set at step 11: lr 0.0001 → 0.001 (from the next step's update)") and its
+        ("set at step 11: lr 0.0001 → 0.001 (from the next update)") and its
         inputs show the values now in force. Returns the changes.
 
         Raises :class:`~rlnb.ConfigError` for a setting or value ``set`` refuses,

@@ -50,7 +50,7 @@ _EMPTY = {
     "reward_weights": ("None: task's", "one number per reward function, e.g. 1, 0.5; empty: None, the task's own"),
 }
 _PARTS = {
-    "learn": "learner: from the next step's update",
+    "learn": "learner: from the next update",
     "rollout": "rollouts: for groups dispatched from now on",
 }
 _ERROR = "color:#b00020;line-height:1.4"
@@ -114,13 +114,13 @@ def _said(value: Any) -> str:
 
 def changes_text(changes: Sequence[Change]) -> str:
     """What :meth:`Session.set` changed, in a line: "set at step 11: lr 0.0001 → 0.001
-    (from the next step's update), temperature 1 → 0.7 (for groups dispatched from now on)"."""
+    (from the next update), temperature 1 → 0.7 (for groups dispatched from now on)"."""
     if not changes:
         return "nothing changed: the values given are those in force"
     parts = []
     for change in changes:
         when = (
-            "from the next step's update"
+            "from the next update"
             if LIVE_FIELDS[change.field] == "learn"
             else "for groups dispatched from now on"
         )

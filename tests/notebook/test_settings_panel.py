@@ -78,7 +78,7 @@ def test_apply_changes_lr_from_the_next_step_and_says_so(sess: rlnb.Session) -> 
     ((step, field, old, new),) = [(c.step, c.field, c.old, c.new) for c in sess.changes]
     assert (step, field, old, new) == (1, "lr", 1e-4, 1e-3)
     assert "rlnb-ok" in dash.settings_message.value
-    assert said(dash) == "set at step 1: lr 0.0001 → 0.001 (from the next step's update)"
+    assert said(dash) == "set at step 1: lr 0.0001 → 0.001 (from the next update)"
     assert dash.apply_button.description == "apply"
     sess.step()
     assert sess.history[-1]["lr"] == 1e-3 and sess.history[-2]["lr"] == 1e-4
@@ -132,7 +132,7 @@ def test_apply_settings_does_what_the_click_does_and_raises_from_code(sess: rlnb
     dash = sess.dashboard()
     (change,) = dash.apply_settings(kl_coef=0.0, clip_eps=0.1)  # kl_coef as it is: no change
     assert (change.field, change.new) == ("clip_eps", 0.1) and dash.settings["clip_eps"].value == 0.1
-    assert said(dash) == "set at step 0: clip_eps 0.2 → 0.1 (from the next step's update)"
+    assert said(dash) == "set at step 0: clip_eps 0.2 → 0.1 (from the next update)"
     with pytest.raises(rlnb.ConfigError, match="is_cap"):
         dash.apply_settings(is_cap=0.5)
     assert "LearnConfig.is_cap=0.5 is invalid" in said(dash) and sess.config.learn.is_cap == 2.0
