@@ -119,11 +119,7 @@ def changes_text(changes: Sequence[Change]) -> str:
         return "nothing changed: the values given are those in force"
     parts = []
     for change in changes:
-        when = (
-            "from the next update"
-            if LIVE_FIELDS[change.field] == "learn"
-            else "for groups dispatched from now on"
-        )
+        when = "from the next update" if LIVE_FIELDS[change.field] == "learn" else "for groups dispatched from now on"
         parts.append(f"{change.field} {_said(change.old)} → {_said(change.new)} ({when})")
     return f"set at step {changes[0].step}: " + ", ".join(parts)
 
