@@ -18,7 +18,10 @@ class Sample:
 
     ``token_ids``, ``logprobs`` (behaviour log-probs) and ``versions`` (the policy
     version that produced each token) are parallel; ``resumed`` counts how many
-    times a partial rollout was continued. ``rewards``: each reward function's value
+    times a partial rollout was continued, and ``continued_at`` holds the token
+    index where each continuation began (where a pause cut it and a resume went
+    on; its tokens before and after may come from different policy versions).
+    ``rewards``: each reward function's value
     by name, for a task with several (None where one did not apply); ``reward`` is
     their weighted sum.
     """
@@ -32,8 +35,10 @@ class Sample:
     finish_reason: str = "stop"
     resumed: int = 0
     rewards: dict[str, float | None] = dataclasses.field(default_factory=dict, hash=False)
+    continued_at: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "continued_at", tuple(self.continued_at))
         n = len(self.token_ids)
         for field in ("logprobs", "versions"):
             got = len(getattr(self, field))
@@ -48,7 +53,7 @@ class Sample:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Sample:
-        seqs = {k: tuple(d[k]) for k in ("token_ids", "logprobs", "versions")}
+        seqs = {k: tuple(d.get(k, ())) for k in ("token_ids", "logprobs", "versions", "continued_at")}
         return cls(**{**d, **seqs, "rewards": dict(d.get("rewards", {}))})
 
     @property

@@ -181,6 +181,7 @@ class GroupRunner:
         logprobs: list[float] = []
         versions: list[int] = []
         continuations = 0
+        continued_at: list[int] = []  # where each continuation began, in tokens
         finish = "aborted"
         error: BaseException | None = None
         try:
@@ -198,6 +199,7 @@ class GroupRunner:
                     self._counts.truncated += 1
                     break
                 continuations += 1
+                continued_at.append(len(tokens))
                 self._counts.continuations += 1
                 await self._keep_partial()
             completion = self._decode(tokens)
@@ -220,6 +222,7 @@ class GroupRunner:
                 rewards=dict(scored.parts),
                 finish_reason=finish,
                 resumed=continuations,
+                continued_at=tuple(continued_at),
             )
         finally:
             ticket.end_sample(error)

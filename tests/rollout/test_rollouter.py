@@ -68,6 +68,7 @@ def test_pause_abort_keeps_every_in_flight_sample_and_resume_continues_its_prefi
                 assert len(sample.token_ids) == 20 and sample.token_ids[-1] == EOS
                 assert len(sample.logprobs) == len(sample.versions) == 20
                 assert sample.resumed >= 1 and sample.finish_reason == "stop"
+                assert sample.continued_at[0] == len(aborted.token_ids)  # where the pause cut it
         s = r.statistics()
         assert (s.finished, s.kept_partial, s.in_flight, s.continuations) == (8, 0, 0, 8)
 
