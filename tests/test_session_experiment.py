@@ -391,3 +391,18 @@ def test_rescore_gives_the_rewards_and_advantages_under_another_reward() -> None
         ]
         with pytest.raises(rlnb.ConfigError, match=r"rescore\.reward"):
             sess.rescore(reward="not a function")
+
+
+def test_logprobs_are_the_current_policys_for_each_completion_token() -> None:
+    with rlnb.Session(small_config(), name="logprobs") as sess:
+        rolled = sess.rollout(2)  # by the engine's copy of the same weights: the learner agrees
+        learner = sess.logprobs(rolled)
+        for group, per_sample in zip(rolled, learner, strict=True):
+            for sample, values in zip(group.samples, per_sample, strict=True):
+                assert len(values) == len(sample.token_ids)
+                assert values == pytest.approx(list(sample.logprobs), abs=1e-4)
+        sess.step()
+        assert [len(v) for v in sess.logprobs(sess.batches[-1])[0]] == [
+            len(s.token_ids) for s in sess.batches[-1].groups[0].samples
+        ]
+        assert sess.logprobs([]) == [] and sess.version == 1

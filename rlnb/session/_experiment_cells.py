@@ -253,6 +253,35 @@ class ExperimentCells:
             twins = learner.twin(), learner.twin(config)
         return what_if(twins, kept, changes)
 
+    @property
+    def tokenizer(self) -> Any:
+        """The session's tokenizer: ``encode(text)``, ``decode(ids)`` (the task's
+        characters, or the Hugging Face model's own)."""
+        return self._tokenizer
+
+    @public_call("nothing was changed")
+    def logprobs(self, groups: Any) -> list[list[list[float]]]:
+        """The **current** policy's log-prob of each completion token of ``groups`` (a
+        kept batch, a :meth:`rollout`'s result, or a list of groups): one list per
+        group, of one list per sample, as long as its ``token_ids``. Beside a sample's
+        behaviour log-probs (``Sample.logprobs``, the engine's as it sampled) they give
+        the importance ratio of each token. Taken between two steps (also while
+        training runs in the background); the session is not changed."""
+        self._check()
+        chosen = list(getattr(groups, "groups", groups))
+        if not chosen:
+            return []
+        learner = self._trainer.learner
+        with self._trainer.update_lock:
+            logp, batch = learner.logp(chosen)
+        rows = logp.cpu().tolist()
+        lengths = batch.mask.sum(dim=1).tolist()
+        out, row = [], 0
+        for group in chosen:
+            out.append([rows[row + i][: int(lengths[row + i])] for i in range(len(group.samples))])
+            row += len(group.samples)
+        return out
+
     @public_call("nothing was changed")
     def rescore(
         self,
