@@ -668,6 +668,10 @@ class Config:
         to settle, before a ``TimeoutError`` that says what it waited for.
     close_timeout: seconds ``Session.close()`` may spend in all before it gives up
         on a part that will not stop (it then warns and abandons it).
+    stall_after: seconds without a completed step, while one runs, after which the
+        session says where it waits (``statistics().stall``, one stdout line, the
+        dashboard, ``diagnose()``). None (the default): ``max(30, 10 x the median
+        step time)``.
     """
 
     task: str = "addition"
@@ -684,6 +688,7 @@ class Config:
     mode: str = "sync"
     step_timeout: float = 120.0
     close_timeout: float = 5.0
+    stall_after: float | None = None
 
     def __post_init__(self) -> None:
         check_seed("Config.seed", self.seed)
@@ -744,6 +749,13 @@ class Config:
         check_number(
             "Config.close_timeout", self.close_timeout, gt=0, fix="use a number of seconds > 0, e.g. close_timeout=5.0"
         )
+        if self.stall_after is not None:
+            check_number(
+                "Config.stall_after",
+                self.stall_after,
+                gt=0,
+                fix="use seconds > 0, or None for max(30, 10 x the median step time)",
+            )
 
     def replace(self, **changes: Any) -> Config:
         """A copy with ``changes`` applied (and validated)."""

@@ -125,6 +125,9 @@ class Trainer:
         self.update_lock = threading.Lock()
         self.warmup_stage = Warmup(learner, task, config)
         self._phase: str | None = None  # what the current step waits for
+        self._phase_since = time.monotonic()  # when it began to
+        self._step_began: float | None = None  # when the step in progress began (None: none is)
+        self.step_seconds: collections.deque[float] = collections.deque(maxlen=50)  # the last steps' durations
         self._unpublished: dict[str, float] | None = None  # a trained step whose weights did not reach the engine
         self._pending_lock = threading.Lock()  # a failed step is published once, by one thread
         self._run: BackgroundRun | None = None
@@ -149,17 +152,34 @@ class Trainer:
 
     def _step(self, timeout: float | None, cancel: threading.Event | None) -> dict[str, float]:
         self.publish_pending()
+        self._step_began = time.monotonic()
         try:
             if self.config.mode == "sync":
                 return self._sync_step(timeout, cancel)
             return self._async_step(self.config.step_timeout if timeout is None else timeout, cancel)
         finally:
-            self._phase = None
+            self._phase, self._step_began = None, None
+
+    def _set_phase(self, phase: str) -> None:
+        self._phase, self._phase_since = phase, time.monotonic()
+
+    @property
+    def phase(self) -> tuple[str, float] | None:
+        """What the step in progress waits for now ("rolling out", "waiting for a batch",
+        "updating") and for how many seconds it has; None when no step runs."""
+        phase, since = self._phase, self._phase_since
+        return None if phase is None else (phase, time.monotonic() - since)
+
+    @property
+    def step_running_for(self) -> float | None:
+        """Seconds since the step in progress began; None when no step runs."""
+        began = self._step_began
+        return None if began is None else time.monotonic() - began
 
     def _sync_step(self, timeout: float | None, cancel: threading.Event | None) -> dict[str, float]:
         rollouter, before = self.rollouter, self.learner.version
         groups: list[Group] = []
-        self._phase = "rolling out"  # statistics() says "paused" while rollouts are
+        self._set_phase("rolling out")  # statistics() says "paused" while rollouts are
         try:
             # The background waits out a pause (a stop cancels the wait); a cell gives up
             # on one after step_timeout, saying so (it cannot be resumed from a busy kernel).
@@ -201,7 +221,7 @@ class Trainer:
         taken, the step completes. The background waits without a deadline."""
         n, rollouter = self.config.rollout.groups_per_step, self.rollouter
         deadline = None if cancel is not None or timeout is None else time.monotonic() + timeout
-        self._phase = "waiting for a batch"
+        self._set_phase("waiting for a batch")
         while True:
             if deferred.interrupted:
                 raise KeyboardInterrupt("interrupted while waiting for a batch; nothing was taken")
@@ -223,7 +243,7 @@ class Trainer:
 
     def _update(self, groups: list[Group]) -> dict[str, float]:
         """Update on ``groups``, then publish the step (callers defer SIGINT)."""
-        self._phase = "updating"
+        self._set_phase("updating")
         with self.update_lock:
             config = self.learner.config
             metrics = self.learner.step(groups)
@@ -260,6 +280,8 @@ class Trainer:
                 "(the step is recorded once they arrive)"
             ) from exc
         self.history.append(metrics)
+        if (began := self._step_began) is not None:
+            self.step_seconds.append(time.monotonic() - began)
         self.tracker.log(metrics, step=self.learner.version)
         self._call("on_step_end", metrics)
 

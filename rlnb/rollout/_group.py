@@ -24,7 +24,7 @@ from rlnb.buffer import ReplayBuffer
 from rlnb.engines import Engine, GenerateRequest, GenerateResult, SamplingParams
 from rlnb.rewards import BadValue, Scored, reward_value
 from rlnb.rollout._accounting import Counters, Ticket, is_cancellation
-from rlnb.rollout._reward import CallTimedOut, PoolFull, RewardPool
+from rlnb.rollout._reward import CallTimedOut, PoolFull, RewardPool, RunningCall
 from rlnb.rollout._state import StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor
 
@@ -99,6 +99,10 @@ class GroupRunner:
         ``reward_timeout``) to return; after that its thread ends when it returns.
         Idempotent; call it after the groups are cancelled."""
         self._rewards.close(timeout=min(1.0, self._reward_timeout or 1.0))
+
+    def reward_calls(self) -> list[RunningCall]:
+        """Reward calls running now, the longest-running first."""
+        return self._rewards.running()
 
     def configure(self, group_size: int, sampling: SamplingParams) -> None:
         """Groups started from now on have ``group_size`` samples drawn with ``sampling``;

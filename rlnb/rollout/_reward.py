@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import itertools
 import threading
 import time
@@ -20,7 +21,7 @@ from typing import Any
 
 from rlnb._errors import ClosedError, running_user_code
 
-__all__ = ["CallTimedOut", "PoolFull", "RewardPool"]
+__all__ = ["CallTimedOut", "PoolFull", "RewardPool", "RunningCall"]
 
 # One thread runs the calls in the order they came, so samples are rewarded, and
 # groups reach the buffer, in the order they finished generating (as when rewards ran
@@ -45,17 +46,30 @@ class CallTimedOut(Exception):
         self.thread = thread
 
 
+@dataclasses.dataclass(frozen=True)
+class RunningCall:
+    """A call a worker is running: on ``thread`` (its ``ident`` for a stack), for
+    ``seconds``, with ``args``; ``abandoned`` once nobody waits for it any more."""
+
+    thread: str
+    ident: int | None
+    seconds: float
+    args: tuple[Any, ...]
+    abandoned: bool
+
+
 class PoolFull(Exception):
     """Too many abandoned calls are still running to start another."""
 
 
 class _Call:
-    __slots__ = ("abandoned", "args", "finished", "fn", "future", "started", "thread", "timer")
+    __slots__ = ("abandoned", "args", "finished", "fn", "future", "ident", "started", "thread", "timer")
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], future: asyncio.Future[Any]) -> None:
         self.fn, self.args, self.future = fn, args, future
         self.started: float | None = None  # time.monotonic() when a worker took it
         self.thread = ""  # the worker's name
+        self.ident: int | None = None  # and its thread id
         self.finished = False  # it returned or raised, or the pool closed before it started
         self.abandoned = False  # nobody waits for it any more: it timed out, or its caller was cancelled
         self.timer: asyncio.TimerHandle | None = None
@@ -83,6 +97,7 @@ class RewardPool:
         self._idle = 0  # of those, waiting for a call
         self._starting = 0  # of those, started but not yet waiting
         self._abandoned = 0  # threads still running an abandoned call
+        self._running: set[_Call] = set()  # calls a worker runs now, abandoned ones too
         self._closed = False
 
     async def call(self, fn: Callable[..., Any], /, *args: Any, timeout: float | None) -> Any:
@@ -102,6 +117,15 @@ class RewardPool:
         finally:
             if call.timer is not None:
                 call.timer.cancel()
+
+    def running(self) -> list[RunningCall]:
+        """The calls workers are running now, the longest-running first (for a stall's
+        explanation: which call, for how long, on which thread)."""
+        now = time.monotonic()
+        with self._cond:
+            calls = [(c, now - (c.started or now)) for c in self._running]
+        calls.sort(key=lambda pair: -pair[1])
+        return [RunningCall(c.thread, c.ident, seconds, c.args, c.abandoned) for c, seconds in calls]
 
     def close(self, timeout: float = 1.0) -> None:
         """Fail queued calls with ClosedError, let idle workers go, and wait up to
@@ -181,13 +205,15 @@ class RewardPool:
                     self._workers -= 1
                     self._threads.discard(me)
                     return
-                call.started, call.thread = time.monotonic(), me.name
+                call.started, call.thread, call.ident = time.monotonic(), me.name, me.ident
                 self._busy.add(me)
+                self._running.add(call)
             with running_user_code("a reward function"):
                 ok, value = _invoke(call)
             with self._cond:
                 call.finished = True
                 self._busy.discard(me)
+                self._running.discard(call)
                 if call.abandoned:  # nobody waits for it, and another worker has taken this one's place
                     self._abandoned -= 1
                     self._threads.discard(me)

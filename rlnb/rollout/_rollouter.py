@@ -24,6 +24,7 @@ from rlnb.engines import Engine, PauseMode, SamplingParams
 from rlnb.rollout._accounting import Counters, RolloutStatistics, Ticket, is_cancellation
 from rlnb.rollout._group import GroupRewardFn, GroupRunner, RewardFn
 from rlnb.rollout._quiesce import Quiescence
+from rlnb.rollout._reward import RunningCall
 from rlnb.rollout._state import RolloutState, StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor
 from rlnb.rollout._waits import all_or_first_error, call_soon, pause_limited
@@ -239,6 +240,11 @@ class Rollouter:
         self._max_policy_lag, self._groups_per_step = max_policy_lag, groups_per_step
         if self._machine.state is not RolloutState.CLOSED:
             await self._machine.notify()
+
+    def reward_calls(self) -> list[RunningCall]:
+        """The reward calls running now on the reward threads, the longest-running first
+        (``args`` are the function, the prompt item and the completion); thread-safe."""
+        return self._runner.reward_calls()
 
     async def set_version(self, version: int) -> None:
         """Tell the rollouter the learner's policy version (opens the policy-lag budget)."""

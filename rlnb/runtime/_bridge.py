@@ -131,6 +131,11 @@ class AsyncBridge:
         """Whether the loop thread has been started (it starts on first use)."""
         return self._loop is not None
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop, once started (to look at its tasks; run coroutines with :meth:`run`)."""
+        return self._loop
+
     def submit(self, coro: Coroutine[Any, Any, T], /) -> concurrent.futures.Future[T]:
         """Schedule ``coro`` on the bridge loop and return a future for its result.
 

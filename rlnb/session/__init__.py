@@ -4,10 +4,11 @@ and the cell-sized API on it.
 ``_session`` is the root (its close stack and ``on_close`` callbacks); the rollout
 and training cells are mixed into it from ``_rollout_cells`` and ``_training_cells``;
 ``_assembly`` turns config fields into the parts; ``_statistics`` is what
-``statistics()`` returns.
+``statistics()`` returns; ``_stall`` says where a step that runs too long waits.
 """
 
 from rlnb.session._session import Session
+from rlnb.session._stall import Stall
 from rlnb.session._statistics import SessionStatistics
 
-__all__ = ["Session", "SessionStatistics"]
+__all__ = ["Session", "SessionStatistics", "Stall"]

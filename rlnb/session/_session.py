@@ -8,6 +8,7 @@ The parts do the work: the :class:`~rlnb.learn.Trainer` runs the steps.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import threading
@@ -37,8 +38,11 @@ from rlnb.runtime import (
     warm_up_loop_backend,
 )
 from rlnb.session import _assembly as parts
+from rlnb.session._diagnose import DiagnoseCells
 from rlnb.session._experiment_cells import ExperimentCells
+from rlnb.session._explore_cells import ExploreCells
 from rlnb.session._rollout_cells import RolloutCells
+from rlnb.session._stall import Stacks, StallWatch, stacks
 from rlnb.session._statistics import SessionStatistics
 from rlnb.session._training_cells import TrainingCells
 from rlnb.track import EXIT_FAILURE, EXIT_SIGINT, Tracker, exit_code_for
@@ -47,7 +51,7 @@ if TYPE_CHECKING:
     from rlnb.learn import Callback
 
 
-class Session(RolloutCells, TrainingCells, ExperimentCells):
+class Session(RolloutCells, TrainingCells, ExperimentCells, ExploreCells, DiagnoseCells):
     """A training run you can drive one notebook cell at a time.
 
     ``Session(config, name=...)`` closes a live session of the same name first (so
@@ -67,7 +71,18 @@ class Session(RolloutCells, TrainingCells, ExperimentCells):
     # the LIFO stack as soon as the part exists. The prompt loader forks its workers
     # before this session starts any thread (wandb's included); the tracker finishes
     # after every later part.
-    _STAGES = ("bridge", "data", "tracker", "buffer", "learner", "engine", "rollouter", "trainer", "registry")
+    _STAGES = (
+        "bridge",
+        "data",
+        "tracker",
+        "buffer",
+        "learner",
+        "engine",
+        "rollouter",
+        "trainer",
+        "stall_watch",
+        "registry",
+    )
 
     def __init__(
         self,
@@ -158,6 +173,37 @@ class Session(RolloutCells, TrainingCells, ExperimentCells):
             sync=self._engine_given,
         )
         self._own(self._trainer)  # closed first: a background run stops before its parts
+
+    def _build_stall_watch(self) -> None:
+        self._stall_watch = StallWatch(
+            name=self._name,
+            trainer=self._trainer,
+            rollouter=self._rollouter,
+            buffer=self._buffer,
+            engine=self._engine,
+            config=lambda: self._config,
+        )
+
+    def _watch_stalls(self) -> None:
+        """Start the stall watch on the bridge loop, once (training calls do this)."""
+        if self._stall_watch.running:
+            return
+
+        async def start() -> None:
+            self._stall_watch.ensure_running(asyncio.get_running_loop())
+
+        self._bridge.run(start())
+
+    def stacks(self) -> Stacks:
+        """Where each of this session's threads is (its event loop's, the engine's, the
+        background run's, the reward threads', and the main thread, which runs a cell's
+        blocking call) and each task of its event loop: their innermost frames, as
+        text. For a step that hangs: ``statistics().stall`` says where it waits, this
+        says on which line."""
+        self._check_open()
+        reward_threads = {call.thread for call in self._rollouter.reward_calls()}
+        reward_threads |= {t.name for t in threading.enumerate() if t.name.startswith("rlnb-reward-")}
+        return stacks(self._name, self._bridge.loop, reward_threads)
 
     def _build_registry(self) -> None:
         register_session(self)
@@ -259,7 +305,8 @@ class Session(RolloutCells, TrainingCells, ExperimentCells):
             self._check()
         rollouter = self._rollouter
         parts = (self._buffer.statistics(), rollouter.statistics(), self._engine.statistics())
-        return SessionStatistics(self._name, self._closed, *parts, self._trainer.statistics())
+        stall = None if self._closed else self._stall_watch.stall()
+        return SessionStatistics(self._name, self._closed, *parts, self._trainer.statistics(), stall)
 
     # -- checkpoints ------------------------------------------------------------------
 

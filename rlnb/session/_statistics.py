@@ -10,6 +10,7 @@ from rlnb import _reprs
 from rlnb.buffer import BufferStatistics
 from rlnb.engines import EngineStatistics
 from rlnb.rollout import RolloutStatistics
+from rlnb.session._stall import Stall
 
 if TYPE_CHECKING:
     from rlnb.learn import TrainingStatistics  # torch: not at `import rlnb`
@@ -24,7 +25,8 @@ _FIRST_METRICS = ("reward_mean", "accuracy", "loss", "kl")
 class SessionStatistics:
     """A snapshot of a session and its parts: training (a blocking call in the
     foreground or a background run, step, steps/s, last metrics, what a step waits
-    for), rollouts, buffer and engine."""
+    for), rollouts, buffer and engine; ``stall``, where a step that has run too long
+    waits (a :class:`~rlnb.session.Stall`; None while steps complete in time)."""
 
     name: str
     closed: bool
@@ -32,9 +34,12 @@ class SessionStatistics:
     rollout: RolloutStatistics
     engine: EngineStatistics
     training: TrainingStatistics
+    stall: Stall | None = None
 
     def _rows(self) -> list[tuple[str, list[str]]]:
         rows = [("session", [f"{self.name!r}, {'closed' if self.closed else 'open'}"])]
+        if self.stall is not None:
+            rows.append(("stall", [str(self.stall).removeprefix("rlnb: ")]))
         rows.append(("training", _training_lines(self.training)))
         rows += [
             ("rollouts", _rollout_lines(self.rollout)),

@@ -32,6 +32,9 @@ class TrainingCells:
     def _check_open(self) -> None:
         raise NotImplementedError  # the session's
 
+    def _watch_stalls(self) -> None:
+        raise NotImplementedError  # the session's: starts its stall watch (idempotent)
+
     @property
     def policy(self) -> TinyPolicy | HFPolicy:
         """The model being trained: the learner's (the engine serves a copy, synced each
@@ -112,6 +115,7 @@ class TrainingCells:
         finish first and the interrupt is raised after.
         """
         self._check()
+        self._watch_stalls()
         return self._trainer.step(timeout=timeout)
 
     @public_call("call train() again to go on", waits_for_rollouts=True)
@@ -126,6 +130,7 @@ class TrainingCells:
         Every completed step is in :attr:`history`, an interrupted call's too.
         """
         self._check()
+        self._watch_stalls()
         return self._trainer.train(n_steps, until=until, progress=progress)
 
     @property
@@ -152,6 +157,7 @@ class TrainingCells:
         session. :meth:`step`, :meth:`train`, :meth:`warmup`, :meth:`evaluate` and
         :meth:`save` raise until the run ends."""
         self._check()
+        self._watch_stalls()
         self._trainer.start(steps)
 
     @public_call("the background run still stops after its step; stop() waits again")
