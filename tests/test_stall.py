@@ -7,11 +7,13 @@ sets ``Config(stall_after=1)``; the default rule is tested on its own."""
 
 from __future__ import annotations
 
+import random
 import threading
 
 import pytest
 
 import rlnb
+from rlnb.data import Task, register_task
 from rlnb.engines import FakeEngine
 from rlnb.session._stall import MIN_STALL_S, stall_limit
 from tests.helpers import small_config, wait_until
@@ -94,3 +96,30 @@ def test_steps_that_complete_are_no_stall_and_the_default_rule() -> None:
     assert stall_limit(2.5, [100.0]) == 2.5
     with pytest.raises(rlnb.ConfigError, match=r"Config\.stall_after=0 is invalid"):
         rlnb.Config(stall_after=0)
+
+
+SLOW = threading.Event()  # set: make_prompt takes 6 s (it runs on the session's loop with num_workers=0)
+
+
+def slow_prompt(rng: random.Random) -> tuple[str, str]:
+    if SLOW.is_set():
+        threading.Event().wait(6.0)  # the slowness under test
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    return f"{a}+{b}=", str(a + b)
+
+
+def test_a_make_prompt_that_blocks_the_event_loop_is_named() -> None:
+    register_task(Task("slow-prompts", "0123456789+=", slow_prompt, lambda c, a: 0.0, max_new_tokens=4), replace=True)
+    with rlnb.Session(small_config(task="slow-prompts", stall_after=1.0), name="stall") as sess:
+        sess.step()  # the stall watch runs from the first training call
+        SLOW.set()
+        stepping = threading.Thread(target=sess.step)
+        stepping.start()
+        try:
+            wait_until(lambda: (s := sess.statistics().stall) is not None and s.where == "loop", "a loop stall", 15)
+            stall = sess.statistics().stall
+            assert stall is not None and "the session's event loop has not run for" in stall.what
+            assert "slow_prompt" in stall.what and "DataConfig.num_workers=0" in stall.fix, stall
+        finally:
+            SLOW.clear()
+            stepping.join(30)

@@ -379,6 +379,11 @@ class AsyncBridge:
         finally:
             loop.stop()
 
+    def where(self) -> str:
+        """Where the loop thread is now (its task, its innermost frames, the tasks it
+        has not finished), for a report such as a stall's; safe from any thread."""
+        return self._where_stuck()
+
     def _where_stuck(self) -> str:
         """Where the loop thread is now: its current task, the tasks it has not
         finished, and its innermost frames. Read from another thread, for reports."""

@@ -182,6 +182,7 @@ class Session(RolloutCells, TrainingCells, ExperimentCells, ExploreCells, Diagno
             buffer=self._buffer,
             engine=self._engine,
             config=lambda: self._config,
+            loop_where=self._bridge.where,
         )
 
     def _watch_stalls(self) -> None:

@@ -3,9 +3,9 @@
 A step that runs longer than ``Config.stall_after`` seconds (None: ``max(30, 10 x the
 median step time)``) is a stall. :class:`StallWatch` looks at what the step waits for
 and at every part it could be waiting on, in the order a user can act on them: the
-learner's update, a pause, a weight sync, a reward call that does not return, an
-engine that produces no tokens, and background rollouts that are stopped, halted or
-held by a full buffer. It runs once a second on the session's event loop while the
+learner's update, a blocked event loop, a pause, a weight sync, a reward call that
+does not return, an engine that produces no tokens, and background rollouts that are
+stopped, halted or held by a full buffer. It runs once a second on the session's event loop while the
 session is open (a loop callback: no thread of its own), prints one line per stall
 to stdout, and ``Session.statistics().stall`` holds the explanation meanwhile.
 """
@@ -41,6 +41,7 @@ STALL_STEPS = 10  # and at least this many median steps
 # as the cause; an engine with requests in flight and no new token for as long is stuck.
 SLOW_REWARD_S = 5.0
 NO_TOKENS_S = 5.0
+LOOP_BLOCKED_S = 3.0  # a watch that has not run for this long means the loop is blocked
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
@@ -48,8 +49,8 @@ _STDLIB = sysconfig.get_paths()["stdlib"]
 @dataclasses.dataclass(frozen=True)
 class Stall:
     """No step has completed for ``seconds`` (more than ``limit``): where the session
-    waits (``where``: "learner", "paused", "sync", "reward", "engine", "rollouts" or
-    "unknown"), what was seen (``what``, with the numbers) and what to do (``fix``)."""
+    waits (``where``: "learner", "loop", "paused", "sync", "reward", "engine",
+    "rollouts" or "unknown"), what was seen (``what``, with the numbers) and what to do (``fix``)."""
 
     seconds: float
     limit: float
@@ -83,12 +84,15 @@ class StallWatch:
         buffer: ReplayBuffer,
         engine: Engine,
         config: Callable[[], Config],
+        loop_where: Callable[[], str] = lambda: "",
         say: Callable[[str], None] = lambda line: print(line, flush=True),
     ) -> None:
         self._name = name
         self._trainer, self._rollouter, self._buffer, self._engine = trainer, rollouter, buffer, engine
         self._config = config
         self._say = say
+        self._loop_where = loop_where
+        self._last_tick: float | None = None  # when the watch last ran on the loop
         self._tokens: tuple[int, float] | None = None  # (generated tokens, when that count was first seen)
         self._announced: str | None = None  # the cause of this stall that was printed
         self._task: asyncio.Task[None] | None = None
@@ -115,6 +119,13 @@ class StallWatch:
         phase = self._trainer.phase
         rollouts = self._rollouter.statistics()
         stacks = f"sess.stacks() shows where each thread of {self._name!r} is"
+        if self._last_tick is not None and (blocked := time.monotonic() - self._last_tick) > LOOP_BLOCKED_S:
+            return (
+                "loop",
+                f"the session's event loop has not run for {blocked:.0f} s: {self._loop_where()}",
+                "something blocks it: a slow make_prompt with DataConfig.num_workers=0 runs there "
+                "(use loader workers), or an engine call that does not return",
+            )
         if phase is not None and phase[0] == "updating":
             return (
                 "learner",
@@ -204,7 +215,9 @@ class StallWatch:
 
     async def _watch(self) -> None:
         while True:
+            self._last_tick = time.monotonic()
             await asyncio.sleep(1.0)
+            self._last_tick = time.monotonic()
             try:
                 self.tick()
             except Exception:  # a part closed under it: the watch is advice, never a failure
