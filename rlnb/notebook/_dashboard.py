@@ -13,6 +13,9 @@ once a click has shown it), pause, resume and the settings' Apply stay on. A cli
 the kernel held back until the call returned is refused rather than run late (see
 ``_clicks``).
 
+A banner at the top says the most severe finding of ``sess.diagnose()`` in a line
+(at most every ``DIAGNOSE_INTERVAL`` s, never per tick), and its toggle shows them all.
+
 A collapsed "settings" section holds an input per live setting and an Apply button
 that calls ``Session.set`` with the fields edited (:meth:`Dashboard.apply_settings`
 from code); the curves mark each change at its step.
@@ -46,6 +49,7 @@ __all__ = ["Dashboard", "dashboard"]
 # measured, 4 Hz with every panel cost ~5 % of background training's steps/s.
 DEFAULT_INTERVAL = 0.5
 CURVES_INTERVAL = 2.0  # s between redraws of the curves and the rollouts table, at least
+DIAGNOSE_INTERVAL = 2.0  # s between sess.diagnose() calls for the findings banner, at least
 _TIME_SHARE = 40  # and at least this many times a draw's duration: drawing takes <= 2.5 %
 _TOKENS_WINDOW = 2.0  # s of engine token counts the tokens/s figure is taken over
 _JOIN_TIMEOUT = 2.0
@@ -98,6 +102,9 @@ class Dashboard:
     - ``notice``: why buttons are off, when they are (``HTML``);
     - ``message``: the last action's result or error (``HTML``);
     - ``state``, ``gauges``, ``curves``, ``rollouts``: the panels (``HTML`` each);
+    - ``diagnosis``: the most severe finding of ``sess.diagnose()`` in a line (``HTML``),
+      ``diagnosis_toggle`` (a ``ToggleButton``) shows ``diagnosis_all``, every finding;
+      ``findings``: the last :class:`~rlnb.session.Findings` (None before the first);
     - ``settings``: an input by live setting (:data:`rlnb.config.LIVE_FIELDS`: a
       ``FloatText``, an ``IntText``, or a ``Text`` where empty means None and for
       ``reward_weights``, "1, 0.5"), filled from ``sess.config``; ``apply_button``
@@ -144,6 +151,8 @@ class Dashboard:
         self._pinned: dict[str, Any] | None = None  # what the ticker's updates are sent as caused by
         self._tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._next_curves = 0.0
+        self._next_diagnosis = 0.0
+        self.findings: Any = None
         self._drawn: tuple[int, int, int] = (0, 0, 0)
         self._routed: str | None = None  # the subshell the inputs' messages were last routed to
         self._shown_batch = 0
@@ -191,14 +200,24 @@ class Dashboard:
         self.settings, self.apply_button, self.settings_message = settings.inputs, settings.button, settings.message
         self.settings_panel = settings.widget
         self.apply_button.on_click(self._apply_clicked)
+        self.diagnosis = w.HTML(layout=w.Layout(flex="1 1 auto", min_width="0"))
+        self.diagnosis_toggle = w.ToggleButton(
+            description="all findings", tooltip="sess.diagnose(): every finding", layout=w.Layout(display="none")
+        )
+        self.diagnosis_all = w.HTML(layout=w.Layout(display="none"))
+        self.diagnosis_toggle.observe(self._diagnosis_toggled, names="value")
+        self._diagnosis_row = w.HBox([self.diagnosis, self.diagnosis_toggle], layout=w.Layout(align_items="center"))
         board = [controls, self.notice, self.message, panels, self.curves, self.settings_panel, self.rollouts]
+        board[:0] = [self._diagnosis_row, self.diagnosis_all]  # the findings banner on top
         self.widget = w.VBox(board)
         classes = [(controls, "controls"), (self.notice, "notice"), (self.message, "message"), (self.state, "state")]
         classes += [(self.gauges, "gauges"), (self.curves, "curves"), (self.rollouts, "rollouts")]
+        classes += [(self._diagnosis_row, "diagnosis")]
         for widget, name in [*classes, (self.widget, "dashboard")]:
             widget.add_class(f"rlnb-{name}")
         self._widgets = [*b.values(), self.pause_mode, self.save_path, controls, panels, self.widget]
         self._widgets += [self.notice, self.message, self.state, self.gauges, self.curves, self.rollouts]
+        self._widgets += [self.diagnosis, self.diagnosis_toggle, self.diagnosis_all, self._diagnosis_row]
         self._widgets += settings.widgets
 
     def _close_widgets(self) -> None:
@@ -303,12 +322,41 @@ class Dashboard:
 
         self.gauges.value = _panels.gauges_html(snapshot(), self._baseline)
         self._sync_buttons(stats)
+        if curves and now >= self._next_diagnosis:
+            self._diagnose(sess)
         if curves and now >= self._next_curves:
             self._draw_curves(sess.history, sess.evaluations, sess.changes)
             step, groups = self._batch.last  # a table of many samples: at the curves' pace
             if step != self._shown_batch:
                 self._shown_batch = step
                 self.rollouts.value = _panels.rollouts_html(groups, step)
+
+    def _diagnose(self, sess: Session) -> None:
+        """The findings banner from ``sess.diagnose()`` (nothing logged, nothing raised),
+        at most every ``DIAGNOSE_INTERVAL`` s and at most 1/_TIME_SHARE of the time. A
+        failure shows in the banner; the last findings stay."""
+        from rlnb.notebook import _panels
+
+        started = time.monotonic()
+        try:
+            self.findings = findings = sess.diagnose(track=False, raise_errors=False)
+        except Exception as exc:
+            self.diagnosis.value = _panels.diagnosis_failed_html(exc)
+            return
+        finally:
+            self._next_diagnosis = started + max(DIAGNOSE_INTERVAL, _TIME_SHARE * (time.monotonic() - started))
+        self.diagnosis.value = _panels.diagnosis_html(findings)
+        self.diagnosis_all.value = _panels.findings_html(findings)
+        self.diagnosis_toggle.description = f"all {len(findings)} findings"
+        self.diagnosis_toggle.layout.display = None if len(findings) > 1 else "none"
+
+    def _diagnosis_toggled(self, change: dict[str, Any]) -> None:
+        self.diagnosis_all.layout.display = None if change["new"] else "none"
+
+    def _all_findings_static(self) -> str:
+        if self.findings is None or len(self.findings) < 2:
+            return ""
+        return f"<details><summary>all {len(self.findings)} findings</summary>{self.diagnosis_all.value}</details>"
 
     def _state_html(self) -> str:
         from rlnb.notebook import _panels
@@ -497,6 +545,7 @@ class Dashboard:
             head = f"<div><b>rlnb session {html.escape(repr(self.name))}</b>: {status}</div>"
         parts = (
             head,
+            f'<div class="rlnb-diagnosis">{self.diagnosis.value}{self._all_findings_static()}</div>',
             f'<div class="rlnb-message">{self.message.value}</div>',
             f'<div style="display:flex;flex-wrap:wrap;gap:2em"><div class="rlnb-state">{self.state.value}</div>',
             f'<div class="rlnb-gauges">{self.gauges.value}</div></div>',
@@ -561,6 +610,7 @@ class Dashboard:
                     self._stats = sess.statistics(raise_errors=False)
                 except Exception:  # the last figures seen open stay
                     pass
+            self._diagnose(sess)  # the findings it closed with
             with _CACHE_LOCK:
                 if _CACHE.get(sess) is self:
                     del _CACHE[sess]

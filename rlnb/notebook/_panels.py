@@ -1,6 +1,6 @@
 """The dashboard's panels as HTML: the live state (training and generation, each in
 its own words), what the buttons can do now and why, the resource gauges, the last
-batch, and the callback that keeps that batch.
+batch, the callback that keeps that batch, and the findings banner (``diagnose()``).
 
 Imported only when a dashboard is made: it loads :mod:`rlnb.learn` (torch, which
 a session has loaded already). Nothing here holds a session.
@@ -26,6 +26,9 @@ __all__ = [
     "beside",
     "call",
     "controls_notice",
+    "diagnosis_failed_html",
+    "diagnosis_html",
+    "findings_html",
     "gauges_html",
     "generation_state",
     "generation_text",
@@ -257,6 +260,45 @@ def _table(rows: Sequence[tuple[str, str]]) -> str:
         for k, v in rows
     )
     return f'<table style="border-collapse:collapse;max-width:36em;{_COMPACT}"><tbody>{body}</tbody></table>'
+
+
+# -- the findings banner ------------------------------------------------------------------
+
+_SEVERITY_COLOURS = {"critical": "#b00020", "warning": "#b26a00", "info": "#666666"}
+_BANNER = f"{_COMPACT};white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+
+
+def diagnosis_html(findings: Sequence[Any]) -> str:
+    """The most severe of ``findings`` (``Session.diagnose()``'s, most severe first) as
+    a one-line banner: its severity in its colour, its code, what was seen and the fix,
+    cut to the line (the whole text is its tooltip). None: a muted line that says so."""
+    if not findings:
+        return (
+            f'<div class="rlnb-finding-top" data-severity="none" style="{_BANNER};{_MUTED}">'
+            "diagnose(): nothing looks wrong</div>"
+        )
+    top = findings[0]
+    more = f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""
+    full = html.escape(f"{top.severity} [{top.code}] {top.what}; fix: {top.fix}{more}")
+    colour = _SEVERITY_COLOURS.get(top.severity, "#000")
+    return (
+        f'<div class="rlnb-finding-top" data-severity="{html.escape(top.severity)}" '
+        f'data-code="{html.escape(top.code)}" title="{full}" style="{_BANNER}">'
+        f'<b style="color:{colour}">{html.escape(top.severity)}</b> <code>{html.escape(top.code)}</code> '
+        f'{html.escape(top.what)} <span style="{_MUTED}">fix: {html.escape(top.fix)}</span></div>'
+    )
+
+
+def findings_html(findings: Sequence[Any]) -> str:
+    """Every finding as a table (what the banner's toggle shows); empty for none."""
+    render = getattr(findings, "_repr_html_", None)
+    return render() if findings and render is not None else ""
+
+
+def diagnosis_failed_html(exc: BaseException) -> str:
+    """The banner when ``diagnose()`` itself failed (the last findings stay in the table)."""
+    text = html.escape(_reprs.clip(f"diagnose() failed: {type(exc).__name__}: {exc}", 300))
+    return f'<div class="rlnb-finding-top" data-severity="error" style="{_BANNER};color:#b00020">{text}</div>'
 
 
 # -- the buttons ---------------------------------------------------------------------------

@@ -12,21 +12,28 @@ A function marked :func:`batched` is called once per group instead, with lists:
 ``fn(completions, answers)``, and ``prompts=`` and ``rows=`` when it takes them; it
 returns one value (or None) per completion. For reward models and LLM judges, which
 score a batch in one call.
+
+Each function keeps its last calls' durations and its failures (:meth:`Rewards.timings`,
+:meth:`Rewards.failures`), for ``Session.diagnose``: a record shared by every copy
+of the function that :meth:`Rewards.with_weights` makes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import inspect
 import math
 import statistics
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from rlnb._errors import ConfigError
-from rlnb._reprs import short_repr
+from rlnb._reprs import clip, short_repr
 from rlnb._samples import Sample
 
 __all__ = [
@@ -35,6 +42,7 @@ __all__ = [
     "RewardFunction",
     "Rewards",
     "Scored",
+    "Timing",
     "batched",
     "per_function",
     "reward_value",
@@ -45,6 +53,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 _KEYWORDS = ("prompt", "row")
 _BATCHED_KEYWORDS = ("prompts", "rows")
 _MARK = "__rlnb_batched__"
+TIMED_CALLS = 256  # the last calls of each function whose durations timings() reads
 
 
 def batched(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -91,9 +100,64 @@ def _name(fn: Callable[..., Any]) -> str:
     return "reward" if name == "<lambda>" else str(name)
 
 
+class Timing(NamedTuple):
+    """A reward function's timing: ``calls`` in all, and the median and 99th percentile
+    of the durations of its last :data:`TIMED_CALLS` calls, in seconds (a batched
+    function's call scores a whole group)."""
+
+    calls: int
+    p50_s: float
+    p99_s: float
+
+
+class CallRecord:
+    """A reward function's calls: the durations of the last ``window`` in a ring, the
+    count of all, and its failures (raised, or a value that is not a number) with the
+    last one's text. Thread-safe (several reward threads may record into it
+    at once); a copy or a pickle starts empty (a lock does not travel)."""
+
+    def __init__(self, window: int = TIMED_CALLS) -> None:
+        self._lock = threading.Lock()
+        self._seconds: collections.deque[float] = collections.deque(maxlen=window)
+        self.calls = 0
+        self.failed = 0
+        self.last_error: str | None = None
+
+    def add(self, seconds: float, error: BaseException | None = None) -> None:
+        with self._lock:
+            self._seconds.append(seconds)
+            self.calls += 1
+            if error is not None:
+                self.failed += 1
+                self.last_error = clip(f"{type(error).__name__}: {error}", 200)
+
+    def fail(self, error: str) -> None:
+        """A call that returned but whose value was refused (``error`` says why)."""
+        with self._lock:
+            self.failed += 1
+            self.last_error = error
+
+    def timing(self) -> Timing | None:
+        """``Timing(calls, p50_s, p99_s)``; None before the first call."""
+        with self._lock:
+            seconds, calls = sorted(self._seconds), self.calls
+        if not seconds:
+            return None
+        return Timing(calls, _percentile(seconds, 0.5), _percentile(seconds, 0.99))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (CallRecord, (self._seconds.maxlen or TIMED_CALLS,))
+
+
+def _percentile(ordered: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile of ``ordered`` (sorted, not empty)."""
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardFunction:
-    """One reward function, as :class:`Rewards` calls it."""
+    """One reward function, as :class:`Rewards` calls it. ``record`` times each call and
+    counts its failures; copies made by :meth:`Rewards.with_weights` share it."""
 
     fn: Callable[..., Any]
     name: str
@@ -101,6 +165,7 @@ class RewardFunction:
     keywords: tuple[str, ...]  # of "prompt", "row" (batched: "prompts", "rows"): those its signature takes
     is_async: bool
     is_batched: bool = False
+    record: CallRecord = dataclasses.field(default_factory=CallRecord, compare=False, repr=False)
 
     @classmethod
     def of(cls, fn: Any, name: str, weight: float, field: str) -> RewardFunction:
@@ -132,15 +197,23 @@ class RewardFunction:
         return cls(fn, name, weight, keywords, is_async, is_batched)
 
     def __call__(self, completion: Any, answer: Any, **given: Any) -> Any:
-        value = self.fn(completion, answer, **{k: given[k] for k in self.keywords})
-        if self.is_async:
-            value = asyncio.run(value)  # on the reward thread, which runs no loop of its own
-        return value
+        started, error = time.perf_counter(), None
+        try:
+            value = self.fn(completion, answer, **{k: given[k] for k in self.keywords})
+            if self.is_async:
+                value = asyncio.run(value)  # on the reward thread, which runs no loop of its own
+            return value
+        except Exception as exc:
+            error = exc
+            raise
+        finally:
+            self.record.add(time.perf_counter() - started, error)
 
     def value(self, value: Any) -> float | None:
         try:
             return reward_value(value, allow_none=True)
         except BadValue as bad:
+            self.record.fail(f"returned {bad.value}, not a number")
             raise BadValue(bad.value, self.name) from None
 
 
@@ -207,6 +280,22 @@ class Rewards:
         return Rewards(
             tuple(dataclasses.replace(f, weight=float(w)) for f, w in zip(self.functions, weights, strict=True))
         )
+
+    def timings(self) -> dict[str, Timing]:
+        """Each function's :class:`Timing` ``(calls, p50_s, p99_s)`` by name, for those
+        called at least once: what it has cost wherever these functions ran (the
+        rollouts and evaluations of every session of this task in the process)."""
+        return {f.name: timing for f in self.functions if (timing := f.record.timing()) is not None}
+
+    def failures(self) -> dict[str, tuple[int, str]]:
+        """``(failed calls, the last failure)`` by name, for the functions that have
+        failed: raised, or returned something that is not a number (or None)."""
+        out = {}
+        for f in self.functions:
+            failed, last = f.record.failed, f.record.last_error
+            if failed and last is not None:
+                out[f.name] = (failed, last)
+        return out
 
     @property
     def has_batched(self) -> bool:
