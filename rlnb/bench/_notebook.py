@@ -18,6 +18,11 @@
   ticker updating the widgets) over steps/s without one, interleaved in one run.
   Each round's dashboard is made, and has drawn once, before its clock starts:
   the target is the cost of keeping it up to date, not of building it.
+- **Explorer render:** ``sess.explore()`` of the last batch (16 groups x 8 samples,
+  addition) while training runs in the background, then ``show(color=..., sort=...)``
+  once per colour quantity: its HTML built (each colour's first use colours every
+  token) and set as the widget's value, timed in the kernel. The last explorer stays
+  shown for the rest of the benchmark, whose other targets must hold beside it.
 
 The kernel listens on 127.0.0.1 only; run it inside a loopback-only network
 namespace where that is the rule (``../shared/bin/netns-run`` in this project).
@@ -40,6 +45,29 @@ import rlnb
 sess = rlnb.Session(rlnb.Config(seed=0), name="bench-notebook")
 sess.step()  # warm: the first step pays for lazy imports
 sess.start()
+"""
+
+# The explorer of the last 16 x 8 batch: made, then each colour shown once (sorted
+# differently each time); the last one stays displayed while the rest runs.
+EXPLORER = """
+from IPython.display import display
+quantities = ("behaviour", "learner", "ratio", "version", "advantage")
+sorts = ("reward", "advantage", "lag", "length", "batch")
+made, renders, sizes, ex = [], [], [], None
+for _ in range({n}):
+    if ex is not None:
+        ex.close()
+    start = time.perf_counter()
+    ex = sess.explore()
+    made.append((time.perf_counter() - start) * 1e3)
+    for quantity, order in zip(quantities, sorts):
+        start = time.perf_counter()
+        ex.show(color=quantity, sort=order)
+        renders.append((time.perf_counter() - start) * 1e3)
+        sizes.append(len(ex.html()))
+samples = ex.html().count('class="rlnb-sample"')
+display(ex)
+print(json.dumps({{"made": made, "renders": renders, "sizes": sizes, "samples": samples}}))
 """
 
 # Pause (abort) by the dashboard's button, then wait for the engine to hold nothing.
@@ -118,7 +146,9 @@ print(json.dumps(rates))
 """
 
 
-def run(*, cells: int = 100, clicks: int = 50, applies: int = 20, rounds: int = 5, steps: int = 60) -> BenchResult:
+def run(
+    *, cells: int = 100, clicks: int = 50, applies: int = 20, rounds: int = 5, steps: int = 60, explorers: int = 20
+) -> BenchResult:
     from rlnb.bench._kernel import Kernel
 
     with tempfile.TemporaryDirectory(prefix="rlnb-bench-") as tmp, Kernel(Path(tmp)) as kernel:
@@ -128,10 +158,11 @@ def run(*, cells: int = 100, clicks: int = 50, applies: int = 20, rounds: int = 
             start = time.perf_counter()
             kernel.ok("1")
             round_trips.append((time.perf_counter() - start) * 1e3)
+        explorer = json.loads(kernel.ok(EXPLORER.format(n=explorers)))
         pause_ms = json.loads(kernel.ok(PAUSE.format(n=clicks)))
         apply = json.loads(kernel.ok(APPLY.format(n=applies), timeout=60.0 * applies))
         rates = json.loads(kernel.ok(OVERHEAD.format(rounds=rounds, steps=steps)))
-        kernel.ok("sess.close()")
+        kernel.ok("ex.close()\nsess.close()")
     ratio = median(rates["dashboard"]) / median(rates["plain"])
     apply_ms, step_ms = median(apply["applied"]), median(apply["steps"])
     figures: dict[str, Any] = {
@@ -148,6 +179,11 @@ def run(*, cells: int = 100, clicks: int = 50, applies: int = 20, rounds: int = 
         "steps_per_s_plain": [round(r, 2) for r in rates["plain"]],
         "steps_per_s_dashboard": [round(r, 2) for r in rates["dashboard"]],
         "dashboard_over_plain": round(ratio, 3),
+        "explorer_samples": explorer["samples"],
+        "explorer_make_median_ms": round(median(explorer["made"]), 1),
+        "explorer_render_16x8_median_ms": round(median(explorer["renders"]), 2),
+        "explorer_render_16x8_p99_ms": round(p99(explorer["renders"]), 2),
+        "explorer_html_median_kb": round(median(explorer["sizes"]) / 1024, 1),
         "cpus": os.cpu_count(),
     }
     return BenchResult(
@@ -158,5 +194,6 @@ def run(*, cells: int = 100, clicks: int = 50, applies: int = 20, rounds: int = 
             Target("pause_click_to_quiescent_p99", figures["pause_click_to_quiescent_p99_ms"], "<=", 100.0, " ms"),
             Target("dashboard_over_plain_steps_per_s", ratio, ">=", 0.95),
             Target("apply_click_to_new_lr_over_step_time", apply_ms / step_ms, "<=", 1.0),
+            Target("explorer_render_16x8_p99", figures["explorer_render_16x8_p99_ms"], "<=", 200.0, " ms"),
         ),
     )

@@ -18,7 +18,9 @@ A banner at the top says the most severe finding of ``sess.diagnose()`` in a lin
 
 A collapsed "settings" section holds an input per live setting and an Apply button
 that calls ``Session.set`` with the fields edited (:meth:`Dashboard.apply_settings`
-from code); the curves mark each change at its step.
+from code); the curves mark each change at its step. A collapsed "explorer" section
+shows the last trained batch in an :class:`~rlnb.notebook.Explorer` once it is first
+opened (:meth:`Dashboard.explore` from code); the ticker never draws it.
 
 ipywidgets and IPython are imported only when a dashboard is made.
 """
@@ -40,6 +42,7 @@ from rlnb.runtime import release_output_pipes, snapshot
 
 if TYPE_CHECKING:
     from rlnb.config import Change
+    from rlnb.notebook._explorer import Explorer
     from rlnb.session import Session, SessionStatistics
 
 __all__ = ["Dashboard", "dashboard"]
@@ -111,6 +114,10 @@ class Dashboard:
       calls :meth:`apply_settings` with the fields edited, and ``settings_message``
       says what changed or why not; ``settings_panel`` is the collapsed ``Accordion``
       holding them;
+    - ``explorer_panel``: a collapsed ``Accordion`` that, when first opened, makes
+      ``explorer`` (an :class:`~rlnb.notebook.Explorer` of the last trained batch,
+      None until then; its own buttons page to newer batches) or says in
+      ``explorer_message`` why it cannot yet;
     - ``ticks`` and ``last_tick_s``: how many updates ran and what the last one took.
 
     Apply is on whenever the session is open, beside background training too (a
@@ -200,6 +207,11 @@ class Dashboard:
         self.settings, self.apply_button, self.settings_message = settings.inputs, settings.button, settings.message
         self.settings_panel = settings.widget
         self.apply_button.on_click(self._apply_clicked)
+        self._explorer: Explorer | None = None
+        self.explorer_message = w.HTML()
+        self._explorer_box = w.VBox([self.explorer_message])
+        self.explorer_panel = w.Accordion(children=[self._explorer_box], titles=("explorer",), selected_index=None)
+        self.explorer_panel.observe(self._explorer_toggled, names="selected_index")
         self.diagnosis = w.HTML(layout=w.Layout(flex="1 1 auto", min_width="0"))
         self.diagnosis_toggle = w.ToggleButton(
             description="all findings", tooltip="sess.diagnose(): every finding", layout=w.Layout(display="none")
@@ -207,20 +219,23 @@ class Dashboard:
         self.diagnosis_all = w.HTML(layout=w.Layout(display="none"))
         self.diagnosis_toggle.observe(self._diagnosis_toggled, names="value")
         self._diagnosis_row = w.HBox([self.diagnosis, self.diagnosis_toggle], layout=w.Layout(align_items="center"))
-        board = [controls, self.notice, self.message, panels, self.curves, self.settings_panel, self.rollouts]
+        board = [controls, self.notice, self.message, panels, self.curves, self.settings_panel]
+        board += [self.explorer_panel, self.rollouts]
         board[:0] = [self._diagnosis_row, self.diagnosis_all]  # the findings banner on top
         self.widget = w.VBox(board)
         classes = [(controls, "controls"), (self.notice, "notice"), (self.message, "message"), (self.state, "state")]
         classes += [(self.gauges, "gauges"), (self.curves, "curves"), (self.rollouts, "rollouts")]
-        classes += [(self._diagnosis_row, "diagnosis")]
+        classes += [(self._diagnosis_row, "diagnosis"), (self.diagnosis_all, "diagnosis")]
         for widget, name in [*classes, (self.widget, "dashboard")]:
             widget.add_class(f"rlnb-{name}")
         self._widgets = [*b.values(), self.pause_mode, self.save_path, controls, panels, self.widget]
         self._widgets += [self.notice, self.message, self.state, self.gauges, self.curves, self.rollouts]
         self._widgets += [self.diagnosis, self.diagnosis_toggle, self.diagnosis_all, self._diagnosis_row]
-        self._widgets += settings.widgets
+        self._widgets += [*settings.widgets, self.explorer_message, self._explorer_box, self.explorer_panel]
 
     def _close_widgets(self) -> None:
+        if self._explorer is not None:
+            self._explorer.close()
         for widget in self._widgets:  # their layouts and styles are widgets with comms too
             for part in (widget, getattr(widget, "layout", None), getattr(widget, "style", None)):
                 if part is not None:
@@ -484,6 +499,58 @@ class Dashboard:
                 button.description = "apply"
                 self._busy.discard("apply")
         self.tick(wait=False, curves=False)
+
+    # -- the explorer -------------------------------------------------------------------
+
+    @property
+    def explorer(self) -> Explorer | None:
+        """The explorer in the "explorer" section, once the section was opened (or
+        :meth:`explore` called); None before."""
+        return self._explorer
+
+    def explore(self) -> Explorer:
+        """What opening the "explorer" section does: the first time, make an
+        :class:`~rlnb.notebook.Explorer` of the last trained batch (``sess.explore()``)
+        and show it there, opened; afterwards the same one (its ``latest`` button shows
+        newer batches). Raises ``RuntimeError`` while no step has been trained and
+        :class:`~rlnb.ClosedError` once the session or this dashboard is closed.
+        Blocks while the explorer computes the batch's log-probs (between two steps)."""
+        from rlnb.notebook._explorer import Explorer
+
+        with self._lock:
+            explorer = self._explorer
+        if explorer is None:
+            sess = self._session()
+            if self._closed or sess is None or sess.closed:
+                raise ClosedError(f"this dashboard of session {self.name!r} is closed: use sess.explore()")
+            made = Explorer(sess)
+            with self._lock:
+                if self._closed:
+                    made.close()
+                    raise ClosedError(f"this dashboard of session {self.name!r} is closed: use sess.explore()")
+                if self._explorer is None:  # else another thread made one meanwhile
+                    self._explorer = made
+                    self._explorer_box.children = [self.explorer_message, made.widget]
+                    self.explorer_message.value = ""
+                explorer = self._explorer
+            if explorer is not made:
+                made.close()
+        self.explorer_panel.selected_index = 0
+        return explorer
+
+    def _explorer_toggled(self, change: dict[str, Any]) -> None:
+        """The section was opened or closed: opened the first time, make the explorer,
+        or say why not (opening it again tries again)."""
+        if change["new"] is None or self._explorer is not None or self._closed:
+            return
+        try:
+            self.explore()
+        except Exception as exc:
+            text = html.escape(str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}")
+            self.explorer_message.value = (
+                f'<div style="color:#666;line-height:1.4">{text} (close and open this section again, '
+                "or call dash.explore())</div>"
+            )
 
     def apply_settings(self, **values: Any) -> list[Change]:
         """What the settings' Apply does: ``sess.set(**values)`` (live settings by name,

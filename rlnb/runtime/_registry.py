@@ -91,21 +91,23 @@ def replace_session(name: str) -> None:
 
 # Views of a session made by the layer above it (the notebook's dashboard): the
 # session asks for them by name without importing that layer.
-_VIEWS: dict[str, Callable[[Any], Any]] = {}
+_VIEWS: dict[str, Callable[..., Any]] = {}
 
 
-def register_view(name: str, factory: Callable[[Any], Any]) -> None:
-    """Make ``factory(session)`` the view called ``name`` (``Session.dashboard()`` asks for "dashboard")."""
+def register_view(name: str, factory: Callable[..., Any]) -> None:
+    """Make ``factory(session, **options)`` the view called ``name`` (``Session.dashboard()``
+    asks for "dashboard", ``Session.explore(batch)`` for "explorer" with ``batch=``)."""
     _VIEWS[name] = factory
 
 
-def make_view(name: str, session: Any) -> Any:
-    """The view ``name`` of ``session``; ``LookupError`` naming the known views if none is registered."""
+def make_view(name: str, session: Any, /, **options: Any) -> Any:
+    """The view ``name`` of ``session``, made by its factory with ``options`` as keyword
+    arguments; ``LookupError`` naming the known views if none is registered."""
     try:
         factory = _VIEWS[name]
     except KeyError:
         raise LookupError(f"no {name!r} view is registered (known: {sorted(_VIEWS)}); import rlnb.notebook") from None
-    return factory(session)
+    return factory(session, **options)
 
 
 def sessions() -> list[Any]:

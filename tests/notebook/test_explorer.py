@@ -1,0 +1,371 @@
+"""``sess.explore()``, in-process: real tiny sessions, ipywidgets without a frontend,
+controls set and buttons pressed from code as a click would."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import rlnb
+from rlnb._samples import Group, Sample
+from rlnb.data import Task, register_task
+from rlnb.engines import FakeEngine
+from rlnb.learn import advantages_of
+from rlnb.notebook import Explorer
+from rlnb.notebook._explorer import COLORS
+from tests.helpers import small_config
+
+CONFIG = small_config()
+
+
+@pytest.fixture
+def trained() -> Iterator[rlnb.Session]:
+    """A session that has trained three steps (three kept batches)."""
+    with rlnb.Session(CONFIG, name="explore") as sess:
+        for _ in range(3):
+            sess.step()
+        yield sess
+
+
+def samples(text: str) -> list[dict[str, str]]:
+    """Each sample row's data attributes, in the order shown."""
+    found = re.findall(r'<div class="rlnb-sample" ([^>]*)>', text)
+    return [dict(re.findall(r'data-([a-z]+)="([^"]*)"', attrs)) for attrs in found]
+
+
+def groups(text: str) -> list[int]:
+    return [int(g) for g in re.findall(r'class="rlnb-group" data-group="(\d+)"', text)]
+
+
+def backgrounds(text: str, sample: int = 0) -> list[str]:
+    """The token backgrounds of the ``sample``-th sample row shown."""
+    rows = re.findall(r'<div class="rlnb-tokens"[^>]*>(.*?)</div>', text, flags=re.S)
+    return re.findall(r"background:(#[0-9a-f]{6})", rows[sample])
+
+
+def by_hand(sess: rlnb.Session) -> list[Group]:
+    """Two groups made by hand: one with a sample a pause cut after 3 tokens (versions
+    0 then 1) and a truncated one; one whose samples all got reward 1 (zero variance)."""
+    ids = tuple(sess.tokenizer.encode("12345"))
+    resumed = Sample("1+2=", "12345", ids, (-0.1, -0.5, -2.0, -0.3, -4.5), (0, 0, 0, 1, 1), 1.0, "stop", 1, {}, (3,))
+    cut = Sample("1+2=", "12", ids[:2], (-0.2, -0.9), (1, 1), 0.0, "length")
+    same = [Sample("3+4=", "7", ids[:1], (-0.3,), (1,), 1.0) for _ in range(2)]
+    return [Group("1+2=", (resumed, cut), prompt_id=0), Group("3+4=", tuple(same), prompt_id=1)]
+
+
+# -- what it shows -------------------------------------------------------------------------
+
+
+def test_explore_shows_the_last_trained_batch_group_by_group(trained: rlnb.Session) -> None:
+    import ipywidgets
+
+    ex = trained.explore()
+    assert isinstance(ex, Explorer) and isinstance(ex.widget, ipywidgets.VBox)
+    assert ex.state["step"] == 3 and ex.session is trained
+    text = ex.html()
+    assert "the batch of step 3" in text and ex.body.value == text
+    assert groups(text) == [0, 1, 2, 3] and len(samples(text)) == 16
+    kept = trained.batches[-1]
+    shown = [float(s["advantage"]) for s in samples(text)[:4]]
+    assert [s["sample"] for s in samples(text)[:4]] == ["0", "1", "2", "3"]
+    assert shown == pytest.approx(list(kept.advantages[0]), abs=1e-5)
+    assert "step 3 · batch 3 of 3 kept" in ex.page_label.value
+    # every token has a tooltip with its numbers
+    first = kept.groups[0].samples[0]
+    assert text.count("learner log-prob ") >= sum(len(s.token_ids) for g in kept.groups for s in g.samples)
+    assert f"behaviour log-prob {first.logprobs[0]:.3f}" in text
+    bundle = ex._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle and bundle["text/html"] == text
+    assert trained.explore(0).state["step"] == 1 and trained.explore(kept).state["step"] == 3
+
+
+def test_explore_of_a_rollout_not_trained_on(trained: rlnb.Session) -> None:
+    batch = trained.rollout(2)
+    ex = trained.explore(batch)
+    text = ex.html()
+    assert "2 groups not trained on" in text and ex.state["step"] is None
+    assert len(samples(text)) == 8 and "not in sess.batches" in ex.page_label.value
+    rewards = [[float(s.reward or 0.0) for s in g.samples] for g in batch]
+    want = advantages_of(rewards, scale=trained.config.learn.scale_advantages)
+    assert [float(s["advantage"]) for s in samples(text)] == pytest.approx([a for g in want for a in g], abs=1e-5)
+    assert {s["lag"] for s in samples(text)} == {"0"}  # rolled out by the policy now
+    assert trained.explore(batch[0]).html().count('class="rlnb-group"') == 1  # one group alone
+
+
+def test_explore_with_nothing_to_show_says_what_to_do() -> None:
+    with rlnb.Session(CONFIG, name="explore-none") as sess:
+        with pytest.raises(RuntimeError, match=r"no step has been trained yet.*sess\.step\(\).*sess\.rollout\(4\)"):
+            sess.explore()
+        sess.step()
+        with pytest.raises(IndexError, match=r"sess\.batches\[5\] is out of range: 1 batches are kept.*\[-1, 1\)"):
+            sess.explore(5)
+        with pytest.raises(TypeError, match=r"sess\.rollout\(4\)"):
+            sess.explore("the last")
+        with pytest.raises(ValueError, match="no groups"):
+            sess.explore([])
+    with pytest.raises(rlnb.ClosedError):
+        sess.explore()
+
+
+def test_a_continued_partial_rollout_shows_where_it_resumed_and_its_two_versions() -> None:
+    with rlnb.Session(CONFIG, name="explore-hand") as sess:
+        ex = sess.explore(by_hand(sess))
+        ex.show(color="version")
+        text = ex.html()
+        assert text.count('class="rlnb-resumed"') == 1 and 'data-at="3"' in text
+        assert "version 0 before, 1 after" in text
+        colours = backgrounds(text, 0)
+        assert len(colours) == 5 and colours[:3] == [colours[0]] * 3 and colours[3:] == [colours[3]] * 2
+        assert colours[0] != colours[3]
+        # the marker stands between the third and the fourth token
+        row = re.findall(r'<div class="rlnb-tokens"[^>]*>(.*?)</div>', text, flags=re.S)[0]
+        assert re.fullmatch(r"(<span style[^>]*>[^<]*</span>){3}<span class=\"rlnb-resumed\".*", row, flags=re.S)
+        assert "v0-1 lag 0" in text and "resumed x1" in text
+
+
+def test_a_real_paused_and_resumed_rollout_spans_two_policy_versions() -> None:
+    """Async rollouts cut by pause("abort"), a step trained meanwhile, then resumed:
+    the continued samples' tokens come from two versions, and the explorer shows both."""
+    config = small_config(mode="async")
+    with rlnb.Session(config, name="explore-pause", engine=FakeEngine(lengths=8, token_delay=0.05)) as sess:
+        sess.start_rollouts()
+        deadline = time.monotonic() + 30
+        while sum(sess.statistics().buffer.sizes.values()) < 8:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        sess.step()  # room in the budget: new groups go in flight
+        while sess.statistics().rollout.in_flight == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        time.sleep(0.06)  # a token or so into them
+        sess.pause("abort")
+        assert sess.statistics().rollout.kept_partial > 0
+        sess.step()  # a new version while they wait
+        sess.resume()
+        sess.step()
+        sess.stop_rollouts()
+        index = next(i for i, b in enumerate(sess.batches) if any(s.continued_at for g in b.groups for s in g.samples))
+        ex = sess.explore(index)
+        ex.show(color="version")
+        text = ex.html()
+        assert 'class="rlnb-resumed"' in text
+        row = next(i for i, s in enumerate(samples(text)) if s["lag"] != "")
+        versions = {s.versions for g in sess.batches[index].groups for s in g.samples if s.continued_at}
+        assert all(len(set(v)) == 2 for v in versions)
+        assert any(len(set(backgrounds(text, i))) == 2 for i in range(row, len(samples(text))))
+
+
+def test_each_colour_quantity_colours_the_tokens_differently(trained: rlnb.Session) -> None:
+    ex = trained.explore(by_hand(trained))
+    shown = {}
+    for quantity in COLORS:
+        ex.show(color=quantity)
+        assert ex.controls["color"].value == quantity and COLORS[quantity] in ex.html()
+        shown[quantity] = backgrounds(ex.html(), 0)
+    assert len({tuple(c) for c in shown.values()}) == len(COLORS)
+    assert len(set(shown["advantage"])) == 1  # one value per sample
+    # a trained batch too: the learner has moved on since, so its log-probs differ from the engine's
+    ex = trained.explore(0)
+    ex.show(color="behaviour")
+    behaviour = ex.html()
+    ex.show(color="learner")
+    assert ex.html() != behaviour and "the current policy's (version 3)" in ex.html()
+
+
+def test_a_control_set_from_code_or_a_click_renders_as_show_does(trained: rlnb.Session) -> None:
+    ex = trained.explore()
+    ex.controls["color"].value = "ratio"
+    assert ex.state["color"] == "ratio" and "importance ratio" in ex.body.value
+    ex.controls["finish"].value = "length"
+    assert {s["finish"] for s in samples(ex.body.value)} == {"length"}
+    ex.buttons["previous"].click()
+    assert ex.state["step"] == 2 and ex.state["finish"] == "length"  # paging keeps the settings
+    ex.buttons["latest"].click()
+    assert ex.state["step"] == 3
+    ex.controls["sort"].value = "reward"
+    assert ex.state["sort"] == "reward"
+
+
+def test_sort_and_filter(trained: rlnb.Session) -> None:
+    ex = trained.explore()
+    ex.show(sort="reward")
+    text = ex.html()
+    cards = re.findall(r'class="rlnb-group" data-group="\d+".*?(?=class="rlnb-group"|$)', text, flags=re.S)
+    firsts = []
+    for card in cards:
+        rewards = [float(s["reward"]) for s in samples(card)]
+        assert rewards == sorted(rewards, reverse=True)
+        firsts.append(rewards[0])
+    assert firsts == sorted(firsts, reverse=True)  # groups by their first sample
+    ex.show(sort="advantage")
+    for card in re.findall(r'class="rlnb-group".*?(?=class="rlnb-group"|$)', ex.html(), flags=re.S):
+        adv = [float(s["advantage"]) for s in samples(card)]
+        assert adv == sorted(adv, reverse=True)
+    ex.show(sort="length")
+    ex.show(sort="batch", advantage="positive")
+    assert all(float(s["advantage"]) > 0 for s in samples(ex.html()))
+    ex.show(advantage="all", reward="zero")
+    assert all(float(s["reward"]) == 0 for s in samples(ex.html()))
+    ex.show(reward="all", lag=0)
+    assert {s["lag"] for s in samples(ex.html())} == {"0"} and len(samples(ex.html())) == 16
+    ex.show(lag=7)
+    assert samples(ex.html()) == [] and "no sample matches the filters" in ex.html()
+    assert "7" in [label for label, _ in ex.controls["lag"].options]
+    with pytest.raises(ValueError, match=r"show\(color='colour'\): choose one of 'behaviour'"):
+        ex.show(color="colour")
+    with pytest.raises(ValueError, match="lag"):
+        ex.show(lag="old")
+    assert ex.state["lag"] == 7  # a refused call changes nothing
+
+
+def test_sort_by_lag_and_finish_by_hand() -> None:
+    with rlnb.Session(CONFIG, name="explore-lag") as sess:
+        ex = sess.explore(by_hand(sess))  # lags from version 0, the policy now: 0 and -1
+        ex.show(sort="finish")
+        assert [s["finish"] for s in samples(ex.html())][:2] == ["stop", "length"]
+        ex.show(sort="lag")
+        lags = [int(s["lag"]) for s in samples(ex.html())]
+        assert lags[:2] == sorted(lags[:2], reverse=True)
+
+
+def test_paging_through_the_kept_batches(trained: rlnb.Session) -> None:
+    ex = trained.explore(0)
+    assert ex.state["step"] == 1
+    ex.previous()
+    assert ex.state["step"] == 1 and "oldest batch kept" in ex.message.value
+    ex.next()
+    assert ex.state["step"] == 2 and ex.message.value == ""
+    ex.show(page=-1)
+    assert ex.state["step"] == 3
+    ex.next()
+    assert "newest batch kept" in ex.message.value
+    trained.step()  # a newer batch: next finds it
+    ex.next()
+    assert ex.state["step"] == 4 and "4 of 4 kept" in ex.page_label.value
+    with pytest.raises(IndexError, match="4 batches are kept"):
+        ex.show(page=9)
+    rollout = trained.explore(trained.rollout(1))
+    rollout.previous()  # from groups given: the newest kept batch
+    assert rollout.state["step"] == 4
+
+
+def test_paging_needs_the_session_and_the_rest_does_not() -> None:
+    with rlnb.Session(CONFIG, name="explore-closed") as sess:
+        sess.step()
+        ex = sess.explore()
+    ex.show(color="version", sort="reward")  # what was computed still shows
+    with pytest.raises(rlnb.ClosedError, match=r"cannot page through sess\.batches"):
+        ex.show(page=0)
+    ex.buttons["previous"].click()  # a click says so, never raises
+    assert "ClosedError" in ex.message.value
+    del sess
+    gc.collect()
+    assert ex.session is None  # a weak reference only
+
+
+def test_text_is_escaped_and_each_reward_function_shown() -> None:
+    rows = [{"prompt": "</div><script>alert(1)</script>" + "x" * 200 + f"{n}=", "answer": "<b>"} for n in range(8)]
+
+    def exact(completion: str, answer: str) -> float:
+        return float(completion == answer)
+
+    def short(completion: str, answer: str) -> float:
+        return 0.5 if len(completion) < 4 else 0.0
+
+    register_task(Task.from_records("explore-html", rows, reward=[exact, short], eval_size=0), replace=True)
+    model = rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2, max_len=512)  # room for the long prompts
+    with rlnb.Session(small_config(task="explore-html", model=model), name="explore-html") as sess:
+        ids = tuple(sess.tokenizer.encode("<script>alert(1)</script></div>"))
+        sample = Sample("p", "<script>alert(1)</script></div>", ids, (-1.0,) * len(ids), (0,) * len(ids), 0.5)
+        sample = dataclasses.replace(sample, rewards={"exact": 0.0, "short": None})
+        ex = sess.explore([Group(rows[0]["prompt"], (sample, sample), prompt_id=0), *sess.rollout(1)])
+        text = ex.html()
+    assert "<script>" not in text and "</script>" not in text
+    assert "&lt;/div&gt;&lt;script&gt;" in text  # the prompt, as text
+    assert text.count("<div") == text.count("</div>")  # nothing closed early
+    assert "exact 0, short -" in text  # each function's value (None: did not apply)
+    assert "word-break:break-all" in text  # long prompts and completions wrap
+
+
+def test_a_group_whose_rewards_are_all_equal_is_flagged() -> None:
+    with rlnb.Session(CONFIG, name="explore-flat") as sess:
+        text = sess.explore(by_hand(sess)).html()
+    cards = re.findall(r'class="rlnb-group".*?(?=class="rlnb-group"|$)', text, flags=re.S)
+    assert ["rlnb-zero-variance" in card for card in cards] == [False, True]
+    assert "no learning signal" in cards[1]
+
+
+# -- display and close -----------------------------------------------------------------------
+
+
+class FakeHandle:
+    def __init__(self) -> None:
+        self.updates: list[Any] = []
+
+    def update(self, obj: Any, **kwargs: Any) -> None:
+        self.updates.append((obj, kwargs))
+
+
+def test_display_and_close(monkeypatch: pytest.MonkeyPatch, trained: rlnb.Session) -> None:
+    import IPython.display
+
+    displayed: list[tuple[Any, FakeHandle]] = []
+
+    def display(obj: Any, *, raw: bool = False, display_id: bool | None = None) -> FakeHandle:
+        displayed.append((obj, FakeHandle()))
+        return displayed[-1][1]
+
+    monkeypatch.setattr(IPython.display, "display", display)
+    ex = trained.explore()
+    ex._ipython_display_()
+    ((bundle, handle),) = displayed
+    assert "application/vnd.jupyter.widget-view+json" in bundle and "text/html" in bundle
+    ex.show(color="version")
+    widgets = [ex.widget, *ex.controls.values(), *ex.buttons.values(), ex.body]
+    ex.close()
+    ex.close()  # idempotent
+    assert ex.closed and all(w.comm is None for w in widgets)
+    ((static, kwargs),) = handle.updates
+    assert static == {"text/html": ex.html(), "text/plain": repr(ex)} and kwargs == {"raw": True}
+    assert "policy version" in ex.html() and "closed" in repr(ex)
+    assert set(ex._repr_mimebundle_()) == {"text/html", "text/plain"}
+    with pytest.raises(rlnb.ClosedError, match="explorer is closed"):
+        ex.show(color="ratio")
+
+
+# -- in the dashboard ---------------------------------------------------------------------------
+
+
+def test_the_dashboards_explorer_section_opens_once_and_the_ticker_leaves_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with rlnb.Session(CONFIG, name="explore-dash") as sess:
+        dash = sess.dashboard()
+        try:
+            assert dash.explorer is None and dash.explorer_panel.selected_index is None
+            dash.explorer_panel.selected_index = 0  # opened before any step: says why not
+            assert dash.explorer is None and "no trained batch" in dash.explorer_message.value
+            sess.step()
+            dash.explorer_panel.selected_index = None
+            dash.explorer_panel.selected_index = 0  # opened again: made now
+            ex = dash.explorer
+            assert isinstance(ex, Explorer) and ex.state["step"] == 1 and dash.explore() is ex
+            assert dash.explorer_message.value == ""
+            renders: list[int] = []
+            monkeypatch.setattr(ex, "_render", lambda: renders.append(1))
+            sess.step()
+            for _ in range(3):
+                dash.tick()
+            assert renders == [] and ex.state["step"] == 1  # a newer batch only when asked
+            monkeypatch.undo()
+            ex.latest()
+            assert ex.state["step"] == 2
+        finally:
+            dash.close()
+        assert ex.closed
