@@ -89,13 +89,15 @@ def test_01_quickstart_learns_by_rl_in_the_background_and_leaves_nothing(execute
 
 
 def test_02_pause_and_resume_keeps_partial_rollouts_with_their_versions(execute_notebook: Execute) -> None:
-    out, _ = run_notebook(execute_notebook, "02-pause-and-resume")
+    out, cells = run_notebook(execute_notebook, "02-pause-and-resume")
     assert number_after(out[2], "paused:") > 0  # samples kept as partial rollouts
     assert "policy version 1 | engine version 1" in out[3]
     assert "groups hold continued samples" in out[4]
     assert int(out[4].split(" of ")[0]) > 0
     assert re.search(r"0-1\s+resumed x1", out[4]), out[4]  # a prefix from version 0, the rest from 1
-    assert "paused, engine paused in 'keep' mode" in out[5]
+    explorer = next(o for o in cells[5].outputs if "text/html" in o.get("data", {}))["data"]["text/html"]
+    assert "colour: policy version" in explorer and "resumed" in explorer, explorer[:500]
+    assert "paused, engine paused in 'keep' mode" in out[6]
     assert "closed (tracker exit code 0)" in out[-1]
 
 
