@@ -70,9 +70,10 @@ _GONE = (
     ".jupyter-widgets-disconnected .rlnb-live{display:none}"
     ".rlnb-dashboard .jupyter-widgets-disconnected::before,"
     ".rlnb-dashboard.jupyter-widgets-disconnected::before{display:none!important}"
-    # the buttons, the notice, the gauges and the settings spoke of a process that is gone
+    # the buttons, the notice, the gauges, the settings and the findings spoke of a process that is gone
     ".rlnb-controls.jupyter-widgets-disconnected,.rlnb-notice.jupyter-widgets-disconnected,"
-    ".rlnb-gauges.jupyter-widgets-disconnected,.rlnb-settings.jupyter-widgets-disconnected"
+    ".rlnb-gauges.jupyter-widgets-disconnected,.rlnb-settings.jupyter-widgets-disconnected,"
+    ".rlnb-diagnosis.jupyter-widgets-disconnected"
     "{display:none!important}</style>"
     '<div class="rlnb-gone">kernel gone: a restart or shutdown closed the session '
     "(tracker exit code 130); run the notebook again to go on</div>"
