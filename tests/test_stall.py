@@ -45,6 +45,8 @@ def test_a_reward_that_hangs_is_named_with_its_prompt(capsys: pytest.CaptureFixt
             assert "RolloutConfig.reward_timeout (now no limit)" in stall.fix
             assert "stall     no step has completed for" in repr(sess.statistics())
             wait_until(lambda: "the reward function 'hangs'" in capsys.readouterr().out, "the stdout line", timeout=5)
+            first = sess.diagnose()[0]  # the stall comes first, naming the function
+            assert (first.severity, first.code) == ("critical", "stall") and "'hangs'" in first.what, first
             where = sess.stacks()
             assert "--- thread rlnb-reward-" in where and "in hangs" in where and "gate.wait(30)" in where
             assert f"--- thread rlnb-{sess.name}" in where and "tasks on its event loop" in where
@@ -60,6 +62,7 @@ def test_rollouts_left_paused_while_the_background_run_waits_say_resume() -> Non
         sess.start(steps=1)
         stall = _stalled(sess)
         assert stall.where == "paused" and stall.fix == "call sess.resume()", stall
+        assert "resume()" in sess.diagnose()[0].fix
         sess.resume()
         sess.wait()
         assert sess.statistics().stall is None
@@ -81,6 +84,8 @@ def test_an_engine_that_stops_producing_tokens_is_named() -> None:
         stall = _stalled(sess)
         assert stall.where == "engine", stall
         assert "the engine has 16 requests in flight and has produced no token for" in stall.what
+        first = sess.diagnose()[0]
+        assert first.code == "stall" and "the engine has 16 requests in flight" in first.what, first
         sess.close(timeout=2)
         stepping.join(10)
         assert not stepping.is_alive() and errors
