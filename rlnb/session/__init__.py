@@ -7,8 +7,9 @@ and training cells are mixed into it from ``_rollout_cells`` and ``_training_cel
 ``statistics()`` returns; ``_stall`` says where a step that runs too long waits.
 """
 
+from rlnb.session._diagnose import Finding, Findings
 from rlnb.session._session import Session
 from rlnb.session._stall import Stall
 from rlnb.session._statistics import SessionStatistics
 
-__all__ = ["Session", "SessionStatistics", "Stall"]
+__all__ = ["Finding", "Findings", "Session", "SessionStatistics", "Stall"]

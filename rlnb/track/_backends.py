@@ -54,6 +54,8 @@ class ConsoleBackend:
         return " | ".join(parts)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
+        if not any(k in metrics for k in HEADLINE):  # e.g. diagnose()'s counts: nothing to headline
+            return
         if step % self.every and not any(k in metrics for k in ("eval_accuracy", "warmup/steps")):
             return
         self._last = self.format(metrics, step)
