@@ -10,7 +10,7 @@ import html
 import reprlib
 from collections.abc import Iterable, Sequence
 
-__all__ = ["Rows", "clip", "html_table", "name_list", "number", "pairs", "short_repr", "text_block"]
+__all__ = ["Rows", "clip", "html_table", "name_list", "number", "pairs", "setting", "short_repr", "text_block"]
 
 # (label, lines): one section of a snapshot, its first line next to the label.
 Rows = Sequence[tuple[str, Sequence[str]]]
@@ -43,6 +43,16 @@ def number(value: float | None) -> str:
     if isinstance(value, int):
         return str(value)
     return f"{value:.4g}"
+
+
+def setting(value: object, *, digits: int = 4, sep: str = ", ") -> str:
+    """A setting's value, short: a float in ``digits`` significant digits, a tuple or
+    list as ``(a, b)`` (its items joined by ``sep``), anything else as ``repr``."""
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    if isinstance(value, tuple | list):
+        return "(" + sep.join(setting(v, digits=digits, sep=sep) for v in value) + ")"
+    return repr(value)
 
 
 def pairs(*items: tuple[str, object]) -> str:

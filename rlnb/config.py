@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from rlnb import _reprs
 from rlnb._checks import (
     check_buffer,
     check_int,
@@ -845,15 +846,7 @@ class Change:
         return cls(int(data["step"]), str(data["field"]), value(data["old"]), value(data["new"]), float(data["time"]))
 
     def __str__(self) -> str:
-        return f"step {self.step}: {self.field} {_short(self.old)} -> {_short(self.new)}"
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, tuple):
-        return "(" + ", ".join(_short(v) for v in value) + ")"
-    return repr(value)
+        return f"step {self.step}: {self.field} {_reprs.setting(self.old)} -> {_reprs.setting(self.new)}"
 
 
 # Config's fields that are configs of their own, and their classes.

@@ -59,17 +59,9 @@ def marks(changes: Iterable[Change]) -> list[tuple[float, str]]:
         by_step.setdefault(change.step, {})[change.field] = change.new
     out = []
     for step in sorted(by_step):
-        text = ", ".join(f"{field}→{_value(new)}" for field, new in by_step[step].items())
+        text = ", ".join(f"{field}→{_reprs.setting(new, digits=3, sep=',')}" for field, new in by_step[step].items())
         out.append((float(step), _reprs.clip(text, _LABEL_CHARS)))
     return out
-
-
-def _value(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    if isinstance(value, tuple):
-        return "(" + ",".join(_value(v) for v in value) + ")"
-    return str(value)
 
 
 class Curves:

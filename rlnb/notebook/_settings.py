@@ -18,6 +18,7 @@ import threading
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from rlnb import _reprs
 from rlnb._errors import ConfigError
 from rlnb.config import LIVE_FIELDS, Change, Config
 
@@ -104,14 +105,6 @@ def parse(field: str, value: Any) -> Any:
     return weights
 
 
-def _said(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, tuple):
-        return "(" + ", ".join(_said(v) for v in value) + ")"
-    return str(value)
-
-
 def changes_text(changes: Sequence[Change]) -> str:
     """What :meth:`Session.set` changed, in a line: "set at step 11: lr 0.0001 → 0.001
     (from the next update), temperature 1 → 0.7 (for groups dispatched from now on)"."""
@@ -120,14 +113,14 @@ def changes_text(changes: Sequence[Change]) -> str:
     parts = []
     for change in changes:
         when = "from the next update" if LIVE_FIELDS[change.field] == "learn" else "for groups dispatched from now on"
-        parts.append(f"{change.field} {_said(change.old)} → {_said(change.new)} ({when})")
+        parts.append(f"{change.field} {_reprs.setting(change.old)} → {_reprs.setting(change.new)} ({when})")
     return f"set at step {changes[0].step}: " + ", ".join(parts)
 
 
 def settings_text(config: Config) -> str:
     """The live settings in force, in a line: "lr 0.0001 · kl_coef 0 · …"."""
     values = (getattr(getattr(config, part), field) for field, part in LIVE_FIELDS.items())
-    return " · ".join(f"{field} {_said(value)}" for field, value in zip(LIVE_FIELDS, values, strict=True))
+    return " · ".join(f"{field} {_reprs.setting(value)}" for field, value in zip(LIVE_FIELDS, values, strict=True))
 
 
 class SettingsPanel:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rlnb import _reprs
 from rlnb.runtime import notebook_cell, release_output_pipes
 
 __all__ = ["ConsoleBackend", "JsonlBackend", "PlotBackend"]
@@ -81,7 +82,8 @@ class ConsoleBackend:
             self._handle.update({"text/plain": line}, raw=True)
 
     def log_change(self, change: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> None:
-        line = f"rlnb: step {change['step']}: {change['field']} {_short(change['old'])} -> {_short(change['new'])}"
+        old, new = _reprs.setting(change["old"]), _reprs.setting(change["new"])
+        line = f"rlnb: step {change['step']}: {change['field']} {old} -> {new}"
         if notebook_cell() is None:
             from tqdm import tqdm
 
@@ -232,11 +234,3 @@ class PlotBackend:
             from matplotlib import font_manager
 
             font_manager._get_font.cache_clear()  # type: ignore[attr-defined]
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, tuple | list):
-        return "(" + ", ".join(_short(v) for v in value) + ")"
-    return repr(value)

@@ -143,19 +143,7 @@ class Tracker:
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         """Send ``metrics`` at ``step`` to every backend. A backend that fails is
         warned about once and the others still log."""
-        if self._finished:
-            return
-        for backend in self._backends:
-            try:
-                backend.log(metrics, step)
-            except Exception as exc:
-                if backend.name not in self._warned:
-                    self._warned.add(backend.name)
-                    warnings.warn(
-                        f"rlnb tracker backend {backend.name!r} failed to log ({exc!r}); the others go on",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
+        self._each("log", "log", metrics, step)
 
     def log_change(self, change: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> None:
         """Record a live setting changed (``{"step", "field", "old", "new", "time"}``;
@@ -163,21 +151,26 @@ class Tracker:
         changes: the console prints a line, jsonl writes an ``"event": "change"``
         record, wandb updates the run's config and marks the step. A backend that
         fails is warned about once, as in :meth:`log`."""
+        self._each("log_change", "record a change", change, config)
+
+    def _each(self, method: str, doing: str, *args: Any) -> None:
+        """Call ``method`` on every backend that has it; one that fails is warned about
+        once (``doing``: what it failed to do) and the others go on."""
         if self._finished:
             return
         for backend in self._backends:
-            record = getattr(backend, "log_change", None)
-            if record is None:
+            call = getattr(backend, method, None)
+            if call is None:
                 continue
             try:
-                record(change, config)
+                call(*args)
             except Exception as exc:
                 if backend.name not in self._warned:
                     self._warned.add(backend.name)
                     warnings.warn(
-                        f"rlnb tracker backend {backend.name!r} failed to record a change ({exc!r}); the others go on",
+                        f"rlnb tracker backend {backend.name!r} failed to {doing} ({exc!r}); the others go on",
                         RuntimeWarning,
-                        stacklevel=2,
+                        stacklevel=3,
                     )
 
     def finish(self, exit_code: int = EXIT_OK, *, raise_errors: bool = True) -> None:
