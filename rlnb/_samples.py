@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,15 @@ class Sample:
     ``rewards``: each reward function's value
     by name, for a task with several (None where one did not apply); ``reward`` is
     their weighted sum.
+
+    A conversation (a task with an environment, :mod:`rlnb.envs`) holds every turn's
+    tokens after the prompt: the policy's and the environment's replies between them.
+    ``mask`` has one 0/1 per token: 1 for the policy's tokens (the learner trains on
+    them), 0 for the environment's (their log-prob is 0.0 and their version the
+    policy turn's before them); all ones for a single completion, and when not given.
+    ``turns`` holds the token index where each policy turn begins ((0,) for one
+    turn); ``completion`` is the whole conversation's text, and ``env_reward`` the sum
+    of its environment's turn rewards (None: it gave none, or there is no environment).
     """
 
     prompt: str
@@ -36,6 +46,9 @@ class Sample:
     resumed: int = 0
     rewards: dict[str, float | None] = dataclasses.field(default_factory=dict, hash=False)
     continued_at: tuple[int, ...] = ()
+    mask: tuple[int, ...] = ()
+    turns: tuple[int, ...] = ()
+    env_reward: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "continued_at", tuple(self.continued_at))
@@ -44,6 +57,16 @@ class Sample:
             got = len(getattr(self, field))
             if got not in (0, n):
                 raise ValueError(f"Sample.{field} has {got} entries but token_ids has {n}: give one per token or none")
+        mask = tuple(self.mask) if self.mask else (1,) * n
+        if len(mask) != n:
+            raise ValueError(f"Sample.mask has {len(mask)} entries but token_ids has {n}: give one 0/1 per token")
+        if any(m not in (0, 1) for m in mask):
+            raise ValueError(f"Sample.mask must hold only 0 and 1, got {sorted(set(mask) - {0, 1})[:3]}")
+        object.__setattr__(self, "mask", mask)
+        turns = tuple(self.turns) if self.turns else (0,)
+        if turns[0] != 0 or any(b < a for a, b in itertools.pairwise(turns)) or turns[-1] > n:
+            raise ValueError(f"Sample.turns={turns} must start at 0 and not fall, within the {n} tokens")
+        object.__setattr__(self, "turns", turns)
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"Sample.finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
 
@@ -53,13 +76,28 @@ class Sample:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Sample:
-        seqs = {k: tuple(d.get(k, ())) for k in ("token_ids", "logprobs", "versions", "continued_at")}
+        seqs = {k: tuple(d.get(k, ())) for k in ("token_ids", "logprobs", "versions", "continued_at", "mask", "turns")}
         return cls(**{**d, **seqs, "rewards": dict(d.get("rewards", {}))})
 
     @property
     def min_version(self) -> int | None:
         """The oldest policy version that produced a token of this sample, if known."""
         return min(self.versions) if self.versions else None
+
+    @property
+    def is_conversation(self) -> bool:
+        """Whether an environment spoke in this sample (some token is not the policy's)."""
+        return 0 in self.mask
+
+    def segments(self) -> list[tuple[bool, tuple[int, ...]]]:
+        """The token ids in runs of one speaker: ``(is_policy, ids)``, in order."""
+        out: list[tuple[bool, tuple[int, ...]]] = []
+        start = 0
+        for i in range(1, len(self.token_ids) + 1):
+            if i == len(self.token_ids) or self.mask[i] != self.mask[start] or (i in self.turns):
+                out.append((self.mask[start] == 1, self.token_ids[start:i]))
+                start = i
+        return out
 
 
 @dataclasses.dataclass(frozen=True)

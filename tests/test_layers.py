@@ -24,6 +24,7 @@ LAYERS = {
     "rlnb.testing": 1,
     "rlnb.rewards": 2,
     "rlnb.data": 2,
+    "rlnb.envs": 2,
     "rlnb.config": 3,
     "rlnb.models": 4,
     "rlnb.buffer": 4,

@@ -18,6 +18,7 @@ from rlnb._checks import check_int, require
 from rlnb._errors import ConfigError
 from rlnb._samples import PromptItem
 from rlnb.data._records import EVAL_ID_OFFSET, Generated, PromptSource, Records
+from rlnb.envs import check_factory, env_reward
 from rlnb.rewards import Rewards
 
 __all__ = ["Task", "addition", "get_task", "register_task", "reverse", "sloppy_reverse", "sort", "task_names"]
@@ -53,10 +54,17 @@ class Task:
         list of such functions, whose values ``reward_weights`` sums (see
         :mod:`rlnb.rewards`: a function may also take ``prompt=`` and ``row=``, and
         return None where it does not apply).
-    max_new_tokens: enough tokens for any correct answer plus end-of-sequence.
+    max_new_tokens: enough tokens for any correct answer plus end-of-sequence (with
+        ``env``: for each policy turn).
     about: one line on what it is, for logs (optional).
     reward_weights: one weight per reward function; None: 1 each.
     records: the data set of a task made by :meth:`from_records` (None otherwise).
+    env: a factory of environments (:mod:`rlnb.envs`): each sample becomes a
+        conversation with one of its own, of up to ``max_turns`` policy turns. The
+        reward functions then score the last policy turn and may take
+        ``env_reward=``; ``reward=None`` scores with the environment's reward alone
+        (``rlnb.envs.env_reward``). None: one completion per sample.
+    max_turns: the most policy turns of a conversation (1 without ``env``).
 
     Raises :class:`~rlnb.ConfigError` naming the field and the fix for a value of
     the wrong kind; :func:`register_task` also tries a few prompts.
@@ -65,11 +73,13 @@ class Task:
     name: str
     alphabet: str
     make_prompt: Callable[[random.Random], tuple[str, Any]] | None
-    reward: Callable[..., Any] | Sequence[Callable[..., Any]]
+    reward: Callable[..., Any] | Sequence[Callable[..., Any]] | None
     max_new_tokens: int
     about: str = ""
     reward_weights: Sequence[float] | None = None
     records: Records | None = None
+    env: Callable[[], Any] | None = None
+    max_turns: int = 1
 
     @classmethod
     def from_records(
@@ -79,8 +89,10 @@ class Task:
         *,
         prompt: str = "prompt",
         answer: str = "answer",
-        reward: Callable[..., Any] | Sequence[Callable[..., Any]],
+        reward: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
         reward_weights: Sequence[float] | None = None,
+        env: Callable[[], Any] | None = None,
+        max_turns: int = 1,
         eval_size: int | float = 200,
         alphabet: str | None = None,
         max_new_tokens: int | None = None,
@@ -98,7 +110,8 @@ class Task:
             (what the reward functions get as ``answer``; they get the whole record as
             ``row=`` when they take it).
         reward, reward_weights: one reward function or a list, and their weights (see
-            :mod:`rlnb.rewards`).
+            :mod:`rlnb.rewards`); None only with ``env``.
+        env, max_turns: an environment factory and its most policy turns, as in :class:`Task`.
         eval_size: records held out, never trained on, for ``Session.evaluate()``: a
             number, or a fraction of the records (e.g. 0.1); drawn with ``split_seed``.
         alphabet: for the built-in tokenizer; None takes the records' own characters.
@@ -123,6 +136,8 @@ class Task:
             about=about or f"{len(data.train)} records to train on, {len(data.held_out_rows)} held out",
             reward_weights=reward_weights,
             records=data,
+            env=env,
+            max_turns=max_turns,
         )
 
     def __post_init__(self) -> None:
@@ -149,6 +164,22 @@ class Task:
                 self.make_prompt,
                 "a task made from records takes its prompts from them: leave make_prompt None",
             )
+        if self.env is not None:
+            check_factory(self.env, "Task.env")
+        check_int("Task.max_turns", self.max_turns, minimum=1, example="max_turns=3")
+        require(
+            self.env is not None or self.max_turns == 1,
+            "Task.max_turns",
+            self.max_turns,
+            "a task without env= has one turn: give env= an environment factory, or leave max_turns at 1",
+        )
+        require(
+            self.reward is not None or self.env is not None,
+            "Task.reward",
+            self.reward,
+            "give a reward function, e.g. reward=lambda completion, answer: float(completion == answer) "
+            "(None is for a task with env=, scored by its environment)",
+        )
         self.rewards  # checks reward and reward_weights  # noqa: B018
         check_int("Task.max_new_tokens", self.max_new_tokens, minimum=1, example="the longest answer's length + 1")
         require(isinstance(self.about, str), "Task.about", self.about, "use a string, e.g. about='x*7 of two digits'")
@@ -156,12 +187,13 @@ class Task:
     def __repr__(self) -> str:
         # Short: a notebook cell that ends in register_task(task) echoes it.
         alphabet = self.alphabet if len(self.alphabet) <= 40 else self.alphabet[:37] + "..."
-        return f"Task({self.name!r}, alphabet={alphabet!r}, max_new_tokens={self.max_new_tokens})"
+        turns = f", max_turns={self.max_turns}" if self.env is not None else ""
+        return f"Task({self.name!r}, alphabet={alphabet!r}, max_new_tokens={self.max_new_tokens}{turns})"
 
     @functools.cached_property
     def rewards(self) -> Rewards:
         """The reward functions with their weights, as a rollout calls them."""
-        return Rewards.of(self.reward, self.reward_weights)
+        return Rewards.of(env_reward if self.reward is None else self.reward, self.reward_weights)
 
     def prompt_source(self) -> PromptSource:
         """What a prompt-loader worker needs to make this task's prompts: its records,

@@ -16,6 +16,7 @@ import torch
 
 from rlnb._samples import Group
 from rlnb.config import LearnConfig
+from rlnb.envs import Demonstration
 from rlnb.learn._loss import grpo_advantages, policy_loss
 from rlnb.models import HFPolicy, TinyPolicy
 
@@ -29,14 +30,17 @@ class TrainBatch:
 
     ``prompts`` [P, Tp] (BOS and prompt, right-padded) with ``prompt_lengths`` [P];
     ``targets`` [N, C]: each sample's completion tokens, right-padded, which the
-    model predicts after its prompt ``group_of[i]``; ``mask`` [N, C] marks real
-    tokens and ``behav_logp`` [N, C] holds their behaviour log-probs;
+    model predicts after its prompt ``group_of[i]``; ``lengths`` [N] counts each
+    row's real tokens; ``mask`` [N, C] marks those the loss trains on: the policy's
+    (``Sample.mask``; a conversation's environment tokens and the padding are 0);
+    ``behav_logp`` [N, C] holds their behaviour log-probs;
     ``advantages``, ``rewards``, ``min_versions``, ``group_of``: [N].
     """
 
     prompts: torch.Tensor
     prompt_lengths: torch.Tensor
     targets: torch.Tensor
+    lengths: torch.Tensor
     mask: torch.Tensor
     behav_logp: torch.Tensor
     advantages: torch.Tensor
@@ -63,6 +67,7 @@ def collate(
     for a group that has none."""
     prompts = [list(group.prompt_ids) if group.prompt_ids else encode(group.prompt) for group in groups]
     targets: list[list[int]] = []
+    masks: list[list[int]] = []
     behav: list[list[float]] = []
     rewards: list[list[float]] = []
     versions: list[int] = []
@@ -73,6 +78,7 @@ def collate(
             if len(sample.logprobs) != len(sample.token_ids):
                 raise ValueError(f"sample of prompt {group.prompt!r} has no behaviour log-probs for its tokens")
             targets.append(list(sample.token_ids))
+            masks.append(list(sample.mask))
             behav.append(list(sample.logprobs))
             versions.append(sample.min_version if sample.min_version is not None else 0)
             group_of.append(g_index)
@@ -86,7 +92,8 @@ def collate(
         prompts=_padded(prompts, max(len(p) for p in prompts), pad_id, torch.long),
         prompt_lengths=torch.tensor([len(p) for p in prompts]),
         targets=_padded(targets, width, pad_id, torch.long),
-        mask=torch.arange(width) < lengths[:, None],
+        lengths=lengths,
+        mask=_padded(masks, width, 0, torch.bool),
         behav_logp=_padded(behav, width, 0.0, torch.float32),
         advantages=advantages,
         rewards=torch.tensor([x for r in rewards for x in r]),
@@ -121,12 +128,15 @@ class Learner:
         eos_id: int = 2,
         config: LearnConfig = _DEFAULT,
         encode_target: Callable[[str], list[int]] | None = None,
+        encode_observation: Callable[[str], list[int]] | None = None,
     ) -> None:
         self.policy = policy.train()
         self.config = config
         self._encode = encode
         # A warm-up target's ids: the text's own (default: encode() less the BOS it adds).
         self._encode_target = encode_target or (lambda text: encode(text)[1:])
+        # A demonstrated conversation's environment replies (default: as a target's text).
+        self._encode_observation = encode_observation or self._encode_target
         self._pad = pad_id
         self._eos = eos_id
         self.optimizer = torch.optim.AdamW(
@@ -242,7 +252,7 @@ class Learner:
         with torch.no_grad():
             prox = None if single_update else self._all_logp(self.policy, batch)
             ref = self._reference_logp(batch, cfg.kl_coef)
-        lengths = batch.mask.sum(dim=1)
+        lengths = batch.lengths
         sums: dict[str, float] = {k: 0.0 for k in ("loss", "policy", "kl", "clip", "isw", "istrunc", "ent", "gn")}
         updates = 0
         for _ in range(cfg.epochs):
@@ -293,7 +303,7 @@ class Learner:
         assert lr is not None  # epochs >= 1 and a part at least: every update steps the optimiser
         self.version += 1
         elapsed = time.perf_counter() - start
-        tokens = int(batch.mask.sum())
+        tokens = int(batch.mask.sum())  # the policy's: those trained on
         lengths = batch.mask.sum(dim=1).float()
         mean = {k: v / updates for k, v in sums.items()}
         return {
@@ -316,23 +326,31 @@ class Learner:
             "lr": lr,
         }
 
-    def supervised_step(self, pairs: Sequence[tuple[str, str]], optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    def supervised_step(
+        self, pairs: Sequence[tuple[Any, str | Demonstration]], optimizer: torch.optim.Optimizer
+    ) -> dict[str, float]:
         """One teacher-forced step on ``(prompt, target)`` pairs: cross-entropy on the
         target's tokens and EOS, with ``optimizer`` (a warm-up keeps its own, so the
-        RL optimiser's moments start clean). The policy version does not change."""
+        RL optimiser's moments start clean). A target may be a :class:`Demonstration`
+        of a conversation: its policy turns are trained on (each with its EOS), the
+        environment's replies only read. The policy version does not change."""
         if not pairs:
             raise ValueError("Learner.supervised_step() needs at least one (prompt, target) pair")
-        rows, spans = [], []
+        rows, trained = [], []
         for prompt, target in pairs:
-            p_ids, t_ids = self._encode(prompt), self._encode_target(target)
-            rows.append([*p_ids, *t_ids, self._eos])
-            spans.append((len(p_ids), len(t_ids) + 1))
+            row = list(self._encode(prompt))
+            flags = [False] * len(row)
+            for piece, train in self._target_pieces(target):
+                row += piece
+                flags += [train] * len(piece)
+            rows.append(row)
+            trained.append(flags)
         n, length = len(rows), max(len(r) for r in rows)
         ids = torch.full((n, length), self._pad, dtype=torch.long)
         mask = torch.zeros(n, length - 1, dtype=torch.bool)
-        for i, (row, (start, count)) in enumerate(zip(rows, spans, strict=True)):
+        for i, (row, flags) in enumerate(zip(rows, trained, strict=True)):
             ids[i, : len(row)] = torch.tensor(row)
-            mask[i, start - 1 : start - 1 + count] = True
+            mask[i, : len(row) - 1] = torch.tensor(flags[1:])  # position j predicts token j + 1
         ids, mask = ids.to(self.policy.device), mask.to(self.policy.device)
         logp = self.policy(ids[:, :-1]).float().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         loss = -(logp * mask).sum() / mask.sum()
@@ -342,9 +360,19 @@ class Learner:
         optimizer.step()
         return {"sft_loss": float(loss.detach()), "grad_norm": float(grad_norm)}
 
+    def _target_pieces(self, target: str | Demonstration) -> list[tuple[list[int], bool]]:
+        """A warm-up target's token ids in runs, each with whether it is trained on."""
+        if not isinstance(target, Demonstration):
+            return [([*self._encode_target(target), self._eos], True)]
+        return [
+            ([*self._encode_target(turn), self._eos], True) if i % 2 == 0 else (self._encode_observation(turn), False)
+            for i, turn in enumerate(target.turns)
+        ]
+
     def logp(self, groups: Sequence[Group]) -> tuple[torch.Tensor, TrainBatch]:
         """The policy's log-prob of every completion token of ``groups`` (no gradient;
-        [N, C], zero past each completion's end: ``batch.mask``) and their batch."""
+        [N, C], zero past each completion's end and for an environment's tokens:
+        ``batch.mask``) and their batch."""
         batch = collate(groups, self._encode, self._pad, scale_advantages=self.config.scale_advantages)
         batch = batch.to(self.policy.device)
         with torch.no_grad():

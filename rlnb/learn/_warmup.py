@@ -14,11 +14,18 @@ from typing import Any
 
 from rlnb.config import Config
 from rlnb.data import Task, get_task
+from rlnb.envs import Demonstration
 from rlnb.learn._learner import Learner
 from rlnb.learn._progress import progress_bar
 from rlnb.runtime import defer_interrupts
 
 __all__ = ["Warmup"]
+
+
+def _target(answer: Any) -> str | Demonstration:
+    """What the warm-up imitates for a prompt: its answer's text, or a demonstrated conversation."""
+    return answer if isinstance(answer, Demonstration) else str(answer)
+
 
 # The warm-up draws its prompts from a stream of its own, apart from training's.
 WARMUP_SEED_OFFSET = 1_000_000
@@ -84,7 +91,7 @@ class Warmup:
                     items = [next(self._prompts) for _ in range(cfg.batch_size)]
                     with defer_interrupts():
                         metrics = self._learner.supervised_step(
-                            [(item.encodable, str(item.answer)) for item in items], optimizer
+                            [(item.encodable, _target(item.answer)) for item in items], optimizer
                         )
                         self.steps += 1
                     history.append(metrics)

@@ -395,11 +395,18 @@ class HFTokenizer:
         self.chat = bool(getattr(tokenizer, "chat_template", None))
         self.vocab_size: int = len(tokenizer)
 
-    def encode(self, text: str | Sequence[Mapping[str, str]], *, bos: bool = False) -> list[int]:
+    def encode(
+        self,
+        text: str | Sequence[Mapping[str, str]],
+        *,
+        bos: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
         """A prompt's ids (``bos``: through the chat template if there is one, else with
         the tokenizer's special tokens), or a target's (``bos=False``: the text's own).
         A prompt may be chat messages ({"role", "content"}): the chat template gets them
-        as they are; without one, their contents are the text, one per line."""
+        as they are; without one, their contents are the text, one per line. ``tools``:
+        the JSON schemas of tools the chat template describes to the model."""
         if not isinstance(text, str) and not (bos and self.chat):
             text = messages_text(text)
         if not bos:
@@ -407,9 +414,34 @@ class HFTokenizer:
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         if self.chat:
             messages = [{"role": "user", "content": text}] if isinstance(text, str) else [dict(m) for m in text]
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            extra = {"tools": [dict(t) for t in tools]} if tools else {}
+            return self._template(messages, add_generation_prompt=True, **extra)
         return list(self.tokenizer(text, add_special_tokens=bos)["input_ids"])
+
+    def _template(self, messages: list[dict[str, Any]], **options: Any) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, **options)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+    def encode_observation(self, observation: str | Sequence[Mapping[str, Any]]) -> list[int]:
+        """An environment's observation in a conversation, after a policy turn. With a
+        chat template, the tokens the template puts between an assistant turn and the
+        next one: the observation's messages (text is a user message; a tool's result
+        has role "tool") and the assistant's generation prompt, cut out of a rendering
+        of a stand-in conversation. Without one, the text's own ids."""
+        if not self.chat:
+            text = observation if isinstance(observation, str) else messages_text(observation)
+            return self.encode(text)
+        messages = (
+            [{"role": "user", "content": observation}]
+            if isinstance(observation, str)
+            else [dict(m) for m in observation]
+        )
+        base = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "!"}]
+        before = self._template(base)
+        after = self._template(base + messages, add_generation_prompt=True)
+        if after[: len(before)] != before:  # a template that renders earlier turns differently later
+            raise ValueError("the chat template renders a conversation's earlier turns differently once it goes on")
+        return after[len(before) :]
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))

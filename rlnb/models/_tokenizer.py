@@ -73,6 +73,12 @@ class CharTokenizer:
             body.append(self.EOS)
         return body
 
+    def encode_observation(self, observation: str | Sequence[Mapping[str, Any]]) -> list[int]:
+        """An environment's observation in a conversation: its text's ids (chat
+        messages: their contents, one per line), without BOS or EOS. Raises
+        ``ValueError`` naming a character not in the alphabet."""
+        return self.encode(observation)
+
     def decode(self, ids: Iterable[int]) -> str:
         """The text of ``ids``: PAD and BOS are skipped, and decoding stops at the first EOS.
 

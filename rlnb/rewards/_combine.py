@@ -2,7 +2,8 @@
 
 A task's ``reward`` is one function or a list of them. Each is called as
 ``fn(completion, answer)``, with ``prompt=`` and ``row=`` (the task's record) added
-when its signature takes them; it returns a number, or None when it does not apply
+when its signature takes them (and ``env_reward=``, a conversation's environment
+reward, :mod:`rlnb.envs`); it returns a number, or None when it does not apply
 to the sample (that function then does not count for it, as TRL's multi-task
 rewards). An ``async def`` function is run to its end on the reward thread. The
 sample's reward is the weighted sum of the values that are not None (0.0 when every
@@ -50,8 +51,8 @@ __all__ = [
 
 # The learner computes advantages in float32: a larger reward would become inf there.
 FLOAT32_MAX = 3.4028234663852886e38
-_KEYWORDS = ("prompt", "row")
-_BATCHED_KEYWORDS = ("prompts", "rows")
+_KEYWORDS = ("prompt", "row", "env_reward")
+_BATCHED_KEYWORDS = ("prompts", "rows", "env_rewards")
 _MARK = "__rlnb_batched__"
 TIMED_CALLS = 256  # the last calls of each function whose durations timings() reads
 
@@ -162,7 +163,7 @@ class RewardFunction:
     fn: Callable[..., Any]
     name: str
     weight: float
-    keywords: tuple[str, ...]  # of "prompt", "row" (batched: "prompts", "rows"): those its signature takes
+    keywords: tuple[str, ...]  # of "prompt", "row", "env_reward" (batched: plural): those its signature takes
     is_async: bool
     is_batched: bool = False
     record: CallRecord = dataclasses.field(default_factory=CallRecord, compare=False, repr=False)
@@ -190,7 +191,7 @@ class RewardFunction:
             except TypeError as exc:
                 raise ConfigError(
                     f"{field}={fn!r} is invalid: it cannot be called as {shape}, "
-                    f"with {names[0]}= and {names[1]}= if it takes them ({exc})"
+                    f"with {names[0]}=, {names[1]}= and {names[2]}= if it takes them ({exc})"
                 ) from None
         target = getattr(fn, "__call__", fn) if not inspect.isroutine(fn) else fn  # noqa: B004
         is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(target)
@@ -302,13 +303,23 @@ class Rewards:
         """Whether a function is called once per group (:meth:`score_group`)."""
         return any(f.is_batched for f in self.functions)
 
-    def score(self, completion: str, answer: Any, *, prompt: str = "", row: Mapping[str, Any] | None = None) -> Scored:
+    def score(
+        self,
+        completion: str,
+        answer: Any,
+        *,
+        prompt: str = "",
+        row: Mapping[str, Any] | None = None,
+        env_reward: float | None = None,
+    ) -> Scored:
         """Call every function that scores one sample (on the caller's thread) and sum
         their weighted values; batched functions wait for :meth:`score_group`. Raises
         what a function raises, and ``BadValue`` naming a function that returned
         something other than a finite number or None."""
         parts = {
-            f.name: f.value(f(completion, answer, prompt=prompt, row=row)) for f in self.functions if not f.is_batched
+            f.name: f.value(f(completion, answer, prompt=prompt, row=row, env_reward=env_reward))
+            for f in self.functions
+            if not f.is_batched
         }
         return self._scored(parts)
 
@@ -319,6 +330,7 @@ class Rewards:
         answers: Sequence[Any],
         prompts: Sequence[str],
         rows: Sequence[Mapping[str, Any] | None],
+        env_rewards: Sequence[float | None] | None = None,
     ) -> list[Scored]:
         """A group's samples, each with the values :meth:`score` gave it (``scored``),
         scored again with the batched functions' values added, each function called
@@ -327,7 +339,8 @@ class Rewards:
         for f in self.functions:
             if not f.is_batched:
                 continue
-            values = f(list(completions), list(answers), prompts=list(prompts), rows=list(rows))
+            env = list(env_rewards) if env_rewards is not None else [None] * len(parts)
+            values = f(list(completions), list(answers), prompts=list(prompts), rows=list(rows), env_rewards=env)
             if isinstance(values, str | bytes) or not isinstance(values, Sequence) or len(values) != len(parts):
                 raise BadValue(f"{short_repr(values)}, not a list of {len(parts)} values (one per completion)", f.name)
             for part, value in zip(parts, values, strict=True):

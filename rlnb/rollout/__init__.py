@@ -20,6 +20,7 @@ from rlnb.engines import (
     SamplingParams,
 )
 from rlnb.rollout._accounting import RolloutStatistics
+from rlnb.rollout._group import Conversations
 from rlnb.rollout._rollouter import Rollouter
 from rlnb.rollout._state import RolloutState
 
@@ -42,6 +43,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Conversations",
     "Engine",
     "EngineStatistics",
     "FakeEngine",

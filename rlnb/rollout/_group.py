@@ -7,6 +7,12 @@ buffer or back to ``collect()``. Whatever happens, each sample settles its ticke
 The reward function runs on a :class:`~rlnb.rollout._reward.RewardPool` thread,
 never on the event loop: a slow one cannot hold up dispatch, pause or any other
 call on the loop, and a hung one fails its sample after ``reward_timeout``.
+
+With :class:`Conversations` (a task with an environment) a sample is a
+conversation: each sample gets an environment of its own (made, reset, stepped and
+closed on the reward pool too), and its turns alternate: the policy generates
+(continued after abort pauses as above), the environment answers, its observation's
+tokens join the sample with mask 0, and the policy speaks again.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlnb._errors import ClosedError, EngineError, RolloutError
@@ -22,28 +28,105 @@ from rlnb._reprs import short_repr
 from rlnb._samples import Group, PromptItem, Sample
 from rlnb.buffer import ReplayBuffer
 from rlnb.engines import Engine, GenerateRequest, GenerateResult, SamplingParams
+from rlnb.envs import EnvError, Episode, Turn
 from rlnb.rewards import BadValue, Scored, reward_value
 from rlnb.rollout._accounting import Counters, Ticket, is_cancellation
 from rlnb.rollout._reward import CallTimedOut, PoolFull, RewardPool, RunningCall
 from rlnb.rollout._state import StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor
 
-__all__ = ["GroupRewardFn", "GroupRunner", "RewardFn"]
+__all__ = ["Conversations", "GroupRewardFn", "GroupRunner", "RewardFn"]
 
-# A number, or a Scored with each reward function's value (a task's rewards.score).
-RewardFn = Callable[[PromptItem, str], "float | Scored"]
+# A number, or a Scored with each reward function's value (a task's rewards.score); a
+# conversation's is called with env_reward= too.
+RewardFn = Callable[..., "float | Scored"]
 # Once per group, after its samples: their Scored with the batched functions' values added.
 GroupRewardFn = Callable[[PromptItem, list[Sample]], list[Scored]]
 
 
-def _scored(reward_fn: RewardFn, item: PromptItem, completion: str) -> Scored:
-    """``reward_fn(item, completion)`` as a Scored (call it on a reward thread)."""
-    value = reward_fn(item, completion)
+@dataclasses.dataclass(frozen=True)
+class Conversations:
+    """How samples become conversations: ``env()`` makes each sample's environment
+    (:mod:`rlnb.envs`); at most ``max_turns`` policy turns; ``encode_prompt(prompt,
+    tools)`` gives a prompt's ids (``tools``: the environment's schemas, for a chat
+    template); ``encode_observation(observation)`` an observation's (ValueError for
+    what the tokenizer cannot encode); ``max_context``: the most prompt and
+    conversation tokens the model takes (None: no limit here)."""
+
+    env: Callable[[], Any]
+    max_turns: int
+    encode_prompt: Callable[[Any, list[dict[str, Any]] | None], list[int]]
+    encode_observation: Callable[[Any], list[int]]
+    max_context: int | None = None
+
+
+def _row(item: PromptItem) -> dict[str, Any]:
+    """What an environment's ``reset`` gets: the prompt's record, with its prompt, answer and id."""
+    return {"prompt": item.prompt, "answer": item.answer, "prompt_id": item.prompt_id, **(item.row or {})}
+
+
+def _open_episodes(factory: Callable[[], Any], row: dict[str, Any], n: int) -> tuple[list[Episode], Any]:
+    """``n`` environments from ``factory``, each reset with ``row``, and the prompt they
+    gave (None: the task's). Closes those made before raising (on a reward thread)."""
+    episodes: list[Episode] = []
+    try:
+        prompts = []
+        for _ in range(n):
+            episodes.append(Episode(factory))
+            prompts.append(episodes[-1].reset(row))
+        if any(p != prompts[0] for p in prompts):
+            raise EnvError(
+                f"{episodes[0].name}.reset() gave different prompts for the {n} samples of one group "
+                f"({short_repr(prompts[0])} and {short_repr(next(p for p in prompts if p != prompts[0]))}): "
+                "a group's samples share the row, so take any randomness from it (e.g. seed with row['prompt_id'])"
+            )
+        return episodes, prompts[0]
+    except BaseException:
+        _close_episodes(episodes)
+        raise
+
+
+def _close_episodes(episodes: list[Episode]) -> None:
+    """Close each episode; raise the first failure once all are closed."""
+    first: BaseException | None = None
+    for episode in episodes:
+        try:
+            episode.close()
+        except Exception as exc:
+            first = first or exc
+    if first is not None:
+        raise first
+
+
+def _scored(reward_fn: RewardFn, item: PromptItem, completion: str, *extra: float | None) -> Scored:
+    """``reward_fn(item, completion)`` as a Scored (call it on a reward thread); a
+    conversation's scoring also gets ``env_reward=`` (``extra``)."""
+    value = reward_fn(item, completion, env_reward=extra[0]) if extra else reward_fn(item, completion)
     if isinstance(value, Scored):
         return value
     total = reward_value(value)
     assert total is not None
     return Scored(total, {})
+
+
+@dataclasses.dataclass
+class _Tokens:
+    """A sample's tokens as they come: the parallel lists a Sample keeps, and where
+    its turns and continuations began."""
+
+    ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    mask: list[int] = dataclasses.field(default_factory=list)
+    turns: list[int] = dataclasses.field(default_factory=list)
+    continued_at: list[int] = dataclasses.field(default_factory=list)
+    continuations: int = 0
+
+    def add(self, ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int], *, policy: bool) -> None:
+        self.ids += ids
+        self.logprobs += logprobs
+        self.versions += versions
+        self.mask += [int(policy)] * len(ids)
 
 
 class GroupRunner:
@@ -74,8 +157,10 @@ class GroupRunner:
         seed: int,
         reward_workers: int = 1,
         group_reward_fn: GroupRewardFn | None = None,
+        conversations: Conversations | None = None,
     ) -> None:
         self._engine = engine
+        self._conversations = conversations
         self._machine = machine
         self._tasks = tasks
         self._counts = counters
@@ -123,13 +208,28 @@ class GroupRunner:
         it); otherwise its failure is reported to ``tasks`` and the result is None.
         Counts the group on ``ticket`` (a group cancelled before its end is counted
         by ``settle_rest``)."""
-        prompt_ids = tuple(self._encode(item.encodable))
         base_seed = self._seed * 1_000_003 + item.prompt_id * 1009
         sampling, settings = self.sampling, self.settings_version
-        coros = [self._run_sample(item, prompt_ids, i, base_seed + i, ticket, sampling) for i in range(ticket.samples)]
         self._live[settings] += ticket.samples
+        episodes: list[Episode] = []
         try:
-            results: list[Sample | BaseException] = await asyncio.gather(*coros, return_exceptions=True)
+            results: list[Sample | BaseException]
+            try:
+                if self._conversations is None:
+                    prompt_ids = tuple(self._encode(item.encodable))
+                else:
+                    episodes, prompt_ids = await self._open_conversations(item, ticket.samples)
+            except RolloutError as exc:  # the environment failed before any sample began
+                prompt_ids, results = (), [exc] * ticket.samples
+                for _ in range(ticket.samples):
+                    ticket.end_sample(exc)
+            else:
+                envs: list[Episode | None] = list(episodes) or [None] * ticket.samples
+                coros = [
+                    self._run_sample(item, prompt_ids, i, base_seed + i, ticket, sampling, envs[i])
+                    for i in range(ticket.samples)
+                ]
+                results = await asyncio.gather(*coros, return_exceptions=True)
             samples = [r for r in results if isinstance(r, Sample)]
             if self.group_reward_fn is not None and len(samples) == len(results):
                 results = await self._reward_group(self.group_reward_fn, item, samples)
@@ -141,11 +241,36 @@ class GroupRunner:
                 self._buffer.put_or_hold(group)
             return group
         finally:  # also when cancelled mid-group: its finished samples must not hold up a WAIT drain
+            if episodes:
+                await self._close_conversations(item, episodes)
             self._live[settings] -= ticket.samples
             if not self._live[settings]:
                 del self._live[settings]
             ticket.grouped()
             await self._machine.notify_if_drained()
+
+    async def _open_conversations(self, item: PromptItem, n: int) -> tuple[list[Episode], tuple[int, ...]]:
+        """``n`` environments for ``item``'s samples, reset, and the prompt's ids."""
+        conv = self._conversations
+        assert conv is not None
+        where = f"prompt {item.prompt_id} ({short_repr(item.prompt)})"
+        episodes, prompt = await self._call_env(_open_episodes, conv.env, _row(item), n, where=where, what="reset")
+        try:
+            prompt = item.encodable if prompt is None else prompt
+            return episodes, tuple(conv.encode_prompt(prompt, episodes[0].tools))
+        except ValueError as exc:
+            await self._close_conversations(item, episodes)
+            raise RolloutError(f"the environment's prompt for {where} cannot be encoded: {exc}") from None
+
+    async def _close_conversations(self, item: PromptItem, episodes: list[Episode]) -> None:
+        """Close a group's environments on the reward pool, also when the group was
+        cancelled; a failure to close is reported to ``tasks``, the group stands."""
+        try:
+            await self._call_env(_close_episodes, episodes, where=f"prompt {item.prompt_id}", what="close")
+        except RolloutError as exc:
+            self._tasks.report(exc)
+        except (asyncio.CancelledError, ClosedError):  # the session closes: the pool runs nothing more
+            pass
 
     def _end_group(
         self,
@@ -180,57 +305,148 @@ class GroupRunner:
         seed: int,
         ticket: Ticket,
         sampling: SamplingParams,
+        episode: Episode | None = None,
     ) -> Sample:
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        continuations = 0
-        continued_at: list[int] = []  # where each continuation began, in tokens
-        finish = "aborted"
+        """One sample: a completion, or with ``episode`` a conversation of policy turns
+        and the environment's answers."""
+        out = _Tokens()
         error: BaseException | None = None
         try:
-            while True:
-                result = await self._generate_with_retries(
-                    item, prompt_ids, index, seed, tokens, continuations, sampling
-                )
-                tokens += result.token_ids
-                logprobs += result.logprobs
-                versions += result.versions
-                if result.finish_reason != "aborted":
-                    finish = result.finish_reason
+            finish, last = "aborted", ""
+            max_turns = 1 if episode is None else self._max_turns
+            for turn in range(max_turns):
+                out.turns.append(len(out.ids))
+                finish = await self._policy_turn(item, prompt_ids, index, seed, turn, sampling, out)
+                last = self._decode(out.ids[out.turns[-1] :])
+                if episode is None or finish == "aborted" or turn == max_turns - 1:
                     break
-                if continuations >= self._max_continuations:
-                    self._counts.truncated += 1
+                answer = await self._env_step(item, episode, last, turn)
+                if answer.done:
                     break
-                continuations += 1
-                continued_at.append(len(tokens))
-                self._counts.continuations += 1
-                await self._keep_partial()
-            completion = self._decode(tokens)
+                if not self._observe(item, prompt_ids, episode, answer, out):
+                    finish = "length"  # the model's context has no room for another turn
+                    break
             self._counts.generating += 1  # a WAIT drain waits for the reward too: the sample is not done
             try:
-                scored = await self.reward(item, completion)
+                if episode is None:
+                    scored = await self.reward(item, last)
+                else:
+                    scored = await self.reward(item, last, env_reward=episode.reward)
             finally:
                 self._counts.generating -= 1
         except BaseException as exc:
             error = exc  # a failure, or a cancellation (Ctrl-C, close): the ticket tells them apart
             raise
         else:
+            conversation = episode is not None
             return Sample(
                 prompt=item.prompt,
-                completion=completion,
-                token_ids=tuple(tokens),
-                logprobs=tuple(logprobs),
-                versions=tuple(versions),
+                completion=self._transcript(out) if conversation else last,
+                token_ids=tuple(out.ids),
+                logprobs=tuple(out.logprobs),
+                versions=tuple(out.versions),
                 reward=scored.total,
                 rewards=dict(scored.parts),
                 finish_reason=finish,
-                resumed=continuations,
-                continued_at=tuple(continued_at),
+                resumed=out.continuations,
+                continued_at=tuple(out.continued_at),
+                mask=tuple(out.mask),
+                turns=tuple(out.turns),
+                env_reward=None if episode is None else episode.reward,
             )
         finally:
             ticket.end_sample(error)
             await self._machine.notify_if_drained()
+
+    async def _policy_turn(
+        self,
+        item: PromptItem,
+        prompt_ids: tuple[int, ...],
+        index: int,
+        seed: int,
+        turn: int,
+        sampling: SamplingParams,
+        out: _Tokens,
+    ) -> str:
+        """Generate the policy's turn number ``turn`` into ``out``, continued after each
+        abort pause (up to the limit); its finish reason ("aborted": truncated)."""
+        start = len(out.ids)
+        while True:
+            budget = sampling.max_new_tokens - (len(out.ids) - start)
+            limit = self._room(prompt_ids, out)
+            if limit is not None and limit < 1:
+                return "length"
+            result = await self._generate_with_retries(
+                item, prompt_ids, index, seed, out.ids, out.continuations, sampling,
+                budget if limit is None else min(budget, limit), turn,
+            )  # fmt: skip
+            out.add(result.token_ids, result.logprobs, result.versions, policy=True)
+            if result.finish_reason != "aborted":
+                return result.finish_reason
+            if out.continuations >= self._max_continuations:
+                self._counts.truncated += 1
+                return "aborted"
+            out.continuations += 1
+            out.continued_at.append(len(out.ids))
+            self._counts.continuations += 1
+            await self._keep_partial()
+
+    def _room(self, prompt_ids: tuple[int, ...], out: _Tokens) -> int | None:
+        """Tokens the model's context has left after the conversation so far (None: no limit known)."""
+        conv = self._conversations
+        if conv is None or conv.max_context is None:
+            return None
+        return conv.max_context - len(prompt_ids) - len(out.ids)
+
+    @property
+    def _max_turns(self) -> int:
+        return 1 if self._conversations is None else self._conversations.max_turns
+
+    async def _env_step(self, item: PromptItem, episode: Episode, text: str, turn: int) -> Turn:
+        """The environment's answer to policy turn ``turn`` (on the reward pool; a WAIT
+        drain waits for it, as for a reward)."""
+        where = f"prompt {item.prompt_id} ({short_repr(item.prompt)}), turn {turn + 1} {short_repr(text)}"
+        self._counts.generating += 1
+        try:
+            answer: Turn = await self._call_env(episode.step, text, where=where, what="step")
+        finally:
+            self._counts.generating -= 1
+        await self._machine.notify_if_drained()  # a WAIT pause may have waited for this call
+        return answer
+
+    def _observe(
+        self, item: PromptItem, prompt_ids: tuple[int, ...], episode: Episode, answer: Turn, out: _Tokens
+    ) -> bool:
+        """Add ``answer``'s observation to ``out`` (mask 0); False when the context
+        has no room for it and one more policy token. RolloutError when the tokenizer
+        cannot encode it."""
+        conv = self._conversations
+        assert conv is not None
+        if answer.observation is None:
+            return True
+        try:
+            ids = conv.encode_observation(answer.observation)
+        except ValueError as exc:
+            raise RolloutError(
+                f"{episode.name}.step() observation for prompt {item.prompt_id} cannot be encoded: {exc}; "
+                "add the missing characters to Task.alphabet (the built-in tokenizer), or change the observation"
+            ) from None
+        room = self._room(prompt_ids, out)
+        if room is not None and room - len(ids) < 1:
+            return False
+        version = out.versions[-1] if out.versions else 0
+        out.add(ids, [0.0] * len(ids), [version] * len(ids), policy=False)
+        return True
+
+    def _transcript(self, out: _Tokens) -> str:
+        """A conversation's text: each run of one speaker's tokens decoded on its own
+        (a policy turn's text ends at its end-of-sequence)."""
+        parts, start = [], 0
+        bounds = sorted({*out.turns, *[i for i in range(1, len(out.mask)) if out.mask[i] != out.mask[i - 1]]})
+        for end in [*bounds[1:], len(out.ids)]:
+            parts.append(self._decode(out.ids[start:end]))
+            start = end
+        return "".join(parts)
 
     async def _keep_partial(self) -> None:
         """Hold an aborted sample, counted as kept partial, until rollouts run again."""
@@ -252,19 +468,26 @@ class GroupRunner:
         prefix: list[int],
         continuation: int,
         sampling: SamplingParams,
+        budget: int | None = None,
+        turn: int = 0,
     ) -> GenerateResult:
+        """Generate after ``prefix`` at most ``budget`` tokens (None: what ``sampling``
+        leaves after the prefix), retried after an engine's failure."""
         attempt = 0
+        if budget is None:
+            budget = sampling.max_new_tokens - len(prefix)
+        later = f".t{turn}" if turn else ""  # a conversation's later turns: ids and seeds of their own
+        seed += turn * 100_003
         while True:
             self._counts.queued += 1
             try:
                 await self._machine.wait_running()
             finally:
                 self._counts.queued -= 1
-            remaining = sampling.max_new_tokens - len(prefix)
             request = GenerateRequest(
-                request_id=f"{item.prompt_id}.{index}.{continuation}.{attempt}",
+                request_id=f"{item.prompt_id}.{index}.{continuation}.{attempt}{later}",
                 prompt_ids=prompt_ids,
-                sampling=dataclasses.replace(sampling, max_new_tokens=max(1, remaining)),
+                sampling=dataclasses.replace(sampling, max_new_tokens=max(1, budget)),
                 prefix_ids=tuple(prefix),
                 seed=seed * 31 + continuation * 7 + attempt,
             )
@@ -289,26 +512,62 @@ class GroupRunner:
     async def evaluate(self, item: PromptItem, sampling: SamplingParams) -> tuple[str, float]:
         """One completion of ``item`` with ``sampling`` (not retried) and its reward. An
         abort pause meanwhile is waited out and the completion continued from its
-        prefix (greedy decoding continues exactly), so a pause never scores half an answer."""
-        prompt_ids = tuple(self._encode(item.encodable))
+        prefix (greedy decoding continues exactly), so a pause never scores half an answer.
+        With an environment, one conversation: its transcript and reward."""
+        if self._conversations is None:
+            prompt_ids = tuple(self._encode(item.encodable))
+            completion = self._decode(await self._eval_turn(item, prompt_ids, [], sampling, 0, None))
+            return completion, (await self.reward(item, completion)).total
+        episodes, prompt_ids = await self._open_conversations(item, 1)
+        episode, out, last = episodes[0], _Tokens(), ""
+        try:
+            for turn in range(self._max_turns):
+                out.turns.append(len(out.ids))
+                room = self._room(prompt_ids, out)
+                if room is not None and room < 1:
+                    break
+                ids = await self._eval_turn(item, prompt_ids, out.ids, sampling, turn, room)
+                out.add(ids, [0.0] * len(ids), [0] * len(ids), policy=True)
+                last = self._decode(ids)
+                if turn == self._max_turns - 1:
+                    break
+                answer = await self._env_step(item, episode, last, turn)
+                if answer.done or not self._observe(item, prompt_ids, episode, answer, out):
+                    break
+            scored = await self.reward(item, last, env_reward=episode.reward)
+            return self._transcript(out), scored.total
+        finally:
+            await self._close_conversations(item, episodes)
+
+    async def _eval_turn(
+        self,
+        item: PromptItem,
+        prompt_ids: tuple[int, ...],
+        prefix: list[int],
+        sampling: SamplingParams,
+        turn: int,
+        room: int | None,
+    ) -> list[int]:
+        """One policy turn of an evaluation after ``prefix``: its token ids, continued
+        after abort pauses, at most ``sampling.max_new_tokens`` (and ``room``)."""
+        budget = sampling.max_new_tokens if room is None else min(sampling.max_new_tokens, room)
         tokens: list[int] = []
         continuation = 0
         while True:
             await self._machine.wait_running()
-            left = sampling.max_new_tokens - len(tokens)
+            left = budget - len(tokens)
+            suffix = (f".{continuation}" if continuation else "") + (f".t{turn}" if turn else "")
             request = GenerateRequest(
-                f"eval.{item.prompt_id}" + (f".{continuation}" if continuation else ""),
+                f"eval.{item.prompt_id}{suffix}",
                 prompt_ids,
                 dataclasses.replace(sampling, max_new_tokens=max(1, left)),
-                prefix_ids=tuple(tokens),
+                prefix_ids=(*prefix, *tokens),
             )
             result = await self._engine.generate(request)
             tokens += result.token_ids
-            if result.finish_reason != "aborted" or len(tokens) >= sampling.max_new_tokens:
-                break
+            if result.finish_reason != "aborted" or len(tokens) >= budget:
+                return tokens
             continuation += 1
-        completion = self._decode(tokens)
-        return completion, (await self.reward(item, completion)).total
 
     async def complete(self, request_id: str, prompt: str, sampling: SamplingParams, seed: int) -> str:
         """One completion of the text ``prompt`` (not retried, not rewarded)."""
@@ -334,17 +593,42 @@ class GroupRunner:
             for sample, s in zip(samples, scored, strict=True)
         ]
 
-    async def reward(self, item: PromptItem, completion: str) -> Scored:
+    async def reward(self, item: PromptItem, completion: str, **env: float | None) -> Scored:
         """``reward_fn(item, completion)`` as a Scored, run on a worker thread.
 
         A function that raises is retried up to ``max_retries`` times. Raises
         RolloutError naming the prompt and completion when it still raises (chained),
         runs past ``reward_timeout`` (not retried: a hung call would only hang again,
         on one more thread), or returns anything but a finite number (not retried: a
-        bug, not bad luck); ClosedError once closed."""
+        bug, not bad luck); ClosedError once closed. A conversation's last turn is
+        scored with ``env_reward=`` its environment's reward."""
         where = f"prompt {item.prompt_id} ({short_repr(item.prompt)}), completion {short_repr(completion)}"
-        scored: Scored = await self._call_reward(_scored, self.reward_fn, item, completion, where=where)
+        extra = (env["env_reward"],) if "env_reward" in env else ()
+        scored: Scored = await self._call_reward(_scored, self.reward_fn, item, completion, *extra, where=where)
         return scored
+
+    async def _call_env(self, fn: Callable[..., Any], /, *args: Any, where: str, what: str) -> Any:
+        """``fn(*args)``, an environment's method, on a reward thread with the reward
+        timeout; not retried (an environment has state). RolloutError, chained, when
+        it raises or runs past the timeout; ClosedError once closed."""
+        try:
+            return await self._rewards.call(fn, *args, timeout=self._reward_timeout)
+        except CallTimedOut as late:
+            raise RolloutError(
+                f"the environment's {what} did not return within reward_timeout={self._reward_timeout} s for {where} "
+                f"(its thread {late.thread} ends when the call returns)"
+            ) from None
+        except PoolFull as full:
+            raise RolloutError(
+                f"the environment's {what} was not called for {where}: {full} earlier calls that timed out "
+                "or were cancelled are still running; is it stuck?"
+            ) from None
+        except (asyncio.CancelledError, ClosedError):
+            raise
+        except EnvError as exc:
+            raise RolloutError(f"{exc} (for {where})") from None
+        except Exception as exc:
+            raise RolloutError(f"the environment's {what} raised {exc!r} for {where}") from exc
 
     async def _call_reward(self, fn: Callable[..., Any], /, *args: Any, where: str) -> Any:
         """``fn(*args)`` on a reward thread, retried and its failures explained as :meth:`reward` says."""

@@ -22,7 +22,7 @@ from rlnb._samples import Group, PromptItem
 from rlnb.buffer import ReplayBuffer
 from rlnb.engines import Engine, PauseMode, SamplingParams
 from rlnb.rollout._accounting import Counters, RolloutStatistics, Ticket, is_cancellation
-from rlnb.rollout._group import GroupRewardFn, GroupRunner, RewardFn
+from rlnb.rollout._group import Conversations, GroupRewardFn, GroupRunner, RewardFn
 from rlnb.rollout._quiesce import Quiescence
 from rlnb.rollout._reward import RunningCall
 from rlnb.rollout._state import RolloutState, StateMachine
@@ -52,6 +52,7 @@ class Rollouter:
     loop; the session wraps it for cells. ``on_bad_prompt``: "raise" (a prompt the
     task could not make is raised, once, as :class:`~rlnb.PromptError`) or "skip".
     ``reward_workers``: reward calls that may run at once (1: in order).
+    ``conversations``: samples are conversations with environments (:class:`Conversations`).
     Raises ValueError if ``max_inflight`` is smaller than ``group_size``.
     """
 
@@ -76,6 +77,7 @@ class Rollouter:
         on_bad_prompt: str = "raise",
         reward_workers: int = 1,
         group_reward_fn: GroupRewardFn | None = None,
+        conversations: Conversations | None = None,
     ) -> None:
         if max_inflight < group_size:
             raise ValueError(f"max_inflight ({max_inflight}) must be >= group_size ({group_size})")
@@ -104,6 +106,7 @@ class Rollouter:
             reward_workers=reward_workers,
             seed=seed,
             group_reward_fn=group_reward_fn,
+            conversations=conversations,
         )
         self._capacity = asyncio.Semaphore(max_inflight)
         self._version = 0

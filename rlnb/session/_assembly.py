@@ -19,7 +19,7 @@ from rlnb.config import Config, ModelConfig, engine_kind
 from rlnb.data import Task
 from rlnb.engines import Engine, SamplingParams
 from rlnb.rewards import Rewards, Scored
-from rlnb.rollout import Rollouter
+from rlnb.rollout import Conversations, Rollouter
 
 if TYPE_CHECKING:
     from rlnb.data import PromptLoader
@@ -169,6 +169,7 @@ def make_learner(config: Config, model: ModelConfig, tokenizer: Tokenizer) -> Le
         policy,
         encode=lambda text: tokenizer.encode(text, bos=True),
         encode_target=lambda text: tokenizer.encode(text),
+        encode_observation=tokenizer.encode_observation,
         pad_id=tokenizer.PAD,
         eos_id=tokenizer.EOS,
         config=config.learn,
@@ -231,8 +232,8 @@ def reward_functions(
     weights): one that scores each sample, and one that scores each group with the
     batched functions once its samples are done (None without batched ones)."""
 
-    def score(item: PromptItem, completion: str) -> Scored:
-        return rewards.score(completion, item.answer, prompt=item.prompt, row=item.row)
+    def score(item: PromptItem, completion: str, env_reward: float | None = None) -> Scored:
+        return rewards.score(completion, item.answer, prompt=item.prompt, row=item.row, env_reward=env_reward)
 
     def score_group(item: PromptItem, samples: list[Sample]) -> list[Scored]:
         return rewards.score_group(
@@ -241,6 +242,7 @@ def reward_functions(
             [item.answer] * len(samples),
             [item.prompt] * len(samples),
             [item.row] * len(samples),
+            [s.env_reward for s in samples],
         )
 
     return score, score_group if rewards.has_batched else None
@@ -276,6 +278,27 @@ def make_rollouter(
         max_retries=r.max_retries,
         reward_timeout=r.reward_timeout,
         seed=config.seed,
+        conversations=conversations(config, task, tokenizer),
+    )
+
+
+def conversations(config: Config, task: Task, tokenizer: Tokenizer) -> Conversations | None:
+    """How the rollouter turns samples into conversations with ``task.env``; None without one."""
+    if task.env is None:
+        return None
+
+    def encode_prompt(prompt: Any, tools: list[dict[str, Any]] | None) -> list[int]:
+        if tools and getattr(tokenizer, "chat", False):  # a chat template describes the tools
+            encode: Any = tokenizer.encode
+            return list(encode(prompt, bos=True, tools=tools))
+        return tokenizer.encode(prompt, bos=True)
+
+    return Conversations(
+        env=task.env,
+        max_turns=task.max_turns,
+        encode_prompt=encode_prompt,
+        encode_observation=tokenizer.encode_observation,
+        max_context=config.model.max_len,
     )
 
 

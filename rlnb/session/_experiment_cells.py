@@ -275,7 +275,7 @@ class ExperimentCells:
         with self._trainer.update_lock:
             logp, batch = learner.logp(chosen)
         rows = logp.cpu().tolist()
-        lengths = batch.mask.sum(dim=1).tolist()
+        lengths = batch.lengths.tolist()
         out, row = [], 0
         for group in chosen:
             out.append([rows[row + i][: int(lengths[row + i])] for i in range(len(group.samples))])

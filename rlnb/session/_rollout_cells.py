@@ -114,6 +114,6 @@ class RolloutCells:
             ) from None
         except ValueError:  # no signature to read (some builtins): it is called and checked then
             pass
-        self._bridge.run(self._check().set_reward_fn(lambda item, completion: reward_fn(completion, item.answer)))
+        self._bridge.run(self._check().set_reward_fn(lambda item, completion, **_: reward_fn(completion, item.answer)))
         self.reward_name = getattr(reward_fn, "__qualname__", None) or repr(reward_fn)
         self._custom_reward = reward_fn

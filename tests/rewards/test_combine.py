@@ -52,8 +52,20 @@ def test_prompt_and_row_are_passed_to_the_functions_that_take_them() -> None:
         got["extra"] = extra
         return 1.0
 
-    Rewards.of([with_prompt, with_row, with_anything, right], None).score("c", "a", prompt="p", row={"k": 1})
-    assert got == {"prompt": "p", "row": {"k": 1}, "extra": {"prompt": "p", "row": {"k": 1}}}
+    def with_env(completion: str, answer: Any, env_reward: float | None) -> float:
+        got["env_reward"] = env_reward
+        return 1.0
+
+    rewards = Rewards.of([with_prompt, with_row, with_anything, with_env, right], None)
+    rewards.score("c", "a", prompt="p", row={"k": 1})
+    assert got == {
+        "prompt": "p",
+        "row": {"k": 1},
+        "extra": {"prompt": "p", "row": {"k": 1}, "env_reward": None},
+        "env_reward": None,  # a single completion: no environment spoke
+    }
+    rewards.score("c", "a", env_reward=0.5)  # a conversation's last turn, with its environment's reward
+    assert got["env_reward"] == got["extra"]["env_reward"] == 0.5
 
 
 def test_an_async_function_is_run_to_its_end_on_the_calling_thread() -> None:

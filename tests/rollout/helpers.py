@@ -44,8 +44,8 @@ def decode(ids: list[int]) -> str:
     return " ".join(map(str, ids))
 
 
-def constant_reward(item: PromptItem, completion: str) -> float:
-    return 1.0
+def constant_reward(item: PromptItem, completion: str, **env: float | None) -> float:
+    return 1.0  # a conversation's is also given env_reward=
 
 
 class RecordingEngine(FakeEngine):
@@ -85,7 +85,7 @@ class RecordingEngine(FakeEngine):
 async def make_rollouter(
     engine: FakeEngine,
     *,
-    reward_fn: Callable[[PromptItem, str], float] = constant_reward,
+    reward_fn: Callable[..., float] = constant_reward,
     buffer_capacity: int = 256,
     buffer_max_staleness: int | None = None,
     **kwargs: Any,
