@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
+from typing import Any
 
 import pytest
 
@@ -95,3 +98,35 @@ def test_a_group_keeps_its_prompts_token_ids_as_a_tuple_through_a_dict() -> None
     assert rlnb.Group.from_dict(saved_before).prompt_ids == ()
     with pytest.raises(TypeError, match=r"Group\.prompt_ids"):
         rlnb.Group(prompt="1+", samples=group.samples, prompt_ids="15")  # type: ignore[arg-type]
+
+
+def test_a_conversation_sample_keeps_its_mask_and_turns_through_a_dict() -> None:
+    sample = rlnb.Sample(
+        "p", "ab=1;c", (5, 6, 2, 7, 7, 8, 2), (-0.1, -0.2, -0.3, 0.0, 0.0, -0.4, -0.5), (0, 0, 0, 0, 0, 1, 1),
+        mask=(1, 1, 1, 0, 0, 1, 1), turns=(0, 5), env_reward=0.5,
+    )  # fmt: skip
+    assert rlnb.Sample.from_dict(json.loads(json.dumps(sample.to_dict()))) == sample
+    assert sample.is_conversation
+    assert sample.segments() == [(True, (5, 6, 2)), (False, (7, 7)), (True, (8, 2))]
+
+
+def test_a_single_completion_has_an_all_ones_mask_and_one_turn() -> None:
+    sample = rlnb.Sample("p", "ab", (5, 6, 2))
+    assert (sample.mask, sample.turns, sample.is_conversation) == ((1, 1, 1), (0,), False)
+    old = {k: v for k, v in sample.to_dict().items() if k not in ("mask", "turns", "env_reward")}
+    assert rlnb.Sample.from_dict(old) == sample  # saved before conversations existed
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"mask": (1, 0)}, "Sample.mask has 2 entries but token_ids has 3"),
+        ({"mask": (1, 2, 1)}, "Sample.mask must hold only 0 and 1"),
+        ({"turns": (1,)}, "Sample.turns=(1,) must start at 0"),
+        ({"turns": (0, 2, 1)}, "must start at 0 and not fall"),
+        ({"turns": (0, 4)}, "within the 3 tokens"),
+    ],
+)
+def test_a_bad_mask_or_turns_is_refused_naming_the_field(fields: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(words)):
+        rlnb.Sample("p", "ab", (5, 6, 2), **fields)
