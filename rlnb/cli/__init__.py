@@ -29,6 +29,7 @@ from rlnb.config import ENGINE_KINDS, MODEL_DTYPES
 
 __all__ = ["demo_settings", "main"]
 
+ENV_DEMOS = ("calculator",)  # the built-in tasks with an environment that `rlnb demo --env` runs
 BENCHES = ("bridge", "close", "engines", "lora", "notebook", "ray", "rollout", "soak", "train")
 
 # Flags that set a config field: flag dest -> (Config part or None, field). Applied in
@@ -111,6 +112,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "--run-dir", default="runs/demo", help="where metrics.jsonl and curves.png go (default: %(default)s)"
     )
     demo.add_argument("--seed", type=_seed, help="seeds the model, data and sampling (default: 0)")
+    demo.add_argument(
+        "--env",
+        choices=ENV_DEMOS,
+        help="the demo of a multi-turn environment instead: 'calculator', where RL teaches the policy to call "
+        "a calculator tool for the products it cannot do in its head",
+    )
     _add_model_options(demo)
     _add_output_options(demo)
 
@@ -235,7 +242,7 @@ def _train_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     the command's flags applied one by one, so a ConfigError names the flag that caused it."""
     from rlnb import ConfigError
 
-    config, options = demo_settings()
+    config, options = demo_settings(env=getattr(args, "env", None))
     if args.lora_r is not None:
         from rlnb import LoraConfig
 

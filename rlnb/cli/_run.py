@@ -206,7 +206,7 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def demo_settings() -> tuple[Config, dict[str, Any]]:
+def demo_settings(env: str | None = None) -> tuple[Config, dict[str, Any]]:
     """``rlnb demo``'s config and run options (``rlnb train`` starts from them too).
 
     Reversing words, where RL is the hero: the warm-up imitates a sloppy teacher
@@ -219,6 +219,9 @@ def demo_settings() -> tuple[Config, dict[str, Any]]:
     """
     from rlnb.config import LearnConfig, RolloutConfig, WarmupConfig
 
+    if env is not None:
+        return _env_demo_settings(env)
+
     # RL after the warm-up is stable only with AdamW steps about as small as the
     # warm-up's last ones (~1e-4); on addition it lost ground at 2e-4 and collapsed at 5e-4.
     config = Config(
@@ -229,3 +232,28 @@ def demo_settings() -> tuple[Config, dict[str, Any]]:
         rollout=RolloutConfig(group_size=8, groups_per_step=16),
     )
     return config, {"steps": 150, "eval_every": 25, "eval_prompts": 200, "target_accuracy": None}
+
+
+def _env_demo_settings(env: str) -> tuple[Config, dict[str, Any]]:
+    """``rlnb demo --env calculator``: the built-in policy learns when to call a tool.
+
+    The warm-up imitates ``calculator_teacher``, which answers products at once and
+    calls the ``mul`` tool first only 30 % of the time: the policy learns the format,
+    to copy the tool's answer, and to answer mostly at once, which is right for
+    products of one digit by one and wrong for the rest. GRPO, paid for exact answers,
+    learns to call the tool. The conversation (prompt, call, answer of the tool, final
+    answer) takes up to 30 positions: ``max_len=48`` leaves room for a third turn.
+    """
+    from rlnb.config import LearnConfig, ModelConfig, RolloutConfig, WarmupConfig
+
+    if env != "calculator":
+        raise ValueError(f"demo --env {env!r}: the demo environments are 'calculator'")
+    config = Config(
+        task="calculator",
+        seed=0,
+        model=ModelConfig(max_len=48),
+        warmup=WarmupConfig(steps=150, batch_size=128, lr=3e-3, task="calculator_teacher"),
+        learn=LearnConfig(lr=1e-4, betas=(0.9, 0.999)),
+        rollout=RolloutConfig(group_size=8, groups_per_step=16),
+    )
+    return config, {"steps": 100, "eval_every": 25, "eval_prompts": 200, "target_accuracy": None}

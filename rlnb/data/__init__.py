@@ -7,7 +7,18 @@
 
 from typing import TYPE_CHECKING, Any
 
-from rlnb.data._tasks import Task, addition, get_task, register_task, reverse, sloppy_reverse, sort, task_names
+from rlnb.data._tasks import (
+    Task,
+    addition,
+    calculator,
+    calculator_teacher,
+    get_task,
+    register_task,
+    reverse,
+    sloppy_reverse,
+    sort,
+    task_names,
+)
 
 if TYPE_CHECKING:
     from rlnb.data._loader import DEFAULT_START_METHOD, PromptLoader, PromptLoaderError, PromptStream, warm_up_workers
@@ -19,6 +30,8 @@ __all__ = [
     "PromptStream",
     "Task",
     "addition",
+    "calculator",
+    "calculator_teacher",
     "get_task",
     "register_task",
     "reverse",

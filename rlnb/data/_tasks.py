@@ -18,10 +18,21 @@ from rlnb._checks import check_int, require
 from rlnb._errors import ConfigError
 from rlnb._samples import PromptItem
 from rlnb.data._records import EVAL_ID_OFFSET, Generated, PromptSource, Records
-from rlnb.envs import check_factory, env_reward
+from rlnb.envs import Demonstration, ToolEnv, check_factory, env_reward
 from rlnb.rewards import Rewards
 
-__all__ = ["Task", "addition", "get_task", "register_task", "reverse", "sloppy_reverse", "sort", "task_names"]
+__all__ = [
+    "Task",
+    "addition",
+    "calculator",
+    "calculator_teacher",
+    "get_task",
+    "register_task",
+    "reverse",
+    "sloppy_reverse",
+    "sort",
+    "task_names",
+]
 
 # Prompts register_task makes to check a task before any session uses it.
 SAMPLE_PROMPTS = 16
@@ -303,7 +314,70 @@ sort = Task(
     max_new_tokens=7,
 )
 
-_TASKS: dict[str, Task] = {t.name: t for t in (addition, reverse, sloppy_reverse, sort)}
+
+def mul(a: int, b: int) -> int:
+    """The calculator tool of the ``calculator`` task: a times b."""
+    return a * b
+
+
+# Products of one digit by one the tiny policy can learn by heart; the rest it cannot.
+CALCULATOR_SMALL = 0.3
+# How often the calculator's warm-up teacher calls the tool (it answers directly otherwise).
+CALCULATOR_TEACHER_CALLS = 0.3
+
+
+def _factors(rng: random.Random) -> tuple[int, int]:
+    if rng.random() < CALCULATOR_SMALL:
+        return rng.randint(1, 9), rng.randint(1, 9)
+    return rng.randint(10, 99), rng.randint(10, 99)
+
+
+def _calculator_prompt(rng: random.Random) -> tuple[str, str]:
+    a, b = _factors(rng)
+    return f"{a}*{b}=", str(a * b)
+
+
+def _calculator_teacher_prompt(rng: random.Random) -> tuple[str, str | Demonstration]:
+    a, b = _factors(rng)
+    if rng.random() < CALCULATOR_TEACHER_CALLS:
+        return f"{a}*{b}=", Demonstration(f"mul({a},{b})", f"={a * b};", str(a * b))
+    return f"{a}*{b}=", str(a * b)
+
+
+def _exact(completion: str, answer: str) -> float:
+    return float(completion.strip() == answer)
+
+
+calculator = Task(
+    name="calculator",
+    alphabet="0123456789*=mul(),;?",
+    make_prompt=_calculator_prompt,
+    reward=_exact,
+    max_new_tokens=11,
+    about="products of two numbers, with a calculator tool mul(a,b) to call",
+    env=ToolEnv([mul], result_format="={result};", error_format="=?;"),
+    max_turns=3,
+)
+"""A teaching environment: ``37*48=`` asks for a product, and the policy may answer at
+once or call the tool first: ``mul(37,48)``, to which the environment answers
+``=1776;``, then ``1776``. Products of one digit by one (30 %) can be learnt by heart;
+those of two digits by two cannot. Its warm-up teacher (``calculator_teacher``) calls
+the tool only 30 % of the time, so after the warm-up the policy mostly answers at
+once; RL, rewarded for exact answers, learns to call the tool."""
+
+calculator_teacher = Task(
+    name="calculator_teacher",
+    alphabet=calculator.alphabet,
+    make_prompt=_calculator_teacher_prompt,
+    reward=_exact,
+    max_new_tokens=calculator.max_new_tokens,
+    about=f"answers at once, and calls mul() first {CALCULATOR_TEACHER_CALLS:.0%} of the time",
+)
+"""Demonstrations of ``calculator`` for a warm-up: right answers, written at once
+most of the time and after a call of ``mul`` (a :class:`~rlnb.envs.Demonstration`) 30 %
+of the time."""
+
+_TASKS: dict[str, Task] = {t.name: t for t in (addition, reverse, sloppy_reverse, sort, calculator, calculator_teacher)}
 
 
 def _check_prompts(task: Task) -> None:

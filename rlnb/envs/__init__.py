@@ -7,27 +7,30 @@ loss mask (``Sample.mask``: 1 for the policy's tokens, 0 for the environment's),
 the learner trains only on what the policy said.
 """
 
-from __future__ import annotations
-
-from typing import Any
+from typing import Any as _Any
 
 from rlnb.envs._episode import EnvError, Episode, check_factory
+from rlnb.envs._gym import GymEnv
 from rlnb.envs._protocol import Demonstration, Environment, Message, Observation, Turn
+from rlnb.envs._tools import ToolEnv, tool_schema
 
 __all__ = [
     "Demonstration",
     "EnvError",
     "Environment",
     "Episode",
+    "GymEnv",
     "Message",
     "Observation",
+    "ToolEnv",
     "Turn",
     "check_factory",
     "env_reward",
+    "tool_schema",
 ]
 
 
-def env_reward(completion: str, answer: Any, *, env_reward: float | None = None) -> float | None:
+def env_reward(completion: str, answer: _Any, *, env_reward: float | None = None) -> float | None:
     """The environment's reward for the conversation (the sum of its turns'), as a
     reward function: list it in a task's ``reward`` to weigh it with others, e.g.
     ``reward=[env_reward, format_ok], reward_weights=[1.0, 0.2]``. None (it does not
