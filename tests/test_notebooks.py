@@ -216,6 +216,31 @@ def test_09_settings_change_mid_run_forks_part_ways_and_what_if_leaves_the_run_a
     assert "live sessions: []" in out[9]
 
 
+def test_10_a_tool_written_in_a_cell_is_learnt_by_rl_and_a_pause_keeps_conversations(
+    execute_notebook: Execute,
+) -> None:
+    # ~50 s on an idle 2-core machine: a warm-up of 150 steps and 60 RL steps
+    out, cells = run_notebook(execute_notebook, "10-tools-and-conversations", timeout=240)
+    assert "'required': ['a', 'b']" in out[0]  # the schema a chat template gets
+    assert out[1].splitlines() == [
+        "Turn(observation='=1776;', reward=None, done=False)",
+        "Turn(observation='=?;', reward=None, done=False)",  # a call that does not parse: an answer, not a crash
+        "Turn(observation=None, reward=None, done=True)",
+    ]
+    before = number_after(out[2], "after the warm-up:")
+    assert re.search(r"mask\s+1+0+1+", out[3]) and "turns begin at tokens (0, " in out[3], out[3]
+    explorer = cells[3].outputs[-1]["data"]["text/html"]
+    assert "rlnb-env" in explorer  # the tool's tokens drawn apart from the policy's
+    paused = re.search(r"state: paused, conversations kept mid-turn: (\d+), failed: 0", out[4])
+    assert paused and int(paused[1]) > 0, out[4]  # async rollouts were in flight: kept, not lost
+    found = re.search(r"held-out accuracy: (\d\.\d+) after the warm-up -> (\d\.\d+) after (\d+) RL steps", out[5])
+    assert found and float(found[1]) == before and int(found[3]) == 60, out[5]
+    assert float(found[2]) >= before + 0.2, out[5]  # RL learnt to call the tool
+    calls = re.search(r"(\d+) of (\d+) samples of step \d+ called the tool", out[6])
+    assert calls and int(calls[1]) > 0.8 * int(calls[2]), out[6]
+    assert "live sessions: []" in out[7]
+
+
 def _what_if(text: str) -> dict[str, list[float]]:
     """A WhatIf's rows: metric -> [recorded, now, what if] (recorded NaN where the step has none)."""
     rows = {}
