@@ -560,6 +560,14 @@ def boom(rng: Any) -> tuple[str, str]:
     raise RuntimeError("boom")
 
 
+class _EnvClass:
+    def reset(self, row: Any) -> None:
+        return None
+
+    def step(self, completion: str) -> Any:
+        return None
+
+
 GOOD = {"name": "sum", "alphabet": "0123456789+=", "make_prompt": make_sum, "reward": exact, "max_new_tokens": 3}
 TASKS = [
     pytest.param({"name": ""}, "Task.name=''", "non-empty string", id="name-empty"),
@@ -569,6 +577,11 @@ TASKS = [
     pytest.param({"make_prompt": lambda: ("1+1=", "2")}, "Task.make_prompt=", "make_prompt(rng)", id="fn-no-rng"),
     pytest.param({"reward": lambda c: 1.0}, "Task.reward=", "reward(completion, answer)", id="reward-one-arg"),
     pytest.param({"max_new_tokens": 0}, "Task.max_new_tokens=0", "longest answer's length + 1", id="max-new-tokens"),
+    pytest.param({"env": _EnvClass(), "max_turns": 2}, "Task.env=", "a factory", id="env-an-instance"),
+    pytest.param({"env": lambda level: None, "max_turns": 2}, "Task.env=", "lambda: MyEnv(arg)", id="env-takes-args"),
+    pytest.param({"env": _EnvClass, "max_turns": 0}, "Task.max_turns=0", "max_turns=3", id="max-turns"),
+    pytest.param({"max_turns": 3}, "Task.max_turns=3", "give env= an environment factory", id="turns-no-env"),
+    pytest.param({"reward": None}, "Task.reward=None", "None is for a task with env=", id="reward-none-no-env"),
 ]
 
 
