@@ -7,13 +7,15 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
 
 import rlnb
 from rlnb import ConfigError
+from rlnb.data import Task, register_task
+from rlnb.envs import Turn
 from rlnb.models import HFPolicy, load_hf_model, load_hf_tokenizer, tiny_llama
 from tests.helpers import small_config
 
@@ -296,3 +298,63 @@ def test_save_pretrained_of_the_built_in_policy_says_to_use_save(tmp_path: Path)
     with rlnb.Session(config, name="tiny-export") as sess, pytest.raises(ConfigError, match=r"use save\(\)"):
         sess.save_pretrained(tmp_path / "export")
     assert not (tmp_path / "export").exists()
+
+
+TOOL_TEMPLATE = (
+    "{% if tools %}{{ tools | length }}={% endif %}"
+    "{% for m in messages %}{% if m['role'] == 'tool' %}+{% endif %}{{ m['content'] }}={% endfor %}"
+    "{% if add_generation_prompt %}+{% endif %}"
+)
+
+
+class ToolReply:
+    """An environment that answers every turn with a tool's result, as a message."""
+
+    tools: ClassVar[list[dict[str, Any]]] = [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    ]
+
+    def reset(self, row: dict[str, Any]) -> None:
+        return None
+
+    def step(self, completion: str) -> Turn:
+        return Turn(observation=[{"role": "tool", "content": "42"}])
+
+
+def test_a_chat_template_frames_the_tools_and_each_observation_of_a_conversation(
+    tmp_path: Path, llama_dir: Path
+) -> None:
+    shutil.copytree(llama_dir, tmp_path / "chat")
+    tokenizer = load_hf_tokenizer(llama_dir).tokenizer
+    tokenizer.chat_template = TOOL_TEMPLATE
+    tokenizer.save_pretrained(tmp_path / "chat")
+    chat = load_hf_tokenizer(tmp_path / "chat")
+    ids = [ALPHABET.index(c) for c in "+42=+"]  # what the template puts between two assistant turns
+    assert chat.encode_observation([{"role": "tool", "content": "42"}]) == ids
+    assert chat.encode_observation("42") == ids[1:]  # text is a user message
+    assert chat.encode("1+2", bos=True, tools=ToolReply.tools) == [ALPHABET.index(c) for c in "1=1+2=+"]
+    assert load_hf_tokenizer(llama_dir).encode_observation([{"role": "tool", "content": "42"}]) == [4, 2]
+
+    register_task(
+        Task(
+            "hf-tool-reply",
+            ALPHABET,
+            lambda rng: ("1+2", "3"),
+            reward=None,
+            max_new_tokens=3,
+            env=ToolReply,
+            max_turns=2,
+        ),
+        replace=True,
+    )
+    config = _config(
+        tmp_path / "chat", task="hf-tool-reply", rollout=rlnb.RolloutConfig(group_size=2, groups_per_step=1)
+    )
+    with rlnb.Session(config, name="hf-tools") as sess:
+        [group] = sess.rollout(1)
+        assert group.prompt_ids == tuple(chat.encode("1+2", bos=True, tools=ToolReply.tools))
+        for sample in group.samples:
+            first = sample.turns[1] - len(ids)
+            assert sample.token_ids[first : sample.turns[1]] == tuple(ids)
+            assert sample.mask == (1,) * first + (0,) * len(ids) + (1,) * (len(sample.token_ids) - sample.turns[1])
+        sess.step()  # the learner trains on a conversation of a chat model
