@@ -86,6 +86,26 @@ def test_a_notebook_runs_in_jupyterlab_and_restarts_clean(
         assert new.pid != kernel.pid
 
 
+def test_notebook_10_shows_conversations_in_jupyterlab(
+    tmp_path: Path, open_lab: OpenLab, open_browser: OpenBrowser
+) -> None:
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    shutil.copy(ROOT / "notebooks" / "10-tools-and-conversations.ipynb", notebooks)
+    with open_lab(notebooks) as url, open_browser() as page:
+        open_notebook(page, url, "10-tools-and-conversations.ipynb")
+        run_all_cells(page, timeout=300)
+        assert None not in execution_counts(page), "not every cell ran"
+        assert error_outputs(page) == []
+        explorer = page.locator(".rlnb-env").first  # the tool's tokens, drawn apart from the policy's
+        explorer.wait_for(state="visible")
+        explorer.scroll_into_view_if_needed()
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / "10-explorer.png"))
+        shutil.copy(screenshot(page, tmp_path, "10-tools-and-conversations.png"), SCREENSHOTS)
+        assert "live sessions: []" in cell_outputs(page)[-1]
+
+
 PAUSE_RESUME = ROOT / "notebooks" / "02-pause-and-resume.ipynb"
 # Run again once a setting changed: the steps after the last change, and each one's lr.
 AFTER_THE_CHANGE = """import json, threading
