@@ -189,6 +189,10 @@ def _versions(sample: Sample) -> str:
 
 def _marks(sample: Sample) -> str:
     marks = []
+    if sample.is_conversation or len(sample.turns) > 1:
+        marks.append(
+            f"{len(sample.turns)} turns" + ("" if sample.env_reward is None else f", env {sample.env_reward:g}")
+        )
     if sample.resumed:
         marks.append(f"resumed x{sample.resumed}")
     if sample.finish_reason != "stop":

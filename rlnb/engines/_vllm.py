@@ -111,8 +111,14 @@ class VLLMEngine:
         dtype: str | None = None,
         enforce_eager: bool = True,
         name: str = "rlnb-engine",
+        prefix_caching: bool = True,
     ) -> VLLMEngine:
         """Start vLLM on ``model_dir``; returns once it can generate (about 15 s on a CPU).
+
+        ``prefix_caching``: vLLM keeps the keys and values of prompts it has seen and
+        reuses them for a request that starts the same way (a group's samples, a
+        conversation's later turns); the cache is salted with the weight version, so
+        nothing computed under old weights is reused after a sync.
 
         ``kv_cache_bytes`` None: 64 MiB on a CPU; on a GPU vLLM sizes the cache
         within ``gpu_memory_utilization`` (its share of the GPU). ``dtype`` None
@@ -141,7 +147,7 @@ class VLLMEngine:
         # vllm's import keeps the frames it ran under alive (an exception it stores):
         # this frame is one of them, so vLLM is launched from another.
         sizes = (max_len, max_batch, kv_cache_bytes, gpu_memory_utilization)
-        return await cls._launch(path, dtype, seed, sizes, enforce_eager, eos_id, name)
+        return await cls._launch(path, dtype, seed, sizes, (enforce_eager, prefix_caching), eos_id, name)
 
     @classmethod
     async def _launch(
@@ -150,14 +156,21 @@ class VLLMEngine:
         dtype: str,
         seed: int,
         sizes: tuple[int, int, int | None, float],
-        enforce_eager: bool,
+        flags: tuple[bool, bool],
         eos_id: int,
         name: str,
     ) -> VLLMEngine:
         vllm = import_vllm()
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         max_len, max_batch, kv_cache_bytes, gpu_memory_utilization = sizes
+        enforce_eager, prefix_caching = flags
+        # vLLM's CPU sampler cannot go on with a seeded request whose prefill was split
+        # over two steps ("CPU Generator does not use offset": EngineCore dies), which
+        # a step's token budget of 2048 does to long prompts, such as a conversation's
+        # later turns: on a CPU a step takes every prefill whole.
+        budget = {"max_num_batched_tokens": max(2048, max_batch * max_len)} if current_platform.is_cpu() else {}
         args = vllm.AsyncEngineArgs(
             model=str(path),
             dtype=dtype,
@@ -167,10 +180,11 @@ class VLLMEngine:
             kv_cache_memory_bytes=kv_cache_bytes,
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,
-            enable_prefix_caching=True,  # salted by weight version: see _run
+            enable_prefix_caching=prefix_caching,  # salted by weight version: see _run
             logprobs_mode="processed_logprobs",
             worker_extension_cls=_WORKER_EXTENSION,
             disable_log_stats=True,
+            **budget,
         )
         stats = {"running": 0, "waiting": 0, "tokens": 0, "steps": 0, "kv_cache_usage_pct": 0}
         before = set(threading.enumerate())

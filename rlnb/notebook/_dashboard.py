@@ -145,6 +145,9 @@ class Dashboard:
         self.interval = float(interval)
         self._mode = session.config.mode
         self._session = weakref.ref(session)
+        # The tokenizer's decode, for conversations' turns in the rollouts table: also at
+        # the last render, after the session is gone (it holds no reference to the session).
+        self._decode = session.tokenizer.decode
         self._baseline = session.baseline
         self._exit_code: int | None = None
         self._closed = False
@@ -344,7 +347,7 @@ class Dashboard:
             step, groups = self._batch.last  # a table of many samples: at the curves' pace
             if step != self._shown_batch:
                 self._shown_batch = step
-                self.rollouts.value = _panels.rollouts_html(groups, step)
+                self.rollouts.value = _panels.rollouts_html(groups, step, decode=self._decode)
 
     def _diagnose(self, sess: Session) -> None:
         """The findings banner from ``sess.diagnose()`` (nothing logged, nothing raised),
@@ -687,7 +690,7 @@ class Dashboard:
                 self._draw_curves(history, evaluations, changes)
             step, groups = self._batch.last
             if step != self._shown_batch:
-                self.rollouts.value = _panels.rollouts_html(groups, step)
+                self.rollouts.value = _panels.rollouts_html(groups, step, decode=self._decode)
         finally:
             self._curves.close()
         self.state.value = self._state_html()

@@ -5,7 +5,11 @@ The groups stand side by side, each a card with its prompt and a row per sample
 policy versions and lag). Each completion token is coloured by a quantity chosen
 above them (behaviour log-prob, learner log-prob, importance ratio, policy version,
 advantage) and says its numbers on hover; where a pause cut a partial rollout and a
-resume continued it, a marker stands between the two tokens.
+resume continued it, a marker stands between the two tokens. In a conversation (a
+task with an environment) the environment's replies stand apart: labelled, grey and
+uncoloured (the learner does not train on them, so no quantity applies), and each
+policy turn after the first starts with a marker; a sample's counts and versions
+are its policy tokens'.
 
 Everything the rendering needs is computed once, when the explorer is made or
 pages to a batch: the current policy's log-probs (``Session.logprobs``), the
@@ -87,6 +91,20 @@ _FLAG = (
     "white-space:nowrap"
 )
 _EMPTY_TEXT = "color:#999"
+_TURN = (
+    "background:#1f5fbf;color:#fff;border-radius:3px;padding:0 3px;margin:0 2px;font-size:10px;"
+    "font-family:sans-serif;white-space:nowrap"
+)
+# An environment's reply: a dashed box of grey italic text, with no quantity's colour.
+_ENV = (
+    "border:1px dashed #999;border-radius:3px;padding:0 2px;margin:0 1px;color:#666;font-style:italic;"
+    "box-decoration-break:clone;-webkit-box-decoration-break:clone"
+)
+_ENV_LABEL = (
+    "color:#666;font-style:normal;font-family:sans-serif;font-size:10px;font-weight:bold;margin-right:3px;"
+    "white-space:nowrap"
+)
+_ENV_TITLE = "environment token (not trained on)"
 
 
 def _mix(a: tuple[int, int, int], b: tuple[int, int, int], t: float) -> str:
@@ -147,6 +165,7 @@ class _Batch:
     versions: tuple[int, ...]
     max_advantage: float
     lags: tuple[int, ...]
+    conversation: bool = False  # a sample holds an environment's replies or several policy turns
 
 
 class Explorer:
@@ -278,12 +297,14 @@ class Explorer:
         for group in groups:
             values = [float(s.reward or 0.0) for s in group.samples]
             zero.append(max(values) - min(values) <= 1e-12)
-        versions = sorted({v for g in groups for s in g.samples for v in s.versions})
+        versions = sorted({v for g in groups for s in g.samples for v in _policy_versions(s)})
         lags = sorted({r.lag for g in rows for r in g if r.lag is not None})
         top = max((abs(r.advantage) for g in rows for r in g), default=0.0)
+        talk = any(_talks(s) for g in groups for s in g.samples)
         return _Batch(
-            label, step, base, groups, rows, zero, learner_version, note, clip_eps, tuple(versions), top, tuple(lags)
-        )
+            label, step, base, groups, rows, zero, learner_version, note, clip_eps, tuple(versions), top, tuple(lags),
+            conversation=talk,
+        )  # fmt: skip
 
     def _text(self, sess: Session, token: int) -> tuple[str, str]:
         """A token's text and its HTML, decoded once per id."""
@@ -308,10 +329,16 @@ class Explorer:
         several: bool,
     ) -> _Row:
         n = len(sample.token_ids)
-        behaviour = list(sample.logprobs) if len(sample.logprobs) == n else [None] * n
+        policy = [m == 1 for m in sample.mask]
+        # An environment's token has no behaviour log-prob (0.0 stands in), no learner's
+        # (Session.logprobs gives 0.0) and no advantage: the learner does not train on it.
+        behaviour: list[float | None] = [None] * n
+        if len(sample.logprobs) == n:
+            behaviour = [b if p else None for b, p in zip(sample.logprobs, policy, strict=True)]
         versions = list(sample.versions) if len(sample.versions) == n else [None] * n
         mine: list[float | None] = list(learner[:n]) if learner is not None else []
         mine += [None] * (n - len(mine))
+        mine = [a if p else None for a, p in zip(mine, policy, strict=True)]
         ratio = [
             math.exp(max(-50.0, min(50.0, a - b))) if a is not None and b is not None else None
             for a, b in zip(mine, behaviour, strict=True)
@@ -321,16 +348,19 @@ class Explorer:
             raw, text = self._text(sess, token)
             texts.append(text)
             b, a, r, v = behaviour[i], mine[i], ratio[i], versions[i]
-            title = (
-                f"{raw!r} (id {token}), token {i + 1} of {n}\n"
-                f"behaviour log-prob {_number(b, '.3f')}"
-                + ("" if b is None else f" (p {math.exp(b):.3f})")
-                + f"\nlearner log-prob {_number(a, '.3f')}\nratio {_number(r, '.3f')}\n"
-                f"version {'-' if v is None else v}\nadvantage {advantage:+.3f}"
-            )
+            title = f"{raw!r} (id {token}), token {i + 1} of {n}\n"
+            if not policy[i]:
+                title += _ENV_TITLE
+            else:
+                title += (
+                    f"behaviour log-prob {_number(b, '.3f')}"
+                    + ("" if b is None else f" (p {math.exp(b):.3f})")
+                    + f"\nlearner log-prob {_number(a, '.3f')}\nratio {_number(r, '.3f')}\n"
+                    f"version {'-' if v is None else v}\nadvantage {advantage:+.3f}"
+                )
             titles.append(html.escape(title, quote=True))
-        lo = sample.min_version
-        lag = None if lo is None else base - lo
+        own = _policy_versions(sample)
+        lag = base - min(own) if own else None
         reward = float(sample.reward or 0.0)
         return _Row(
             group=gi,
@@ -343,11 +373,11 @@ class Explorer:
             texts=texts,
             titles=titles,
             values={
-                "behaviour": list(behaviour),
+                "behaviour": behaviour,
                 "learner": mine,
                 "ratio": ratio,
-                "version": [None if v is None else float(v) for v in versions],
-                "advantage": [advantage] * n,
+                "version": [None if v is None or not p else float(v) for v, p in zip(versions, policy, strict=True)],
+                "advantage": [advantage if p else None for p in policy],
             },
         )
 
@@ -377,21 +407,24 @@ class Explorer:
             made = html.escape(sample.completion) or f'<span style="{_EMPTY_TEXT}">(no tokens)</span>'
         else:
             colour = self._colour(quantity)
-            versions = sample.versions
-            cuts = set(sample.continued_at)
+            mask = sample.mask
             parts = []
             for i, (text, title, value) in enumerate(zip(row.texts, row.titles, row.values[quantity], strict=True)):
-                if i in cuts:
-                    before = versions[i - 1] if 0 < i <= len(versions) else "?"
-                    after = versions[i] if i < len(versions) else "?"
-                    parts.append(
-                        f'<span class="rlnb-resumed" data-at="{i}" style="{_MARKER}" title="a pause cut this rollout '
-                        f'after {i} tokens and a resume continued it here (version {before} before, {after} after)">'
-                        "‖ resumed</span>"
-                    )
+                env = mask[i] == 0
+                if i and mask[i - 1] == 0 and not env:
+                    parts.append("</span>")  # the environment's reply ends
+                parts += _markers(sample, i)
                 extra = _EMPTY_TEXT + ";" if text == "∅" else ""
+                if env:
+                    if i == 0 or mask[i - 1] == 1:
+                        parts.append(_env_start(mask, i))
+                    style = f' style="{extra}"' if extra else ""
+                    parts.append(f'<span class="rlnb-env-token"{style} title="{title}">{text}</span>')
+                    continue
                 style = f"{extra}background:{colour(value)};margin-right:1px"  # a gap: each token is seen
                 parts.append(f'<span style="{style}" title="{title}">{text}</span>')
+            if mask[-1] == 0:
+                parts.append("</span>")
             made = "".join(parts)
         row.spans[quantity] = made
         return made
@@ -502,6 +535,12 @@ class Explorer:
             text = bar(f"{-top:+.2f}", f"{red},{white},{_mix(_WHITE, _GREEN, 1)}", f"{top:+.2f}")
         note = "" if not b.learner_note or quantity not in ("learner", "ratio") else f" · {html.escape(b.learner_note)}"
         marker = f'<span style="{_MARKER}">‖ resumed</span> where a paused rollout was continued'
+        if b.conversation:
+            marker += (
+                f' · <span class="rlnb-env" style="{_ENV}"><span style="{_ENV_LABEL}">env</span>reply</span> the '
+                "environment's tokens: not trained on, so not coloured, and counted apart (tok + N env) · "
+                f'<span style="{_TURN}">▸ turn 2</span> where a policy turn begins'
+            )
         return (
             f'<div class="rlnb-legend" style="{_CAPTION}">{text}{note} · {marker} · hover a token for its numbers</div>'
         )
@@ -752,7 +791,8 @@ class Explorer:
 
 
 def _meta(sample: Sample, reward: float, advantage: float, lag: int | None, several: bool) -> str:
-    """A sample's line: reward (each function's too), advantage, finish, length, versions, lag."""
+    """A sample's line: reward (each function's too, the environment's), advantage, finish,
+    length and turns, versions, lag."""
     parts = [f"reward <b>{reward:.3g}</b>"]
     if several and sample.rewards:
         each = ", ".join(f"{name} {_number(v, '.3g')}" for name, v in sample.rewards.items())
@@ -760,13 +800,62 @@ def _meta(sample: Sample, reward: float, advantage: float, lag: int | None, seve
     parts.append(f"adv <b>{advantage:+.2f}</b>")
     finish = sample.finish_reason
     parts.append(f'<span style="color:{_FINISH_COLOURS.get(finish, "#555")}">{html.escape(finish)}</span>')
-    parts.append(f"{len(sample.token_ids)} tok")
-    if sample.versions:
-        lo, hi = min(sample.versions), max(sample.versions)
+    if sample.env_reward is not None:
+        parts.append(f"env reward {sample.env_reward:.3g}")
+    policy = sum(sample.mask)  # what is trained on: an environment's tokens are counted apart
+    env = len(sample.token_ids) - policy
+    parts.append(f"{policy} tok" + (f" + {env} env" if env else ""))
+    if len(sample.turns) > 1:
+        parts.append(f"{len(sample.turns)} turns")
+    if versions := _policy_versions(sample):
+        lo, hi = min(versions), max(versions)
         parts.append((f"v{lo}" if lo == hi else f"v{lo}-{hi}") + f" lag {lag}")
     if sample.resumed:
         parts.append(f"resumed x{sample.resumed}")
     return " · ".join(parts)
+
+
+def _policy_versions(sample: Sample) -> list[int]:
+    """The versions of the policy's tokens (an environment's token copies the one before it)."""
+    if len(sample.versions) != len(sample.mask):
+        return list(sample.versions)
+    return [v for v, m in zip(sample.versions, sample.mask, strict=True) if m]
+
+
+def _talks(sample: Sample) -> bool:
+    """Whether a sample is a conversation: an environment spoke, or the policy took several turns."""
+    return sample.is_conversation or len(sample.turns) > 1
+
+
+def _markers(sample: Sample, i: int) -> list[str]:
+    """What stands before token ``i``: a policy turn's start (after the first), a resume."""
+    out = []
+    if i and i in sample.turns:
+        turn = sample.turns.index(i) + 1
+        out.append(
+            f'<span class="rlnb-turn" data-at="{i}" data-turn="{turn}" style="{_TURN}" '
+            f'title="the policy\'s turn {turn} begins here, after {i} tokens">▸ turn {turn}</span>'
+        )
+    if i in sample.continued_at:
+        versions = sample.versions
+        before = versions[i - 1] if 0 < i <= len(versions) else "?"
+        after = versions[i] if i < len(versions) else "?"
+        out.append(
+            f'<span class="rlnb-resumed" data-at="{i}" style="{_MARKER}" title="a pause cut this rollout '
+            f'after {i} tokens and a resume continued it here (version {before} before, {after} after)">'
+            "‖ resumed</span>"
+        )
+    return out
+
+
+def _env_start(mask: Sequence[int], i: int) -> str:
+    """The opening of the environment's reply that starts at token ``i``, with its label."""
+    end = next((j for j in range(i, len(mask)) if mask[j]), len(mask))
+    return (
+        f'<span class="rlnb-env" data-at="{i}" data-tokens="{end - i}" style="{_ENV}" '
+        f'title="the environment\'s reply ({end - i} tokens): not trained on, so not coloured">'
+        f'<span class="rlnb-env-label" style="{_ENV_LABEL}">env</span>'
+    )
 
 
 def _sign(value: float) -> str:
@@ -789,7 +878,7 @@ _SORT_KEYS: dict[str, Callable[[_Row], Any]] = {
     "advantage": lambda r: -r.advantage,
     "lag": lambda r: -(r.lag if r.lag is not None else -1),
     "finish": lambda r: FINISH_REASONS.index(r.sample.finish_reason),
-    "length": lambda r: -len(r.sample.token_ids),
+    "length": lambda r: -sum(r.sample.mask),  # the policy's tokens
 }
 
 

@@ -9,12 +9,13 @@ a session has loaded already). Nothing here holds a session.
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlnb import _reprs
-from rlnb._samples import Group, RolloutBatch
+from rlnb._samples import Group, RolloutBatch, Sample
 from rlnb.learn import Callback
+from rlnb.notebook._explorer import _talks
 from rlnb.runtime import Snapshot
 
 if TYPE_CHECKING:
@@ -506,9 +507,13 @@ def _tail(fd: str, keep: int = 44) -> str:
     return fd if len(target) <= keep else f"{head}{arrow}…{target[-keep:]}"
 
 
-def rollouts_html(groups: Sequence[Group], step: int) -> str:
+def rollouts_html(groups: Sequence[Group], step: int, *, decode: Callable[[Sequence[int]], str] | None = None) -> str:
     """The first groups of the batch that trained step ``step``, as a table (nothing
-    before the first step)."""
+    before the first step). A conversation shows turn by turn: each policy turn and
+    each environment reply in a block of its own, its text ``decode(ids)`` (pass the
+    session's ``tokenizer.decode``); without ``decode``, its whole text in one block
+    under its turns' count. The environment's reward, where it gave one, stands by the
+    sample's reward."""
     if not groups:
         return ""
     shown = RolloutBatch(groups[:SHOWN_GROUPS])
@@ -516,5 +521,60 @@ def rollouts_html(groups: Sequence[Group], step: int) -> str:
     # Widget HTML and a saved notebook's output are styled differently (headers centred
     # in one, cells right-aligned in the other): align every cell here, the same in both.
     cell = f'style="{_LEFT};padding:1px 1em 1px 0"'
-    table = shown._repr_html_().replace("<th>", f"<th {cell}>").replace("<td", f"<td {cell}")
+    head = "".join(f"<th {cell}>{h}</th>" for h in ("prompt", "completion", "reward", "versions", "marks"))
+    rows = iter(shown.rows())  # the reward, versions and marks as RolloutBatch says them
+    body = []
+    for group in shown:
+        for i, sample in enumerate(group.samples):
+            _, text, reward, versions, marks = next(rows)
+            prompt = (
+                f'<td {cell} rowspan="{len(group)}"><code>{html.escape(group.prompt)}</code></td>' if i == 0 else ""
+            )
+            said = _conversation(sample, decode) if _talks(sample) else f"<code>{html.escape(text)}</code>"
+            if sample.env_reward is not None:
+                reward += f' <span class="rlnb-env-reward" style="{_MUTED}">(env {sample.env_reward:.2f})</span>'
+            body.append(
+                f"<tr>{prompt}<td {cell}>{said}</td><td {cell}>{reward}</td>"
+                f"<td {cell}>{versions}</td><td {cell}>{html.escape(marks)}</td></tr>"
+            )
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
     return f'<div class="rlnb-batch" style="{_COMPACT}"><div style="{_MUTED}">{caption}</div>{table}</div>'
+
+
+_SPEAKER = "font-size:10px;font-weight:bold;font-family:sans-serif;margin-right:0.4em;white-space:nowrap"
+_POLICY_TURN = "margin:1px 0;white-space:pre-wrap;overflow-wrap:anywhere"
+# The environment's reply: set apart by a dashed rule, grey and italic (it is not trained on).
+_ENV_TURN = f"{_POLICY_TURN};border-left:2px dashed #999;padding-left:4px;color:#666;font-style:italic"
+
+
+def _conversation(sample: Sample, decode: Callable[[Sequence[int]], str] | None) -> str:
+    """A conversation's turns, one block each in order, with their speaker."""
+    segments = sample.segments()
+    policy = sum(1 for is_policy, _ in segments if is_policy)
+    env = len(segments) - policy
+    if decode is None:  # the turns' token ids are known, their texts are not
+        count = f"{policy} policy turn{'s' * (policy != 1)}, {env} env repl{'ies' if env != 1 else 'y'}"
+        return (
+            f'<div class="rlnb-conversation" data-turns="{policy}"><div style="{_MUTED}">{count}</div>'
+            f'<code style="white-space:pre-wrap">{html.escape(sample.completion)}</code></div>'
+        )
+    blocks, turn = [], 0
+    for is_policy, ids in segments:
+        try:
+            text = decode(ids)
+        except Exception:  # an id the tokenizer does not know: shown, not fatal
+            text = "?"
+        shown = f"<code>{html.escape(text)}</code>" if text else f'<span style="{_MUTED}">(empty)</span>'
+        if is_policy:
+            turn += 1
+            blocks.append(
+                f'<div class="rlnb-turn" data-speaker="policy" data-turn="{turn}" style="{_POLICY_TURN}">'
+                f'<span style="{_SPEAKER}">policy</span>{shown}</div>'
+            )
+        else:
+            blocks.append(
+                f'<div class="rlnb-turn rlnb-env" data-speaker="env" data-turn="{turn}" style="{_ENV_TURN}" '
+                f'title="the environment\'s reply to turn {turn}: not trained on">'
+                f'<span style="{_SPEAKER}">env</span>{shown}</div>'
+            )
+    return f'<div class="rlnb-conversation" data-turns="{policy}">{"".join(blocks)}</div>'

@@ -16,6 +16,7 @@ import rlnb
 from rlnb._samples import Group, Sample
 from rlnb.data import Task, register_task
 from rlnb.engines import FakeEngine
+from rlnb.envs import Turn
 from rlnb.learn import advantages_of
 from rlnb.notebook import Explorer
 from rlnb.notebook._explorer import COLORS
@@ -46,7 +47,7 @@ def groups(text: str) -> list[int]:
 def backgrounds(text: str, sample: int = 0) -> list[str]:
     """The token backgrounds of the ``sample``-th sample row shown."""
     rows = re.findall(r'<div class="rlnb-tokens"[^>]*>(.*?)</div>', text, flags=re.S)
-    return re.findall(r"background:(#[0-9a-f]{6})", rows[sample])
+    return re.findall(r'<span style="[^"]*background:(#[0-9a-f]{6});margin-right:1px"', rows[sample])
 
 
 def by_hand(sess: rlnb.Session) -> list[Group]:
@@ -369,3 +370,123 @@ def test_the_dashboards_explorer_section_opens_once_and_the_ticker_leaves_it(
         finally:
             dash.close()
         assert ex.closed
+
+
+# -- conversations ------------------------------------------------------------------------------
+
+
+class Echo:
+    """An environment that answers each turn with ``=`` and its first two characters,
+    and ends the conversation after a turn longer than three."""
+
+    def reset(self, row: Any) -> None:
+        return None
+
+    def step(self, completion: str) -> Turn:
+        return Turn(observation="=" + completion[:2] + ";", reward=0.5, done=len(completion) > 3)
+
+
+def token_spans(row: str) -> list[str]:
+    """A tokens row's parts in order: "tok" (a policy token), "env" (an environment's),
+    "[env" and "]" (its reply's box), "turn N" and "resumed" (markers)."""
+    parts = re.findall(
+        r'<span style="[^"]*background:#[0-9a-f]{6};margin-right:1px"|'
+        r'<span class="rlnb-env-token"|<span class="rlnb-env" |'
+        r'<span class="rlnb-turn" data-at="\d+" data-turn="\d+"|<span class="rlnb-resumed"|</span></span>',
+        row,
+    )
+    names = {'<span class="rlnb-env-token"': "env", '<span class="rlnb-env" ': "[env", "</span></span>": "]"}
+    out = []
+    for part in parts:
+        if part.startswith('<span class="rlnb-turn"'):
+            out.append("turn " + re.findall(r'data-turn="(\d+)"', part)[0])
+        elif part.startswith('<span style="'):
+            out.append("tok")
+        else:
+            out.append(names.get(part, "resumed"))
+    return out
+
+
+def rows_of(text: str) -> list[str]:
+    return re.findall(r'<div class="rlnb-tokens"[^>]*>(.*?)</div>', text, flags=re.S)
+
+
+def talk(sess: rlnb.Session) -> list[Group]:
+    """A conversation made by hand: the policy says "12" (version 0), the environment
+    "=1+" (mask 0: log-probs 0.0, a version that is not the policy's), the policy "34"
+    (version 1); beside it a single completion of 5 tokens, longer than the policy's 4."""
+    ids = tuple(sess.tokenizer.encode("12=1+34"))
+    conversation = Sample(
+        "1+2=", "12=1+34", ids, (-0.5, -1.0, 0.0, 0.0, 0.0, -2.0, -3.0), (0, 0, 7, 7, 7, 1, 1), reward=1.0,
+        mask=(1, 1, 0, 0, 0, 1, 1), turns=(0, 5), env_reward=0.5,
+    )  # fmt: skip
+    single = Sample("1+2=", "12345", tuple(sess.tokenizer.encode("12345")), (-0.2,) * 5, (1,) * 5, reward=0.0)
+    return [Group("1+2=", (conversation, single), prompt_id=0)]
+
+
+def test_a_conversations_environment_tokens_stand_apart_uncoloured() -> None:
+    with rlnb.Session(CONFIG, name="explore-talk") as sess:
+        ex = sess.explore(talk(sess))
+        for quantity in COLORS:
+            ex.show(color=quantity)
+            text = ex.html()
+            row = rows_of(text)[0]
+            # two policy tokens, the environment's three in a labelled box, the second turn's marker, two more
+            assert token_spans(row) == ["tok", "tok", "[env", "env", "env", "env", "]", "turn 2", "tok", "tok"]
+            assert len(backgrounds(text, 0)) == 4  # a colour for the policy's tokens only
+            assert 'class="rlnb-env" data-at="2" data-tokens="3"' in row and ">env</span>" in row
+            assert "border:1px dashed" in row and "font-style:italic" in row
+            assert 'class="rlnb-turn" data-at="5" data-turn="2"' in row and "▸ turn 2" in row
+            assert "rlnb-env" not in rows_of(text)[1]  # the single completion beside it: as ever
+    env_titles = re.findall(r'class="rlnb-env-token" title="([^"]*)"', row)
+    assert len(env_titles) == 3 and all(t.endswith("environment token (not trained on)") for t in env_titles)
+    assert all("log-prob" not in t and "advantage" not in t for t in env_titles)
+    # the legend says what the box and the marker mean
+    assert "the environment's tokens: not trained on, so not coloured" in text
+    assert "where a policy turn begins" in text
+    with rlnb.Session(CONFIG, name="explore-talk-none") as sess:  # a batch without one says nothing of them
+        assert "environment's tokens" not in sess.explore(by_hand(sess)).html()
+
+
+def test_a_conversations_figures_count_the_policys_tokens_only() -> None:
+    with rlnb.Session(CONFIG, name="explore-talk-figures") as sess:
+        ex = sess.explore(talk(sess))
+        text = ex.html()
+        meta = re.findall(r'<div class="rlnb-sample"[^>]*><div style="[^"]*">(.*?)</div>', text, flags=re.S)
+        # 4 policy tokens and 3 of the environment's; versions and lag from the policy's (not the 7 copied in)
+        assert "env reward 0.5 · 4 tok + 3 env · 2 turns · v0-1 lag 0" in meta[0]
+        assert "5 tok · v1 lag -1" in meta[1] and "env" not in meta[1]
+        ex.show(color="version")
+        assert "v7" not in ex.html() and ">v0<" in ex.html() and ">v1<" in ex.html()  # the legend's versions
+        ex.show(sort="length")  # the single completion's 5 tokens before the conversation's 4 (7 with the env's)
+        assert [s["sample"] for s in samples(ex.html())] == ["1", "0"]
+
+
+def test_a_real_conversation_shows_each_turn_where_it_began() -> None:
+    task = Task(
+        "explore-echo-env", "0123456789=;", lambda rng: (str(rng.randint(0, 9)), "1"),
+        reward=None, max_new_tokens=4, env=Echo, max_turns=3,
+    )  # fmt: skip
+    register_task(task, replace=True)
+    with rlnb.Session(small_config(task="explore-echo-env"), name="explore-echo") as sess:
+        sess.step()
+        kept = sess.batches[-1]
+        ex = sess.explore()
+        ex.show(color="learner")
+        text = ex.html()
+    cards = re.findall(r'class="rlnb-group".*?(?=class="rlnb-group"|$)', text, flags=re.S)
+    assert len(cards) == len(kept.groups)
+    for group, card in zip(kept.groups, cards, strict=True):
+        for sample, row in zip(group.samples, rows_of(card), strict=True):
+            parts = token_spans(row)
+            policy = sum(sample.mask)
+            assert parts.count("tok") == policy
+            assert parts.count("env") == len(sample.mask) - policy
+            turns = [int(t) for t in re.findall(r'class="rlnb-turn" data-at="(\d+)"', row)]
+            assert turns == list(sample.turns[1:])
+            for k, at in enumerate(turns, start=2):  # each marker stands before the token its turn began at
+                marker = parts.index(f"turn {k}")
+                assert sum(p in ("tok", "env") for p in parts[:marker]) == at
+            runs = [(str(m.start()), str(len(m.group()))) for m in re.finditer("0+", "".join(map(str, sample.mask)))]
+            assert re.findall(r'class="rlnb-env" data-at="(\d+)" data-tokens="(\d+)"', row) == runs
+    assert any(s.is_conversation for g in kept.groups for s in g.samples)  # the environment spoke

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 
 import pytest
 
@@ -135,3 +136,52 @@ def test_what_a_library_keeps_for_the_process_is_said_after_close() -> None:
     (kept,) = re.findall(r'<div class="rlnb-kept"[^>]*>([^<]*)</div>', page)
     assert kept.startswith("Ray keeps 3 FDs (log files 1, sockets 1, event FDs 1) and 3 threads")
     assert "event_engine x2, grpc_global_tim" in kept and "a kernel restart frees them" in kept
+
+
+def conversation() -> rlnb.Group:
+    """A conversation by hand (ids 0 to 3 decode as "a", "b", "<c>", "d"): the policy says "ab", the
+    environment "<c>", the policy "d"; beside it a single completion."""
+    talk = rlnb.Sample(
+        "p", "ab<c>d", (0, 1, 2, 3), (-0.1, -0.2, 0.0, -0.3), (0, 0, 0, 0), reward=1.0,
+        mask=(1, 1, 0, 1), turns=(0, 3), env_reward=0.5,
+    )  # fmt: skip
+    single = rlnb.Sample("p", "ab", (0, 1), (-0.1, -0.2), (0, 0), reward=0.0)
+    return rlnb.Group(prompt="p", samples=(talk, single))
+
+
+def decode(ids: Sequence[int]) -> str:
+    return "".join(("a", "b", "<c>", "d")[i] for i in ids)
+
+
+def turns(page: str) -> list[tuple[str, str]]:
+    """(speaker, text) of each block of a conversation, in order."""
+    found = re.findall(
+        r'<div class="rlnb-turn[^"]*" data-speaker="(\w+)"[^>]*><span[^>]*>(\w+)</span>(.*?)</div>', page
+    )
+    assert all(speaker == label for speaker, label, _ in found)
+    return [(speaker, re.sub("<[^>]+>", "", text)) for speaker, _, text in found]
+
+
+def test_a_conversation_shows_turn_by_turn_with_its_speakers() -> None:
+    page = _panels.rollouts_html([conversation()], 7, decode=decode)
+    assert turns(page) == [("policy", "ab"), ("env", "&lt;c&gt;"), ("policy", "d")]
+    (env,) = re.findall(r'<div class="rlnb-turn rlnb-env"[^>]*>', page)
+    assert "dashed" in env and "font-style:italic" in env and "not trained on" in env
+    assert 'data-speaker="env" data-turn="1"' in env  # the reply to the first turn
+    assert '1.00 <span class="rlnb-env-reward"' in page and "(env 0.50)" in page
+    # the single completion beside it, as ever: its text in one cell, no reward of an environment
+    rows = re.findall(r"<tr>.*?</tr>", page)
+    assert len(rows) == 3 and "<code>ab</code></td><td" in rows[2] and "rlnb-env" not in rows[2]
+    cells = re.findall(r"<t[hd][ >][^>]*", page)
+    assert all("text-align:left" in c for c in cells)
+    # without the tokenizer the turns' texts are unknown: the whole text, with its turns counted
+    page = _panels.rollouts_html([conversation()], 7)
+    assert turns(page) == [] and "2 policy turns, 1 env reply" in page and "ab&lt;c&gt;d" in page
+
+
+def test_single_completions_show_as_the_rollout_batch_table_does() -> None:
+    single = conversation().samples[1]
+    groups = [rlnb.Group(prompt="<p>", samples=(single, dataclasses.replace(single, completion="<b>", resumed=1)))]
+    page = _panels.rollouts_html(groups, 1, decode=decode)
+    (table,) = re.findall(r"<table>.*</table>", page)
+    assert re.sub(r' style="[^"]*"', "", table) == rlnb.RolloutBatch(groups)._repr_html_()
