@@ -30,12 +30,6 @@ from rlnb.engines import FakeEngine
 from tests.helpers import TIMING_METRICS, assert_same_metrics, small_config, wait_until
 
 
-def _same(a: dict[str, float], b: dict[str, float]) -> bool:
-    return {k: v for k, v in a.items() if k not in TIMING_METRICS} == {
-        k: v for k, v in b.items() if k not in TIMING_METRICS
-    }
-
-
 # -- set: the values, where they take effect ----------------------------------------------
 
 
@@ -245,7 +239,8 @@ def test_a_checkpoint_keeps_the_settings_in_force_and_the_change_log(tmp_path: P
 # -- fork -------------------------------------------------------------------------------------
 
 
-def test_a_fork_without_changes_steps_exactly_as_its_parent() -> None:
+def test_a_fork_without_changes_steps_as_its_parent() -> None:
+    """Same samples, rewards and updates; a loss near zero may differ in its last bits (summation order)."""
     with rlnb.Session(small_config(), name="parent") as parent:
         parent.train(2, progress=False)
         parent.set(lr=1e-3)
@@ -253,9 +248,7 @@ def test_a_fork_without_changes_steps_exactly_as_its_parent() -> None:
             assert child.version == parent.version == 2
             assert child.history == parent.history and child.changes == parent.changes
             assert child.config == parent.config
-            for _ in range(2):
-                a, b = parent.step(), child.step()
-                assert _same(a, b), (a, b)
+            assert_same_metrics([child.step() for _ in range(2)], [parent.step() for _ in range(2)])
             assert rlnb.sessions() == [parent, child] or set(rlnb.sessions()) == {parent, child}
         assert child.closed and not parent.closed
         parent.step()  # the parent goes on after its fork closed
