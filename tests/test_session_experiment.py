@@ -29,7 +29,6 @@ from rlnb.data import get_task, register_task
 from rlnb.engines import FakeEngine
 from tests.helpers import TIMING_METRICS, assert_same_metrics, small_config, wait_until
 
-
 # -- set: the values, where they take effect ----------------------------------------------
 
 
