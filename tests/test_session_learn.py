@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -122,6 +123,14 @@ def test_ctrl_c_at_any_phase_then_train_again_gives_the_uninterrupted_run(phase:
     assert_same_metrics(interrupted.metrics, straight.metrics[1:])
 
 
+def _set_when_waiting(buffer: rlnb.ReplayBuffer, waiting: threading.Event, timeout: float = 10.0) -> None:
+    """Set ``waiting`` once a getter blocks on ``buffer`` (within ``timeout``)."""
+    tick, deadline = threading.Event(), time.monotonic() + timeout
+    while buffer.statistics().waiting_getters == 0 and time.monotonic() < deadline:
+        tick.wait(0.005)
+    waiting.set()
+
+
 def test_async_ctrl_c_while_waiting_takes_nothing_and_during_update_completes() -> None:
     config = CONFIG.replace(mode="async")
     recorder, hooks = Recorder(), Hooks()
@@ -132,10 +141,12 @@ def test_async_ctrl_c_while_waiting_takes_nothing_and_during_update_completes() 
         # Hold the finished groups aside (not dropped: they count against the
         # staleness budget, so dropping them could leave nothing to dispatch).
         held = sess.buffer.get_nowait(len(sess.buffer)) if len(sess.buffer) else []
-        waiting = threading.Event()
-        threading.Timer(0.2, waiting.set).start()
+        waiting = threading.Event()  # set once the step blocks on the empty buffer
+        watcher = threading.Thread(target=_set_when_waiting, args=(sess.buffer, waiting), name="watch-buffer")
+        watcher.start()
         with ctrl_c_once(waiting):
             sess.step()
+        watcher.join()
         sess.buffer.put_back(held)
         taken = sess.statistics().buffer.taken
         assert sess.version == 1

@@ -51,12 +51,15 @@ def ctrl_c_once(started: threading.Event, *, timeout: float = 10.0, trip_only: b
     a moment later, with no signal: nothing interrupts a blocking wait, as when a
     real Ctrl-C lands just before the main thread starts to block."""
 
+    ended = threading.Event()  # the block is over: a press now would hit pytest itself
+
     def press() -> None:
-        if not started.wait(timeout):
+        if not started.wait(timeout) or ended.is_set():
             return
         if trip_only:
             time.sleep(0.05)  # let the main thread block first
-            _thread.interrupt_main()
+            if not ended.is_set():
+                _thread.interrupt_main()
         else:
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
@@ -64,7 +67,10 @@ def ctrl_c_once(started: threading.Event, *, timeout: float = 10.0, trip_only: b
     presser.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            yield
+            try:
+                yield
+            finally:
+                ended.set()
     finally:
         presser.join()
 
