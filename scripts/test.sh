@@ -5,6 +5,10 @@
 # cluster are skipped with a reason that says so. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Cache compiled bytecode (__pycache__/, ignored by git), pytest's rewritten test modules
+# included: where the environment turns that off, each pytest worker, kernel and script
+# compiled rlnb and the tests from source again, several seconds a process.
+unset PYTHONDONTWRITEBYTECODE
 if [ "${RLNB_NETNS:-}" != "1" ]; then
     if [ "$(id -u)" = 0 ]; then flags=(--net); else flags=(--net --map-root-user); fi
     if unshare "${flags[@]}" -- true 2>/dev/null; then

@@ -29,6 +29,7 @@ def engine_threads(session_name: str) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == f"rlnb-{session_name}-engine"]
 
 
+@pytest.mark.slow  # seconds of waiting or drawing: the integration tier
 def test_rollout_returns_rewarded_groups_that_render_as_tables() -> None:
     with rlnb.Session(CONFIG, name="inspect") as sess:
         batch = sess.rollout(3)

@@ -113,6 +113,7 @@ def slow_prompt(rng: random.Random) -> tuple[str, str]:
     return f"{a}+{b}=", str(a + b)
 
 
+@pytest.mark.slow  # seconds of waiting or drawing: the integration tier
 def test_a_make_prompt_that_blocks_the_event_loop_is_named() -> None:
     register_task(Task("slow-prompts", "0123456789+=", slow_prompt, lambda c, a: 0.0, max_new_tokens=4), replace=True)
     with rlnb.Session(small_config(task="slow-prompts", stall_after=1.0), name="stall") as sess:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-import ray
 
 import rlnb
 import rlnb.models
@@ -34,6 +33,8 @@ DIED = re.compile(r"rlnb: Ray replica (\d) died \(pid (\d+), ([^)]+)\) (.*); its
 def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_process(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    import ray  # here, not at the top: importing Ray takes seconds of every collection
+
     links = ray_links()
     run_dir = tmp_path / "a-run-dir-too-long-for-the-sockets-of-ray"
     with rlnb.Session(SMALL.replace(track=rlnb.TrackConfig(run_dir=str(run_dir))), name="ray") as sess:
@@ -198,6 +199,8 @@ def test_a_start_whose_raylet_aborts_is_cleaned_up_and_tried_again(
     for their ports; the raylet then aborts and ``ray.init`` raises after 30 s. Made to
     happen here (the first agent sleeps): the session removes what that start left and
     starts again."""
+    import ray  # here, not at the top: importing Ray takes seconds of every collection
+
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SLOW_AGENT)
@@ -232,6 +235,8 @@ def test_a_start_whose_raylet_aborts_is_cleaned_up_and_tried_again(
 def test_a_local_cluster_that_does_not_start_is_an_engine_error_naming_its_logs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, attempts: int
 ) -> None:
+    import ray  # here, not at the top: importing Ray takes seconds of every collection
+
     calls = []
 
     def init(**options: object) -> None:
@@ -252,6 +257,8 @@ def test_a_local_cluster_that_does_not_start_is_an_engine_error_naming_its_logs(
 
 
 def test_an_address_where_nothing_listens_is_a_config_error_at_once() -> None:
+    import ray  # here, not at the top: importing Ray takes seconds of every collection
+
     port = free_port()  # closed again: nothing listens there
     config = SMALL.replace(ray=rlnb.RayConfig(engine_replicas=2, address=f"127.0.0.1:{port}"))
     # the check's own message, at once: not Ray's minute of retries

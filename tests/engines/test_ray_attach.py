@@ -14,7 +14,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-import ray
 
 import rlnb
 import rlnb.models
@@ -27,6 +26,8 @@ pytestmark = [pytest.mark.slow]
 def test_a_session_attached_to_a_running_cluster_leaves_it_running_without_its_actors(
     tmp_path: Path, ray_head_node: tuple[str, subprocess.Popen[bytes]]
 ) -> None:
+    import ray  # here, not at the top: importing Ray takes seconds of every collection
+
     address, head = ray_head_node
     cluster = {p.pid for p in ray_processes(psutil.Process(head.pid)) if p.name() in ("gcs_server", "raylet")}
     ray_config = rlnb.RayConfig(engine_replicas=2, address=address, num_cpus=1, start_timeout=600)

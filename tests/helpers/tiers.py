@@ -17,8 +17,9 @@ tests, so that no kernel or engine test starts while the other worker has run dr
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, TypeVar
 
 # The fixtures of tests/conftest.py that start something: the tier of a test that uses
@@ -92,8 +93,13 @@ def _fixtures(item: Item) -> list[str]:
 
 def _starts_a_process(item: Item) -> bool:
     function = getattr(item, "function", None)
+    return function is not None and _source_starts_a_process(function)
+
+
+@functools.cache  # a parametrized test's items share one function: read its source once
+def _source_starts_a_process(function: Callable[..., object]) -> bool:
     try:
-        source = inspect.getsource(function) if function is not None else ""
+        source = inspect.getsource(function)
     except (OSError, TypeError):
-        source = ""
+        return False
     return any(call in source for call in STARTS_A_PROCESS)

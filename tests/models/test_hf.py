@@ -3,6 +3,7 @@ forward pass, the checks on a model directory, and sessions that train one."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -19,7 +20,9 @@ from rlnb.envs import Turn
 from rlnb.models import HFPolicy, load_hf_model, load_hf_tokenizer, tiny_llama
 from tests.helpers import small_config
 
-transformers = pytest.importorskip("transformers", reason="the 'hf' extra (transformers) is not installed")
+pytestmark = pytest.mark.skipif(  # find_spec: importing transformers costs every collection seconds
+    importlib.util.find_spec("transformers") is None, reason="the 'hf' extra (transformers) is not installed"
+)
 
 ALPHABET = "0123456789+="
 
@@ -37,6 +40,8 @@ def llama(llama_dir: Path) -> HFPolicy:
 def _random_model(kind: str, **extra: Any) -> HFPolicy:
     shape = {"vocab_size": 20, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
     heads = {"num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+    import transformers
+
     config = transformers.AutoConfig.for_model(kind, **{**shape, **heads, **extra})
     torch.manual_seed(0)
     return HFPolicy(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa"), max_len=32)
@@ -106,6 +111,8 @@ def test_prefill_and_decode_over_slots_match_the_forward_pass(llama: HFPolicy) -
 
 
 def test_an_architecture_rlnb_cannot_drive_is_refused_by_name(tmp_path: Path) -> None:
+    import transformers
+
     config = transformers.BloomConfig(vocab_size=20, hidden_size=64, n_layer=1, n_head=4)  # ALiBi, its own cache
     transformers.BloomForCausalLM(config).save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match=r"rlnb cannot drive this architecture \(BloomForCausalLM\)"):
@@ -284,6 +291,8 @@ def test_save_pretrained_writes_a_model_transformers_loads_and_it_writes_what_th
         written = sess.complete(prompts, max_new_tokens=6)
         out = sess.save_pretrained(tmp_path / "export")
         assert sess.save_pretrained(tmp_path / "export") == out  # replaced whole
+    import transformers
+
     model = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]

@@ -4,6 +4,7 @@ adapter only; engines serve merged weights; checkpoints hold the adapter;
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,11 @@ from rlnb.config import describe_model
 from rlnb.models import load_hf_tokenizer, tiny_llama
 from tests.helpers import assert_same_metrics, small_config
 
-transformers = pytest.importorskip("transformers", reason="the 'hf' extra (transformers) is not installed")
-peft = pytest.importorskip("peft", reason="the 'lora' extra (peft) is not installed")
+# find_spec, not importorskip: importing peft and transformers costs every collection seconds
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None or importlib.util.find_spec("peft") is None,
+    reason="the 'hf' and 'lora' extras (transformers, peft) are not installed",
+)
 
 PROMPTS = ["12+34=", "56+78=", "90+11="]
 
@@ -107,6 +111,9 @@ def test_save_pretrained_writes_the_merged_model_or_a_peft_adapter_that_write_wh
         adapter = sess.save_pretrained(tmp_path / "adapter", adapter_only=True)
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in adapter.iterdir()}
     assert (adapter / "adapter_model.safetensors").stat().st_size < (merged / "model.safetensors").stat().st_size / 5
+    import peft
+    import transformers
+
     tokenizer = transformers.AutoTokenizer.from_pretrained(merged, local_files_only=True)
     plain = transformers.AutoModelForCausalLM.from_pretrained(merged, local_files_only=True)
     base = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, local_files_only=True)

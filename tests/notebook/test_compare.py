@@ -355,6 +355,7 @@ def test_the_widget_follows_an_open_session_and_keeps_its_last_image(fast: None)
     assert widget.comm is None
 
 
+@pytest.mark.slow  # seconds of waiting or drawing: the integration tier
 def test_redraws_are_paced_while_data_grows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_compare, "POLL_INTERVAL", 0.01)
     monkeypatch.setattr(_compare, "REDRAW_INTERVAL", 0.3)

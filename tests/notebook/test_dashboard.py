@@ -366,6 +366,7 @@ def test_a_background_failure_shows_in_the_dashboard() -> None:
         assert str(info.value.__cause__) == "boom"
 
 
+@pytest.mark.slow  # seconds of waiting or drawing: the integration tier
 def test_the_cost_of_a_tick() -> None:
     with rlnb.Session(CONFIG, name="dash-cost") as sess:
         dash = rlnb.notebook.dashboard(sess, interval=60.0)  # its ticker ticks once, then waits
@@ -460,6 +461,7 @@ def test_training_on_while_generation_pauses_says_where_its_batches_come_from() 
         sess.stop()
 
 
+@pytest.mark.slow  # seconds of waiting or drawing: the integration tier
 def test_the_last_frame_shows_the_figures_the_session_closed_with(
     shown: list[tuple[Any, FakeHandle | None]],
 ) -> None:
