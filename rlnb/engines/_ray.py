@@ -5,9 +5,12 @@ Each replica is an async Ray actor that serves a copy of the policy on a
 directory on a ``VLLMEngine`` (whose EngineCore and Worker run under the actor, and
 whose guard kills them if the actor dies). The session's bridge loop drives them all:
 
-* ``generate`` goes to the live replica with the fewest requests in flight; if
-  that replica dies, the request goes again to another one, from the prefix it
-  was given (tokens the dead replica had made are lost with it);
+* ``generate`` goes to the live replica with the fewest requests in flight; the
+  requests that arrive in one turn of the loop (a rollout's dispatch) go to a
+  replica in one actor call, whose results stream back as each finishes, so the
+  hop is paid per batch, not per request; if that replica dies, its requests go
+  again to another one, from the prefix each was given (tokens the dead replica
+  had made are lost with it);
 * ``pause``, ``resume`` and ``abort`` go to every replica, so every mode and the
   partial rollouts of ``"abort"`` work as on one engine;
 * ``update_weights`` puts the weights in Ray's object store once; every replica
@@ -36,7 +39,7 @@ import dataclasses
 import glob
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from rlnb._errors import ClosedError, ConfigError, EngineError
@@ -63,6 +66,7 @@ class _Replica:
         from rlnb.engines._tiny import TinyEngine
 
         torch.set_num_threads(threads)
+        self._tasks: dict[str, asyncio.Task[GenerateResult]] = {}  # generate_many's, by request id
         self._vllm = vllm  # VLLMEngine.start's arguments: it starts in ready(), on this actor's loop
         self.engine: Any = None
         if vllm is None:  # the policy comes on the CPU; "cuda" is the GPU Ray gave this actor
@@ -91,8 +95,34 @@ class _Replica:
         if self.engine is not None:
             await asyncio.to_thread(self.engine.close)
 
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        return await self.engine.generate(request)
+    async def generate_many(
+        self, requests: list[GenerateRequest]
+    ) -> AsyncIterator[tuple[int, GenerateResult | BaseException]]:
+        """Generate ``requests`` together; yield ``(position, result or its error)``
+        as each ends (a streaming call: one actor call for a whole dispatch). A request
+        cancelled with :meth:`cancel` yields nothing."""
+        tasks = {asyncio.ensure_future(self.engine.generate(r)): i for i, r in enumerate(requests)}
+        for task, i in tasks.items():
+            self._tasks[requests[i].request_id] = task
+        try:
+            pending = set(tasks)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if not task.cancelled():
+                        yield tasks[task], task.exception() or task.result()
+        finally:
+            for task, i in tasks.items():
+                task.cancel()
+                if self._tasks.get(requests[i].request_id) is task:
+                    del self._tasks[requests[i].request_id]
+
+    async def cancel(self, request_ids: list[str]) -> None:
+        """Stop generating these requests (the driver stopped waiting for them)."""
+        for request_id in request_ids:
+            task = self._tasks.pop(request_id, None)
+            if task is not None:
+                task.cancel()
 
     async def abort(self, request_ids: list[str]) -> None:
         await self.engine.abort(request_ids)
@@ -123,6 +153,7 @@ class _Slot:
     logs: tuple[str, ...] = ()  # Ray's log files of its worker
     in_flight: int = 0
     served: int = 0
+    pending: list[tuple[GenerateRequest, asyncio.Future[GenerateResult]]] = dataclasses.field(default_factory=list)
     version: int = 0
     restarts: int = 0
     state: str = "starting"  # "running", "restarting", "dead"
@@ -158,6 +189,7 @@ class RayEngine:
         self._reports: dict[str, str] = {}  # worker id -> the raylet's report of its death
         self._workers: set[str] = set()  # every replica worker's id, the dead ones' too
         self._node = ""  # this driver's node address
+        self._streams: set[asyncio.Task[None]] = set()  # each batch's reader of its results
 
     @classmethod
     def start(
@@ -244,11 +276,11 @@ class RayEngine:
         while True:
             slot = self._pick()
             slot.in_flight += 1
-            ref = slot.actor.generate.remote(request)
+            future = self._submit(slot, request)
             try:
-                result: GenerateResult = await ref
+                result: GenerateResult = await future
             except asyncio.CancelledError:
-                self._ray.cancel(ref)
+                self._cancel(slot, request.request_id)
                 raise
             except self._ray.exceptions.RayActorError as exc:
                 if self._closed:
@@ -267,6 +299,60 @@ class RayEngine:
 
     async def abort(self, request_ids: list[str]) -> None:
         await self._each("abort", request_ids)
+
+    # -- batched calls --------------------------------------------------------------------
+
+    def _submit(self, slot: _Slot, request: GenerateRequest) -> asyncio.Future[GenerateResult]:
+        """Queue ``request`` for ``slot``; the loop's next turn sends what is queued."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[GenerateResult] = loop.create_future()
+        slot.pending.append((request, future))
+        if len(slot.pending) == 1:  # the requests of this turn of the loop go together
+            loop.call_soon(self._send, slot)
+        return future
+
+    def _send(self, slot: _Slot) -> None:
+        """One streaming actor call for ``slot``'s queued requests."""
+        batch, slot.pending = [(r, f) for r, f in slot.pending if not f.done()], []
+        if not batch:
+            return
+        futures = [f for _, f in batch]
+        try:
+            stream = slot.actor.generate_many.options(num_returns="streaming").remote([r for r, _ in batch])
+        except Exception as exc:  # the actor handle is unusable: as if it had died
+            for future in futures:
+                future.set_exception(exc)
+            return
+        reader = asyncio.ensure_future(self._read(stream, futures))
+        self._streams.add(reader)
+        reader.add_done_callback(self._streams.discard)
+
+    async def _read(self, stream: Any, futures: list[asyncio.Future[GenerateResult]]) -> None:
+        """Hand each streamed result to its request; an error of the call (the replica
+        died) goes to every request still waiting."""
+        try:
+            async for ref in stream:
+                position, outcome = await ref
+                future = futures[position]
+                if future.done():  # its caller stopped waiting
+                    continue
+                if isinstance(outcome, BaseException):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
+        except Exception as exc:
+            for future in futures:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for future in futures:
+            if not future.done():
+                future.set_exception(EngineError("a Ray replica ended a batch without an answer for every request"))
+
+    def _cancel(self, slot: _Slot, request_id: str) -> None:
+        """The caller stopped waiting for ``request_id``: stop it on its replica too."""
+        with contextlib.suppress(Exception):  # a dead replica generates nothing anyway
+            slot.actor.cancel.remote([request_id])
 
     async def pause(self, mode: PauseMode | str = PauseMode.KEEP) -> None:
         mode = PauseMode(mode)
