@@ -97,9 +97,11 @@ class _Replica:
 
     async def generate_many(
         self, requests: list[GenerateRequest]
-    ) -> AsyncIterator[tuple[int, GenerateResult | BaseException]]:
-        """Generate ``requests`` together; yield ``(position, result or its error)``
-        as each ends (a streaming call: one actor call for a whole dispatch). A request
+    ) -> AsyncIterator[list[tuple[int, GenerateResult | BaseException]]]:
+        """Generate ``requests`` together (a streaming call: one actor call for a whole
+        dispatch); yield ``(position, result or its error)`` of those that ended, each
+        time some did: the requests that end in one decode step come back in one item,
+        as each streamed item costs the driver an object of its own. A request
         cancelled with :meth:`cancel` yields nothing."""
         tasks = {asyncio.ensure_future(self.engine.generate(r)): i for i, r in enumerate(requests)}
         for task, i in tasks.items():
@@ -108,9 +110,9 @@ class _Replica:
             pending = set(tasks)
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    if not task.cancelled():
-                        yield tasks[task], task.exception() or task.result()
+                ended = [(tasks[t], t.exception() or t.result()) for t in done if not t.cancelled()]
+                if ended:
+                    yield ended
         finally:
             for task, i in tasks.items():
                 task.cancel()
@@ -332,14 +334,14 @@ class RayEngine:
         died) goes to every request still waiting."""
         try:
             async for ref in stream:
-                position, outcome = await ref
-                future = futures[position]
-                if future.done():  # its caller stopped waiting
-                    continue
-                if isinstance(outcome, BaseException):
-                    future.set_exception(outcome)
-                else:
-                    future.set_result(outcome)
+                for position, outcome in await ref:
+                    future = futures[position]
+                    if future.done():  # its caller stopped waiting
+                        continue
+                    if isinstance(outcome, BaseException):
+                        future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
         except Exception as exc:
             for future in futures:
                 if not future.done():

@@ -62,7 +62,7 @@ class Actor:
             for task in asyncio.as_completed([one(i, r) for i, r in enumerate(requests)]):
                 result = await task
                 done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                done.set_result(result)
+                done.set_result([result])  # the requests that ended together, one here
                 yield done
 
         return stream()
@@ -145,7 +145,7 @@ def test_a_stream_that_ends_early_fails_its_waiting_requests_with_an_engine_erro
     def short(requests: list[GenerateRequest]) -> AsyncIterator[Any]:
         async def stream() -> AsyncIterator[Any]:
             done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            done.set_result((0, GenerateResult(requests[0].request_id, (7,), (-0.5,), (0,), "stop")))
+            done.set_result([(0, GenerateResult(requests[0].request_id, (7,), (-0.5,), (0,), "stop"))])
             yield done
 
         return stream()
