@@ -333,12 +333,20 @@ class EngineConfig:
         fast as two and leaves the other core to the learner in async mode.
     gpu_memory_utilization: the share of a GPU vLLM may take, leaving the rest
         to a learner on the same GPU (unused on a CPU).
+    process: run the "tiny" or "hf" engine in a process of its own
+        (:class:`~rlnb.engines.ProcessEngine`), with the weights passed through
+        shared memory. In one process the engine's thread and the learner's share
+        the interpreter's lock; in two they run at once, so async mode overlaps
+        generation and learning for real. Costs a child process that imports torch
+        at the session's start (a few seconds). vLLM and Ray replicas already run
+        in processes of their own.
     """
 
     kind: str | None = None
     max_batch: int = 128
     threads: int = 1
     gpu_memory_utilization: float = 0.3
+    process: bool = False
 
     def __post_init__(self) -> None:
         require(
@@ -355,6 +363,13 @@ class EngineConfig:
             gt=0,
             le=1,
             fix="use a fraction in (0, 1], e.g. gpu_memory_utilization=0.3",
+        )
+        require(isinstance(self.process, bool), "EngineConfig.process", self.process, "use True or False")
+        require(
+            not (self.process and self.kind == "vllm"),
+            "EngineConfig.process",
+            self.process,
+            "vLLM already runs in processes of its own: use process=False with kind='vllm'",
         )
 
 
@@ -743,6 +758,20 @@ class Config:
             kind,
             f"the {kind!r} engine serves a Hugging Face model: set ModelConfig(path=...) to its local directory, "
             "or use kind=None for the built-in policy",
+        )
+        require(
+            not (self.engine.process and self.ray.engine_replicas),
+            "EngineConfig.process",
+            self.engine.process,
+            f"RayConfig.engine_replicas={self.ray.engine_replicas} already runs the engine in Ray's processes: "
+            "use process=False with Ray replicas, or engine_replicas=0",
+        )
+        require(
+            not (self.engine.process and self.model.device != "cpu"),
+            "EngineConfig.process",
+            self.engine.process,
+            f"the engine process serves on the CPU and ModelConfig.device={self.model.device!r}: "
+            "use process=False (the engine shares the GPU in this process) or kind='vllm'",
         )
         check_number(
             "Config.step_timeout", self.step_timeout, gt=0, fix="use a number of seconds > 0, e.g. step_timeout=120.0"

@@ -140,6 +140,18 @@ CONFIGS = [
         "use a fraction in (0, 1]",
         id="gpu-memory",
     ),
+    pytest.param(
+        lambda: rlnb.EngineConfig(kind="vllm", process=True),
+        "EngineConfig.process=True",
+        "vLLM already runs in processes of its own",
+        id="process-vllm",
+    ),
+    pytest.param(
+        lambda: rlnb.Config(engine=rlnb.EngineConfig(process=True), ray=rlnb.RayConfig(engine_replicas=2)),
+        "EngineConfig.process=True",
+        "already runs the engine in Ray's processes",
+        id="process-ray",
+    ),
     pytest.param(lambda: rlnb.BufferConfig(partitions=("val",)), "BufferConfig.partitions", '"train"', id="parts"),
     pytest.param(lambda: rlnb.WarmupConfig(steps=-1), "WarmupConfig.steps=-1", "steps=300", id="warmup-steps"),
     pytest.param(

@@ -41,6 +41,7 @@ CONFIG_FLAGS = {
     "max_len": ("model", "max_len"),
     "lora": ("model", "lora"),
     "engine": ("engine", "kind"),
+    "engine_process": ("engine", "process"),
     "task": (None, "task"),
     "seed": (None, "seed"),
     "mode": (None, "mode"),
@@ -205,6 +206,12 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         choices=ENGINE_KINDS,
         help="the generation engine: tiny (the built-in policy's), hf (a --model's, on its --device) or vllm "
         "(default: the model's own)",
+    )
+    parser.add_argument(
+        "--engine-process",
+        action=argparse.BooleanOptionalAction,
+        help="run the tiny or hf engine in a process of its own, so that async mode generates and learns at "
+        "once on two cores (default: in this process, on a thread)",
     )
     parser.add_argument(
         "--dtype", choices=MODEL_DTYPES, help="the --model's weights: float32 (for CPUs) or bfloat16 (for GPUs)"

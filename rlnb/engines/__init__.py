@@ -1,6 +1,7 @@
 """Engines: the ``Engine`` protocol and its backends.
 
 ``TinyEngine`` serves the built-in policy or a Hugging Face model in a thread,
+``ProcessEngine`` runs it in a child process of its own (weights through shared memory),
 ``VLLMEngine`` serves a model directory with vLLM in a guarded child process,
 ``RayEngine`` runs replicas of either as Ray actors, and ``FakeEngine`` is a scripted
 engine for tests. Nothing here knows about the ``Rollouter`` (``rlnb.rollout``), which
@@ -21,6 +22,7 @@ from rlnb.engines._protocol import (
 )
 
 if _typing.TYPE_CHECKING:
+    from rlnb.engines._process import ProcessEngine
     from rlnb.engines._ray import RayEngine
     from rlnb.engines._tiny import TinyEngine
     from rlnb.engines._vllm import VLLMEngine
@@ -29,6 +31,10 @@ else:
     def __getattr__(name: str) -> object:
         # TinyEngine needs torch, VLLMEngine vLLM, RayEngine Ray: imported when first
         # asked for, so `import rlnb` stays light.
+        if name == "ProcessEngine":
+            from rlnb.engines._process import ProcessEngine
+
+            return ProcessEngine
         if name == "RayEngine":
             from rlnb.engines._ray import RayEngine
 
@@ -45,7 +51,7 @@ else:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "RayEngine", "TinyEngine", "VLLMEngine"})
+    return sorted({*globals(), "ProcessEngine", "RayEngine", "TinyEngine", "VLLMEngine"})
 
 
 __all__ = [
@@ -55,6 +61,7 @@ __all__ = [
     "GenerateRequest",
     "GenerateResult",
     "PauseMode",
+    "ProcessEngine",
     "RayEngine",
     "SamplingParams",
     "TinyEngine",

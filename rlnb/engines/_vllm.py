@@ -25,7 +25,7 @@ import psutil
 from rlnb._errors import ClosedError, EngineError
 from rlnb.engines._guard import Guard
 from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
-from rlnb.engines._shared import deliver
+from rlnb.engines._shared import deliver, spawn_without_main
 from rlnb.engines._vllm_setup import (
     _FINISH,
     _WORKER_EXTENSION,
@@ -38,7 +38,6 @@ from rlnb.engines._vllm_setup import (
     _Pending,
     _read_config,
     _retrieve,
-    _spawn_without_main,
     _stat_logger,
     _to_safetensors,
     _versions,
@@ -190,7 +189,7 @@ class VLLMEngine:
         before = set(threading.enumerate())
 
         def build() -> Any:
-            with _spawn_without_main():
+            with spawn_without_main():
                 return AsyncLLM.from_vllm_config(
                     args.create_engine_config(), stat_loggers=[_stat_logger(stats)], disable_log_stats=True
                 )

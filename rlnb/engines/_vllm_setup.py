@@ -7,11 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import multiprocessing.spawn
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -132,32 +131,6 @@ def _checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 
 
 # -- starting vLLM --------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _spawn_without_main() -> Iterator[None]:
-    """Spawned children started by this thread do not re-run the ``__main__`` script.
-
-    vLLM's CPU build spawns EngineCore, and a spawned child normally re-imports the
-    parent's main script, which would start another engine unless the script
-    guards itself with ``if __name__ == "__main__":``. EngineCore's target lives in
-    vllm, so the child never needs the script. Only this thread's spawns are changed.
-    """
-    original = multiprocessing.spawn.get_preparation_data
-    me = threading.current_thread()
-
-    def preparation_data(name: str) -> dict[str, Any]:
-        data: dict[str, Any] = original(name)
-        if threading.current_thread() is me:
-            data.pop("init_main_from_path", None)
-            data.pop("init_main_from_name", None)
-        return data
-
-    multiprocessing.spawn.get_preparation_data = preparation_data
-    try:
-        yield
-    finally:
-        multiprocessing.spawn.get_preparation_data = original
 
 
 async def _in_thread(fn: Callable[[], Any], on_abandon: Callable[[Any], None], name: str) -> Any:

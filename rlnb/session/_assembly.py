@@ -217,6 +217,12 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
             vllm=vllm,
         )
     # The engine copies the policy as it serves it (with LoRA: merged, without adapters).
+    if e.process:
+        from rlnb.engines import ProcessEngine
+
+        return ProcessEngine.start(
+            learner.serving_policy(), eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name
+        )
     return TinyEngine(
         learner.serving_policy(), eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name
     )
