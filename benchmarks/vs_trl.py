@@ -129,8 +129,11 @@ def run_trl(out: Path, warm: Path, lr: float, steps: int, eval_every: int) -> di
     return {"curve": curve, "tokens": generated[0], "seconds": seconds, "steps": steps}
 
 
-def run_rlnb(out: Path, warm: Path, lr: float, steps: int, eval_every: int, mode: str) -> dict[str, Any]:
-    """rlnb on the same model directory, through its Hugging Face path."""
+def run_rlnb(
+    out: Path, warm: Path, lr: float, steps: int, eval_every: int, mode: str, engine_process: bool = False
+) -> dict[str, Any]:
+    """rlnb on the same model directory, through its Hugging Face path; with
+    ``engine_process`` its engine runs in a process of its own."""
     import rlnb
     from rlnb.data import Task, addition, register_task
 
@@ -144,6 +147,7 @@ def run_rlnb(out: Path, warm: Path, lr: float, steps: int, eval_every: int, mode
         task="race_addition",
         seed=0,
         mode=mode,
+        engine=rlnb.EngineConfig(process=engine_process),
         data=rlnb.DataConfig(num_workers=0),  # the task is this script's: the session makes the prompts
         model=rlnb.ModelConfig(path=str(warm), max_len=32),
         rollout=rlnb.RolloutConfig(group_size=GROUP_SIZE, groups_per_step=GROUPS, max_new_tokens=MAX_NEW),
@@ -232,7 +236,8 @@ def race(args: argparse.Namespace) -> int:
     common += ["--eval-every", str(args.eval_every), "--threads", str(args.threads)]
     commands = {
         "trl": [args.trl_python, __file__, "trl", "--out", str(out / "trl"), *common],
-        "rlnb": [sys.executable, __file__, "rlnb", "--out", str(out / "rlnb"), "--mode", args.mode, *common],
+        "rlnb": [sys.executable, __file__, "rlnb", "--out", str(out / "rlnb"), "--mode", args.mode, *common]
+        + (["--engine-process"] if args.engine_process else []),
     }
     runs: dict[str, list[dict[str, Any]]] = {"rlnb": [], "trl": []}
     for r in range(args.rounds):
@@ -261,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="race: runs of each, alternating who goes first")
     parser.add_argument("--mode", choices=("sync", "async"), default="sync", help="rlnb's mode")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each contender")
+    parser.add_argument(
+        "--engine-process", action="store_true", help="rlnb's engine in a process of its own (EngineConfig.process)"
+    )
     args = parser.parse_args(argv)
     if args.stage == "race":
         return race(args)
@@ -269,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage == "trl":
         result = run_trl(args.out, args.warm, args.lr, args.steps, args.eval_every)
     else:
-        result = run_rlnb(args.out, args.warm, args.lr, args.steps, args.eval_every, args.mode)
+        result = run_rlnb(args.out, args.warm, args.lr, args.steps, args.eval_every, args.mode, args.engine_process)
     (args.out / "curve.json").write_text(json.dumps(result))
     return 0
 

@@ -541,7 +541,14 @@ class LearnConfig:
         gradients: the same update (the loss is still the mean over all the
         update's completion tokens), with activations for N sequences at most.
     keep_batches: the last N batches trained on are kept, frozen, for
-        ``Session.batches``, ``what_if`` and ``rescore`` (0: none)."""
+        ``Session.batches``, ``what_if`` and ``rescore`` (0: none).
+    threads: torch intra-op threads of the thread that runs each update (set
+        there for the update and restored after it). None (the default): in
+        async mode with the engine on this machine's CPU (the tiny or hf engine,
+        on a thread, in a process or as local Ray replicas), the threads torch
+        would use less the engine's, at least 1: generation and learning run at
+        once, and more threads than cores slowed both (measured in the README's
+        "Async training" section); otherwise torch's default."""
 
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
@@ -556,6 +563,7 @@ class LearnConfig:
     lr_decay_steps: int | None = None
     micro_batch_size: int | None = None
     keep_batches: int = 8
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         check_number("LearnConfig.lr", self.lr, gt=0, fix="use a learning rate > 0, e.g. lr=1e-4")
@@ -574,6 +582,7 @@ class LearnConfig:
         check_number("LearnConfig.is_cap", self.is_cap, ge=1, fix="use a cap >= 1, e.g. is_cap=2.0")
         check_number("LearnConfig.kl_coef", self.kl_coef, ge=0, fix="use 0 (no KL) or a positive weight")
         check_int("LearnConfig.epochs", self.epochs, minimum=1)
+        check_int("LearnConfig.threads", self.threads, minimum=1, optional=True, example="threads=1")
         check_int("LearnConfig.minibatches", self.minibatches, minimum=1)
         require(
             isinstance(self.scale_advantages, bool),

@@ -119,13 +119,16 @@ def test_train_on_another_task_imitates_that_tasks_own_answers(tmp_path: Path, r
     assert result["task"] == "reverse" and result["warmup_task"] is None
 
 
-@pytest.mark.slow  # ~5 s
-def test_bench_train_measures_both_modes_in_one_run() -> None:
-    result = _train.run(steps=2, longtail_steps=2, max_new_tokens=8, rounds=1)
+@pytest.mark.slow  # ~10 s: the engine process imports torch
+def test_bench_train_measures_every_mode_in_one_run() -> None:
+    result = _train.run(steps=2, longtail_steps=2, max_new_tokens=8, rounds=1, ray=False)  # Ray: its own pass
     figures = result.figures
     assert figures["steps_per_s"] > 0 and figures["generated_tokens_per_s"] > 0
-    assert figures["sync_s_per_step"] > 0 and figures["async_s_per_step"] > 0
-    assert [t.name for t in result.targets] == ["async_over_sync_speedup"]
+    for mode in ("sync", "async", "async_process"):
+        assert figures[f"{mode}_s_per_step"] > 0 and figures[f"{mode}_generated_tokens_per_s"] > 0
+        assert 0 <= figures[f"{mode}_learner_idle"] < 1
+    assert figures["ray"] == "not run" and "async_ray1_s_per_step" not in figures
+    assert [t.name for t in result.targets] == ["async_over_sync_speedup", "async_process_over_sync"]
     assert "rlnb bench train" in result.report()
 
 

@@ -6,10 +6,11 @@ frozen reference copy. It knows nothing about sessions, loops or notebooks.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -105,6 +106,21 @@ def collate(
 _DEFAULT = LearnConfig()
 
 
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``threads`` on this thread for the block (None:
+    unchanged), and restored after it; the setting is per thread and costs a microsecond."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _length_chunks(rows: torch.Tensor, lengths: torch.Tensor, *, max_chunks: int = 4) -> list[torch.Tensor]:
     """``rows`` split into up to ``max_chunks`` runs of similar length when padding
     them all to the longest would waste a fifth or more of the positions."""
@@ -129,9 +145,11 @@ class Learner:
         config: LearnConfig = _DEFAULT,
         encode_target: Callable[[str], list[int]] | None = None,
         encode_observation: Callable[[str], list[int]] | None = None,
+        threads: int | None = None,
     ) -> None:
         self.policy = policy.train()
         self.config = config
+        self.threads = threads  # torch's intra-op threads during an update (None: the caller's)
         self._encode = encode
         # A warm-up target's ids: the text's own (default: encode() less the BOS it adds).
         self._encode_target = encode_target or (lambda text: encode(text)[1:])
@@ -234,6 +252,10 @@ class Learner:
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
         """One optimisation step on ``groups``; returns its metrics. The policy's
         version goes up by one. Raises ``ValueError`` for an empty or malformed batch."""
+        with intra_op_threads(self.threads):
+            return self._step(groups)
+
+    def _step(self, groups: Sequence[Group]) -> dict[str, float]:
         if not groups:
             raise ValueError("Learner.step() needs at least one group")
         # The settings that shape the loss are read once, here; lr (with its schedule) and

@@ -173,7 +173,23 @@ def make_learner(config: Config, model: ModelConfig, tokenizer: Tokenizer) -> Le
         pad_id=tokenizer.PAD,
         eos_id=tokenizer.EOS,
         config=config.learn,
+        threads=learner_threads(config),
     )
+
+
+def learner_threads(config: Config) -> int | None:
+    """``LearnConfig.threads``, or what None means (see its documentation): in async
+    mode with the engine on this machine's CPU, torch's threads less the engine's."""
+    import torch
+
+    if config.learn.threads is not None:
+        return config.learn.threads
+    ray = config.ray
+    local_engine = engine_kind(config) != "vllm" and (not ray.engine_replicas or ray.address is None)
+    if config.mode != "async" or not local_engine or config.model.device != "cpu" or ray.num_gpus > 0:
+        return None
+    engine_threads = config.engine.threads * max(1, ray.engine_replicas)
+    return max(1, torch.get_num_threads() - engine_threads)
 
 
 def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name: str, bridge: AsyncBridge) -> Engine:
