@@ -237,3 +237,27 @@ def test_a_failed_weight_sync_keeps_the_trained_step_and_sends_it_at_the_next_ca
         assert sess.version == 3 and sess.statistics().engine.version == 3 and len(sess.history) == 3
         batch = sess.rollout(1)
         assert {v for g in batch for s in g.samples for v in s.versions} == {3}
+
+
+@pytest.mark.parametrize("lag", [0, 1, 2])
+def test_an_async_step_trains_no_sample_older_than_the_policy_lag(lag: int) -> None:
+    """A group started on version v is trained by a policy at most v + max_policy_lag.
+    Generation is faster than the update here, so dispatch runs as far ahead as the
+    budget lets it: the oldest sample of every batch sits at the bound. (Dispatch
+    counted a finished batch in the buffer as in the budget and ran one version
+    further ahead.)"""
+    config = CONFIG.replace(
+        mode="async",
+        rollout=dataclasses.replace(CONFIG.rollout, max_policy_lag=lag),
+        learn=rlnb.LearnConfig(lr=1e-3, epochs=3),  # a slower update: the engine gets ahead
+    )
+    ages: list[int] = []
+
+    class Ages(rlnb.learn.Callback):
+        def on_batch(self, groups: Sequence[rlnb.Group]) -> None:
+            ages.append(max(sess.version - min(s.versions) for g in groups for s in g.samples))
+
+    with rlnb.Session(config, name=f"lag{lag}", callbacks=[Ages()]) as sess:
+        sess.train(8, progress=False)
+    assert max(ages) <= lag, ages
+    assert ages[-1] == lag, ages  # and async mode uses what the budget allows

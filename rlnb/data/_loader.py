@@ -52,7 +52,6 @@ A worker that dies (killed, out of memory) fails the loader as a whole: the next
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -68,7 +67,7 @@ import time
 import traceback
 import types
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -80,6 +79,7 @@ from rlnb._errors import ConfigError, PromptError, RlnbError
 from rlnb._samples import PromptItem
 from rlnb.data._records import PromptSource
 from rlnb.data._tasks import Task
+from rlnb.runtime import spawn_without_main
 
 __all__ = ["DEFAULT_START_METHOD", "PromptLoader", "PromptLoaderError", "PromptStream", "warm_up_workers"]
 
@@ -210,7 +210,7 @@ def _context(start_method: str) -> BaseContext:
     ctx = multiprocessing.get_context("forkserver")
     # Workers then fork with torch imported instead of importing it each (seconds).
     # Not __main__ (the default): a script's module-level code, threads and all, would
-    # run in the server (and workers do not import it either: _without_main).
+    # run in the server (and workers do not import it either: spawn_without_main).
     # Takes effect when the server starts.
     preload = getattr(forkserver._forkserver, "_preload_modules", None) or []
     ctx.set_forkserver_preload([*(m for m in preload if m not in ("__main__", __name__)), __name__])
@@ -288,48 +288,6 @@ def _caller_outside_rlnb() -> int:
     return level
 
 
-# Set in a thread while it starts workers: the processes it starts then leave out __main__.
-_main_left_out = threading.local()
-_wrap_lock = threading.Lock()
-_wrapper: Callable[[str], dict[str, Any]] | None = None  # what we put in multiprocessing.spawn
-
-
-def _leaving_out_main(original: Callable[[str], dict[str, Any]]) -> Callable[[str], dict[str, Any]]:
-    def preparation_data(name: str) -> dict[str, Any]:
-        data = original(name)
-        if getattr(_main_left_out, "on", False):
-            data.pop("init_main_from_path", None)  # python script.py
-            data.pop("init_main_from_name", None)  # python -m module
-        return data
-
-    return preparation_data
-
-
-@contextlib.contextmanager
-def _without_main() -> Iterator[None]:
-    """Workers this thread starts meanwhile do not run the ``__main__`` script again.
-
-    With ``forkserver`` and ``spawn``, multiprocessing sends each new process the
-    main script's path (or module name), and the process runs it as ``__mp_main__``
-    before its target: a script without an ``if __name__ == "__main__":`` guard builds
-    another session there, and the worker dies while it starts. A worker runs only
-    rlnb's code and the task's (never from ``__main__``: :func:`_workers_for`), so it
-    needs no script. Only this thread's starts change. The wrapper stays in place:
-    putting the original back could undo another thread's wrapper.
-    """
-    global _wrapper
-    with _wrap_lock:
-        if multiprocessing.spawn.get_preparation_data is not _wrapper:
-            _wrapper = _leaving_out_main(multiprocessing.spawn.get_preparation_data)
-            multiprocessing.spawn.get_preparation_data = _wrapper  # type: ignore[assignment]
-    before = getattr(_main_left_out, "on", False)
-    _main_left_out.on = True
-    try:
-        yield
-    finally:
-        _main_left_out.on = before
-
-
 def _exited(worker: Any, procs: dict[int, psutil.Process]) -> bool:
     """Whether ``worker`` has exited. A forkserver worker's exit code comes from the
     server only once it has reaped the worker, so look at the process itself too."""
@@ -386,7 +344,7 @@ class PromptLoader:
         if state is not None:
             self._check_state(state)
             self._loader.load_state_dict(state["loader"])
-        with _without_main():  # the workers start here
+        with spawn_without_main():  # the workers start here
             self._iterator: Iterator[PromptItem] | None = iter(self._loader)
 
     def _make_loader(self, task: Task, seed: int, num_workers: int, prefetch_factor: int) -> StatefulDataLoader:

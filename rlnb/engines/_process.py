@@ -34,7 +34,8 @@ from rlnb._errors import ClosedError, EngineError
 from rlnb.engines._guard import Guard
 from rlnb.engines._process_server import serve
 from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
-from rlnb.engines._shared import deliver, spawn_without_main
+from rlnb.engines._shared import deliver
+from rlnb.runtime import spawn_without_main
 
 __all__ = ["ProcessEngine"]
 

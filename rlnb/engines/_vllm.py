@@ -25,7 +25,7 @@ import psutil
 from rlnb._errors import ClosedError, EngineError
 from rlnb.engines._guard import Guard
 from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
-from rlnb.engines._shared import deliver, spawn_without_main
+from rlnb.engines._shared import deliver
 from rlnb.engines._vllm_setup import (
     _FINISH,
     _WORKER_EXTENSION,
@@ -43,7 +43,7 @@ from rlnb.engines._vllm_setup import (
     _versions,
     import_vllm,
 )
-from rlnb.runtime import keep_zmq_gc
+from rlnb.runtime import keep_zmq_gc, spawn_without_main
 
 __all__ = ["VLLMEngine"]
 

@@ -41,14 +41,18 @@ class Rollouter:
     ids; ``reward_fn(item, completion)`` scores a completion, and
     ``group_reward_fn(item, samples)`` (if given) each group once its samples are
     done (a task's batched reward functions). Background dispatch
-    runs at most ``max_policy_lag`` policy versions ahead of the learner: at most
-    ``(max_policy_lag + 1) * groups_per_step`` groups bound for the learner are live
-    at once, counted from what is there now (groups generating, plus groups in the
-    buffer's ``train`` partition); a group leaves the count when the learner takes
-    it, when it fails or is cancelled, and when the buffer evicts it. None: no bound
-    (only a full buffer holds dispatch back). Each policy update comes through
-    :meth:`publish`, which wakes dispatch (the learner has taken a batch by then,
-    and evictions gave places back). Create and use it on the bridge
+    runs at most ``max_policy_lag`` policy versions ahead of the learner: a group
+    started on version v is trained on by a policy at most ``v + max_policy_lag``.
+    Groups go to the learner in batches of ``groups_per_step`` in the order they
+    finish, so at most ``(max_policy_lag + 1) * groups_per_step`` groups bound for
+    the learner are live once a version is published, less the groups the learner
+    has taken since (its update in progress will not train them: a batch dispatched
+    then is trained one version later). Live is counted from what is there now
+    (groups generating, plus groups in the buffer's ``train`` partition); a group
+    leaves the count when the learner takes it, when it fails or is cancelled, and
+    when the buffer evicts it. None: no bound (only a full buffer holds dispatch
+    back). Each policy update comes through :meth:`publish`, which opens the budget
+    again and wakes dispatch. Create and use it on the bridge
     loop; the session wraps it for cells. ``on_bad_prompt``: "raise" (a prompt the
     task could not make is raised, once, as :class:`~rlnb.PromptError`) or "skip".
     ``reward_workers``: reward calls that may run at once (1: in order).
@@ -110,6 +114,7 @@ class Rollouter:
         )
         self._capacity = asyncio.Semaphore(max_inflight)
         self._version = 0
+        self._taken_at_version = 0  # the buffer's taken count when this version was set
         self._dispatcher: asyncio.Task[None] | None = None
         self._items: dict[asyncio.Task[Any], PromptItem] = {}  # collect()'s groups, while they run
         self._collected: list[PromptItem] = []  # the last collect()'s prompts
@@ -253,6 +258,7 @@ class Rollouter:
         """Tell the rollouter the learner's policy version (opens the policy-lag budget)."""
         self._machine.check_open()
         self._version = version
+        self._taken_at_version = self._buffer.taken()
         self._halted = False
         await self._machine.notify()
 
@@ -281,7 +287,10 @@ class Rollouter:
         live = self._generating_groups + self._buffer.size() + self._buffer.held()
         if self._max_policy_lag is None:
             return live, None
-        return live, (self._max_policy_lag + 1) * self._groups_per_step
+        # Taken since the version was published: the learner is updating on them, and a
+        # group dispatched now waits for the update after that one.
+        taken = max(0, self._buffer.taken() - self._taken_at_version)
+        return live, max(0, (self._max_policy_lag + 1) * self._groups_per_step - taken)
 
     def why_no_groups(self) -> str:
         """Why background rollouts are not filling the buffer now, in a sentence that

@@ -29,8 +29,10 @@ from rlnb.runtime._registry import (
     sessions,
     unregister_session,
 )
+from rlnb.runtime._spawn import spawn_without_main
 
 __all__ = [
+    "spawn_without_main",
     "AsyncBridge",
     "ChildInfo",
     "Deferred",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rlnb.data._loader import _without_main
+from rlnb.runtime import spawn_without_main
 
 SESSION = """
 import rlnb
@@ -138,7 +138,7 @@ def test_only_the_thread_that_starts_workers_leaves_the_main_script_out(monkeypa
     def other_thread() -> None:
         seen["other"] = keys & set(multiprocessing.spawn.get_preparation_data("x"))
 
-    with _without_main():
+    with spawn_without_main():
         seen["inside"] = keys & set(multiprocessing.spawn.get_preparation_data("x"))
         thread = threading.Thread(target=other_thread)
         thread.start()
