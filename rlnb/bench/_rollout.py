@@ -2,9 +2,15 @@
 
 - resume → next dispatch with at least 64 long-tail (lognormal) samples in flight,
   against the floor of a drain that waits for all of them;
-- ``pause("abort")`` → engine quiescent, on a real session generating in the background;
+- ``pause("abort")`` → engine quiescent, on a real session generating in the background,
+  its buffer taken from between pauses as a learner would; the full garbage
+  collections during the trials are counted and timed (one of 150 ms or more, due
+  soon after a session is built and longer as the heap grows, was the tail);
 - TinyEngine tokens/s with continuous batching against static batching (each batch
-  waits for its longest sequence): same model, same long-tail lengths, one run.
+  waits for its longest sequence): same model, same long-tail lengths, one run, one
+  torch thread each (``EngineConfig.threads``' default: with torch's default of all
+  cores a small batch's step cost 3.5 ms against 1.3 ms, which made static batching
+  look worse, and the figure swung with what the process had run before).
   1024 requests (16 batches of 64): a rollouter feeds the engine continuously, so
   the steady state matters more than the final drain, which both modes share.
 """
@@ -12,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import random
 import threading
@@ -109,14 +116,38 @@ def _pause_abort_latency(trials: int) -> dict[str, float]:
     )
     rng = random.Random(1)
     latencies, busy = [], []
+    collections: list[float] = []  # ms of each full (generation 2) garbage collection
+    began = [0.0]
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                began[0] = time.perf_counter()
+            else:
+                collections.append((time.perf_counter() - began[0]) * 1e3)
+
     with Session(config, name="bench-rollout-pause") as sess:
         sess.start_rollouts()
-        for _ in range(trials):
-            threading.Event().wait(rng.uniform(0.02, 0.05))
-            busy.append(sess.statistics().engine.running)
-            latencies.append(time_ms(lambda: sess.pause("abort")))
-            assert sess.statistics().engine.running == 0, "pause('abort') returned before the engine was quiescent"
-            sess.resume()
+        # A session's construction leaves enough new objects for one full collection
+        # (150-185 ms of a ~300k-object heap here) soon after: run it now, as timing
+        # tools do before they measure, rather than inside one pause; any full
+        # collection during the trials is still counted below.
+        gc.collect()
+        gc.callbacks.append(timed)
+        try:
+            for _ in range(trials):
+                threading.Event().wait(rng.uniform(0.02, 0.05))
+                # Take what was made, as a learner would: a buffer that only grows makes
+                # every full garbage collection longer (23 ms, then 67, 102, 130, 157 ms
+                # within 60 trials, measured), and one of those is what a pause waited for.
+                if ready := sess.buffer.size():
+                    sess.buffer.get_nowait(ready)
+                busy.append(sess.statistics().engine.running)
+                latencies.append(time_ms(lambda: sess.pause("abort")))
+                assert sess.statistics().engine.running == 0, "pause('abort') returned before the engine was quiescent"
+                sess.resume()
+        finally:
+            gc.callbacks.remove(timed)
         sess.stop_rollouts()
         stats = sess.statistics().rollout
     return {
@@ -124,6 +155,8 @@ def _pause_abort_latency(trials: int) -> dict[str, float]:
         "pause_abort_p99_ms": p99(latencies),
         "engine_running_at_pause_median": median([float(b) for b in busy]),
         "partials_continued": float(stats.continuations),
+        "full_gc_during_pauses": float(len(collections)),
+        "full_gc_max_ms": max(collections, default=0.0),
     }
 
 
@@ -151,7 +184,9 @@ def _batching_tokens_per_s(requests: int) -> dict[str, float]:
     with AsyncBridge(name="bench-batching") as bridge:
         for _ in range(2):
             for label, continuous in (("continuous", True), ("static", False)):
-                engine = TinyEngine(policy, eos_id=2, max_batch=64, continuous=continuous, name=f"bench-{label}")
+                engine = TinyEngine(
+                    policy, eos_id=2, max_batch=64, continuous=continuous, threads=1, name=f"bench-{label}"
+                )
                 try:
                     bridge.run(run(engine, 64))  # warm-up
                     best[label] = max(best[label], bridge.run(run(engine, requests)))

@@ -22,6 +22,7 @@ the engine is closed by its owner, not by a Ctrl-C meant for a cell.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import pickle
 import signal
@@ -59,6 +60,11 @@ def serve(conn: Any, served: bytes, mailbox: Any, options: dict[str, Any]) -> No
         continuous=options.get("continuous", True),
         name=options["name"],
     )
+    # As vLLM's engine core does: what start-up made lives as long as the process, so
+    # full garbage collections skip it (one of this heap took ~150 ms, and a pause or a
+    # weight sync would wait for it).
+    gc.collect()
+    gc.freeze()
     try:
         conn.send(("ready", os.getpid()))
         del policy  # the engine serves a copy of its own

@@ -58,6 +58,9 @@ class TinyEngine:
     ``continuous=False`` gives static batching (a batch admits new requests only
     once all of its sequences have finished), for comparison. ``threads`` sets
     torch's intra-op threads on the engine's thread only; None leaves torch's default.
+    ``max_prefill_tokens`` bounds the tokens one prefill runs (distinct inputs; at
+    least one request): a resume that continues 128 partial rollouts prefills them
+    over a few steps, so a pause or a weight sync waits for one of those, not for all.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class TinyEngine:
         continuous: bool = True,
         threads: int | None = None,
         name: str = "rlnb-engine",
+        max_prefill_tokens: int = 2048,
     ) -> None:
         self._model: Any = copy.deepcopy(policy).eval().requires_grad_(False)
         self._max_len = policy.max_len
@@ -79,6 +83,7 @@ class TinyEngine:
         self._cache = self._model.new_cache(max_batch)
         self._free = list(range(max_batch))  # a heap: the lowest free slot goes first
         self._admit_chunk = max(1, max_batch // 8)
+        self._max_prefill_tokens = max_prefill_tokens
         self._cond = threading.Condition()
         self._queue: collections.deque[_Seq] = collections.deque()
         self._active: list[_Seq] = []
@@ -297,10 +302,19 @@ class TinyEngine:
         return out
 
     def _admit(self) -> list[_Seq]:
-        admitted = []
+        admitted: list[_Seq] = []
+        inputs: set[tuple[int, ...]] = set()  # a group's copies of one prompt are prefilled once
+        tokens = 0
         while self._queue and self._free:
             if self._paused is PauseMode.WAIT and self._queue[0].order > self._wait_cutoff:
                 break
+            request = self._queue[0].request
+            x = (*request.prompt_ids, *request.prefix_ids)
+            if x not in inputs:
+                if self._continuous and admitted and tokens + len(x) > self._max_prefill_tokens:
+                    break  # the rest join at the next boundaries
+                inputs.add(x)
+                tokens += len(x)
             seq = self._queue.popleft()
             seq.slot = heapq.heappop(self._free)
             admitted.append(seq)

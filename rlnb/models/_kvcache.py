@@ -53,12 +53,28 @@ class _Bucket:
     context: int  # positions 0..context-1 are read
     mask: torch.Tensor  # [n, 1, 1, context]: each row sees up to its own position
     first_slot: int | None  # set when slots are one ascending run: read a view, copy nothing
+    # Set when the slots lie in a run with a few gaps (continuous batching's usual
+    # case, as sequences end at random): (first, end) of the run, each row's place in
+    # it, and the mask over the whole run (a gap's row sees position 0 only).
+    span: tuple[int, int] | None = None
+    local: torch.Tensor | None = None
+    span_mask: torch.Tensor | None = None
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         if self.first_slot is not None:
             end = self.first_slot + self.slots.shape[0]
             keys = k_cache[self.first_slot : end, :, : self.context]
             values = v_cache[self.first_slot : end, :, : self.context]
+        elif self.span is not None and self.local is not None:
+            # Attend over a view of the whole run, gaps included, rather than copy the
+            # rows out: reading a few idle rows costs less than writing every row again.
+            first, end = self.span
+            keys = k_cache[first:end, :, : self.context]
+            values = v_cache[first:end, :, : self.context]
+            full = q.new_zeros((end - first, *q.shape[1:]))
+            full[self.local] = q
+            out = F.scaled_dot_product_attention(full.unsqueeze(2), keys, values, attn_mask=self.span_mask)
+            return out.squeeze(2).index_select(0, self.local)
         else:  # index_select copies whole rows, several times faster than k_cache[slots] on CPU
             keys = k_cache[:, :, : self.context].index_select(0, self.slots)
             values = v_cache[:, :, : self.context].index_select(0, self.slots)
@@ -112,4 +128,15 @@ def _bucket(
     mask = (arange[:context] <= positions[:, None]).view(n, 1, 1, context)
     first = int(slots[0])
     run = torch.equal(slots, torch.arange(first, first + n, dtype=slots.dtype))
-    return _Bucket(rows, slots, context, mask, first if run else None)
+    if run:
+        return _Bucket(rows, slots, context, mask, first)
+    low, high = int(slots.min()), int(slots.max()) + 1
+    if n >= 8 and high - low <= SPAN_SLACK * n:
+        local = slots - low
+        span_mask = (arange[:context] == 0).expand(high - low, context).clone()
+        span_mask[local] = mask.view(n, context)
+        return _Bucket(rows, slots, context, mask, None, (low, high), local, span_mask.view(high - low, 1, 1, context))
+    return _Bucket(rows, slots, context, mask, None)
+
+
+SPAN_SLACK = 1.25  # attend over a run of slots with gaps when it is at most this many times the rows

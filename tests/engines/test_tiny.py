@@ -311,3 +311,32 @@ def test_an_engine_thread_that_dies_fails_every_waiter_and_every_later_call(
     with pytest.raises(rlnb.EngineError):
         bridge.run(engine.pause(PauseMode.ABORT), timeout=1)
     assert "admission broke" in str(engine.statistics().extra["died"])
+
+
+def test_a_long_queue_is_prefilled_a_budget_at_a_time_and_each_sample_is_as_if_alone(
+    policy: TinyPolicy, bridge: AsyncBridge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """24 continuations of different prefixes (no shared prompt to prefill once) with a
+    budget of 40 prefill tokens: several prefills, none over the budget, and every
+    sample is what it is when generated alone (its seed decides it)."""
+    prefills: list[int] = []
+    engine = TinyEngine(policy, eos_id=EOS, max_batch=32, max_prefill_tokens=40)
+    run = engine._prefill
+
+    def spy(seqs: list[Any]) -> None:
+        prefills.append(len({(*s.request.prompt_ids, *s.request.prefix_ids) for s in seqs}) * 9)
+        run(seqs)
+
+    monkeypatch.setattr(engine, "_prefill", spy)
+    requests = [request(f"p{i}", seed=i, prefix=(i % 10, 3), max_new_tokens=4, ignore_eos=True) for i in range(24)]
+
+    async def all_at_once() -> list[GenerateResult]:
+        return list(await asyncio.gather(*map(engine.generate, requests)))
+
+    try:
+        together = bridge.run(all_at_once(), timeout=30)
+        alone = [bridge.run(engine.generate(r)) for r in requests[:3]]
+    finally:
+        engine.close()
+    assert len(prefills) > 3 and max(prefills) <= 40  # 9 tokens each: at most 4 inputs a prefill
+    assert [r.token_ids for r in together[:3]] == [r.token_ids for r in alone]

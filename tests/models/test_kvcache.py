@@ -37,6 +37,33 @@ def test_long_tail_batches_split_for_attention_and_still_match_forward(
     assert 2 in buckets_seen  # the split path really ran
 
 
+def test_slots_with_gaps_attend_over_a_view_of_their_run_and_match_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Continuous batching leaves gaps as sequences end: twelve rows in slots 0-14 read
+    # a view of the run (the gaps' rows masked to position 0) instead of a copy of
+    # each row, and give what forward() gives. The gaps hold garbage, as freed slots do.
+    spans: list[tuple[int, int] | None] = []
+    make = _kvcache._DecodePlan.make
+
+    def spy(*args: torch.Tensor) -> _kvcache._DecodePlan:
+        plan = make(*args)
+        spans.extend(b.span for b in plan.buckets)
+        return plan
+
+    monkeypatch.setattr(_kvcache._DecodePlan, "make", spy)
+    model = small_policy()
+    gen = torch.Generator().manual_seed(2)
+    lengths = [5, 6, 4, 6, 5, 4, 5, 6, 4, 5, 6, 5]
+    seqs = [torch.randint(3, VOCAB, (n,), generator=gen) for n in lengths]
+    cache = model.new_cache(16)
+    cache.k.normal_(generator=gen).mul_(50)
+    cache.v.normal_(generator=gen).mul_(50)
+    slots = [0, 1, 3, 4, 5, 7, 8, 9, 10, 12, 13, 14]  # a run of 15 with 3 gaps
+    got = generate(model, cache, slots, seqs, [1] * 12, pad=7)
+    for g, want in zip(got, reference(model, seqs, [1] * 12), strict=True):
+        torch.testing.assert_close(torch.stack(g), want, atol=1e-4, rtol=1e-4)
+    assert (0, 15) in spans  # the view path really ran
+
+
 def test_cache_shape_and_dtype_follow_the_model() -> None:
     model = small_policy()
     cache = model.new_cache(5)
