@@ -90,7 +90,6 @@ class ReplayBuffer:
         self._admitted: Callable[[], None] | None = None  # see on_admit
         self._version = 0
         self._put = self._taken = self._evicted = self._waiting = 0
-        self._taken_from: dict[str, int] = dict.fromkeys(parts, 0)  # groups taken, by partition
         self._closed = False
         self._error: BaseException | None = None  # feeder failure not yet reported
         self._error_text: str | None = None
@@ -204,7 +203,6 @@ class ReplayBuffer:
         with self._cond:
             self._parts[partition].extendleft(reversed(groups))
             self._taken -= len(groups)
-            self._taken_from[partition] -= len(groups)
             self._cond.notify_all()
 
     def get_nowait(self, n_groups: int = 1, *, partition: str = "train") -> list[Group]:
@@ -275,12 +273,6 @@ class ReplayBuffer:
             counters = state["counters"]
             self._put, self._taken, self._evicted = counters["put"], counters["taken"], counters["evicted"]
             self._cond.notify_all()
-
-    def taken(self, partition: str = "train") -> int:
-        """Groups taken from ``partition`` so far (less those put back)."""
-        self._check_partition(partition)
-        with self._cond:
-            return self._taken_from[partition]
 
     def size(self, partition: str = "train") -> int:
         """The number of groups in ``partition`` now."""
@@ -379,7 +371,6 @@ class ReplayBuffer:
         queue = self._parts[partition]
         taken = [queue.popleft() for _ in range(n_groups)]
         self._taken += n_groups
-        self._taken_from[partition] += n_groups
         self._admit_held()
         self._cond.notify_all()
         return taken

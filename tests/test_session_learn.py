@@ -261,3 +261,17 @@ def test_an_async_step_trains_no_sample_older_than_the_policy_lag(lag: int) -> N
         sess.train(8, progress=False)
     assert max(ages) <= lag, ages
     assert ages[-1] == lag, ages  # and async mode uses what the budget allows
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_groups_taken_by_hand_leave_the_budget_and_the_next_step_gets_its_batch(lag: int) -> None:
+    """Only the learner's own batch shrinks the budget until the publish: groups a user
+    takes from the buffer for a look give their place back at once."""
+    config = CONFIG.replace(
+        mode="async", step_timeout=30.0, rollout=dataclasses.replace(CONFIG.rollout, max_policy_lag=lag)
+    )
+    with rlnb.Session(config, name=f"by-hand{lag}") as sess:
+        sess.step()
+        wait_until(lambda: sess.buffer.size() >= config.rollout.groups_per_step, "a batch in the buffer")
+        sess.buffer.get_nowait(sess.buffer.size())
+        assert sess.step()["version"] == 2

@@ -207,12 +207,14 @@ class Trainer:
         self.bridge.run(self.rollouter.start())
         with defer_interrupts() as deferred:
             groups = self._take_batch(deferred, timeout, cancel)
+            self.rollouter.updating_on(len(groups))  # what dispatches now is for the next update
             try:
                 self._call("on_batch", groups)
                 return self._update(groups)
             except Exception:
                 if self.learner.version == before:  # not trained: not lost either
                     self.buffer.put_back(groups)
+                    self.rollouter.updating_on(0)
                 raise
 
     def _take_batch(self, deferred: Deferred, timeout: float | None, cancel: threading.Event | None) -> list[Group]:

@@ -47,7 +47,7 @@ class Rollouter:
     finish, so at most ``(max_policy_lag + 1) * groups_per_step`` groups bound for
     the learner are live once a version is published, less the groups the learner
     has taken since (its update in progress will not train them: a batch dispatched
-    then is trained one version later). Live is counted from what is there now
+    then is trained one version later: :meth:`updating_on`). Live is counted from what is there now
     (groups generating, plus groups in the buffer's ``train`` partition); a group
     leaves the count when the learner takes it, when it fails or is cancelled, and
     when the buffer evicts it. None: no bound (only a full buffer holds dispatch
@@ -114,7 +114,7 @@ class Rollouter:
         )
         self._capacity = asyncio.Semaphore(max_inflight)
         self._version = 0
-        self._taken_at_version = 0  # the buffer's taken count when this version was set
+        self._updating_on = 0  # groups the learner took for the update in progress (updating_on)
         self._dispatcher: asyncio.Task[None] | None = None
         self._items: dict[asyncio.Task[Any], PromptItem] = {}  # collect()'s groups, while they run
         self._collected: list[PromptItem] = []  # the last collect()'s prompts
@@ -201,6 +201,9 @@ class Rollouter:
             # Held groups going into the buffer (the learner took room) let dispatch go on.
             self._buffer.on_admit(functools.partial(call_soon, asyncio.get_running_loop(), self._room_made))
         await self._unhalt()
+        # Each async step starts here: dispatch looks at the budget again (groups taken
+        # from the buffer by hand gave their places back without waking it).
+        await self._machine.notify()
 
     def _room_made(self) -> None:
         if self._machine.state is not RolloutState.CLOSED:
@@ -258,7 +261,7 @@ class Rollouter:
         """Tell the rollouter the learner's policy version (opens the policy-lag budget)."""
         self._machine.check_open()
         self._version = version
-        self._taken_at_version = self._buffer.taken()
+        self._updating_on = 0
         self._halted = False
         await self._machine.notify()
 
@@ -287,10 +290,16 @@ class Rollouter:
         live = self._generating_groups + self._buffer.size() + self._buffer.held()
         if self._max_policy_lag is None:
             return live, None
-        # Taken since the version was published: the learner is updating on them, and a
-        # group dispatched now waits for the update after that one.
-        taken = max(0, self._buffer.taken() - self._taken_at_version)
-        return live, max(0, (self._max_policy_lag + 1) * self._groups_per_step - taken)
+        # The learner is updating on a batch it took: a group dispatched now waits for
+        # the update after that one, so the budget is a batch smaller until the publish.
+        return live, max(0, (self._max_policy_lag + 1) * self._groups_per_step - self._updating_on)
+
+    def updating_on(self, n_groups: int) -> None:
+        """The learner took ``n_groups`` for the update in progress (0: none, the update
+        gave them back): until the next :meth:`publish`, dispatch counts them as taken
+        for one more version. Any thread (a plain int the dispatcher reads). Groups
+        taken from the buffer otherwise (by hand, for a look) only leave the live count."""
+        self._updating_on = n_groups
 
     def why_no_groups(self) -> str:
         """Why background rollouts are not filling the buffer now, in a sentence that
