@@ -35,6 +35,7 @@ from rlnb.engines._guard import Guard
 from rlnb.engines._process_server import serve
 from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
 from rlnb.engines._shared import deliver
+from rlnb.engines._shared import running as count_running
 from rlnb.runtime import spawn_without_main
 
 __all__ = ["ProcessEngine"]
@@ -182,12 +183,7 @@ class ProcessEngine:
             in_flight = list(self._in_flight)
             counts = dict(self._counts)
             paused, cutoff = self._paused, self._cutoff
-        if paused is None:
-            running = len(in_flight)
-        elif paused is PauseMode.ABORT:
-            running = 0  # every request from before the pause came back
-        else:  # "keep" freezes the earlier ones in place, "wait" lets them finish
-            running = sum(a <= cutoff for a in in_flight)
+        running = count_running(in_flight, paused, cutoff)
         return EngineStatistics(
             version=self._version,
             paused=None if paused is None else paused.value,

@@ -45,6 +45,7 @@ from typing import Any
 from rlnb._errors import ClosedError, ConfigError, EngineError
 from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
 from rlnb.engines._ray_cluster import Cluster, report_deaths
+from rlnb.engines._shared import running as count_running
 
 __all__ = ["RayEngine"]
 
@@ -389,12 +390,7 @@ class RayEngine:
     def statistics(self) -> EngineStatistics:
         # the counters change on the bridge loop only: a copy is a consistent enough view
         in_flight = list(self._in_flight)
-        if self._paused is None:
-            running = len(in_flight)
-        elif self._paused is PauseMode.ABORT:
-            running = 0  # every request from before the pause came back
-        else:  # "keep" freezes the earlier ones in place, "wait" lets them finish
-            running = sum(a <= self._cutoff for a in in_flight)
+        running = count_running(in_flight, self._paused, self._cutoff)
         return EngineStatistics(
             version=self._version,
             paused=None if self._paused is None else self._paused.value,

@@ -25,7 +25,7 @@ from rlnb.engines._process_server import PROCESS_NAME
 from rlnb.engines._tiny import TinyEngine
 from rlnb.models import CharTokenizer, TinyPolicy
 from rlnb.runtime import AsyncBridge
-from tests.helpers import wait_until
+from tests.helpers import exited, guard_processes, wait_until
 
 pytestmark = pytest.mark.slow  # each test spawns an engine process (~2 s to import torch)
 
@@ -54,17 +54,6 @@ def engine(policy: TinyPolicy) -> Iterator[ProcessEngine]:
 def request(rid: str, *, seed: int = 0, prefix: tuple[int, ...] = (), **sampling: Any) -> GenerateRequest:
     ids = tuple(TOKENIZER.encode("12+34=", bos=True))
     return GenerateRequest(rid, ids, SamplingParams(**sampling), prefix_ids=prefix, seed=seed)
-
-
-def gone(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def guards() -> set[int]:
-    return {p.pid for p in psutil.Process().children() if "_guard.py" in " ".join(p.cmdline())}
 
 
 async def _all(engine: object, requests: list[GenerateRequest]) -> list[GenerateResult]:
@@ -188,10 +177,10 @@ def test_a_cancelled_caller_and_abort_by_id_free_the_child(engine: ProcessEngine
 def test_close_fails_waiters_and_leaves_no_process_and_a_dead_child_is_an_engine_error(
     policy: TinyPolicy, bridge: AsyncBridge
 ) -> None:
-    others = guards()
+    others = guard_processes()
     eng = ProcessEngine.start(policy, eos_id=EOS, max_batch=2)
     child = psutil.Process(eng.pid)
-    guard = [psutil.Process(pid) for pid in guards() - others]
+    guard = [psutil.Process(pid) for pid in guard_processes() - others]
     assert len(guard) == 1
     bridge.run(eng.pause(PauseMode.KEEP))
     stuck = bridge.submit(eng.generate(request("stuck")))
@@ -202,7 +191,7 @@ def test_close_fails_waiters_and_leaves_no_process_and_a_dead_child_is_an_engine
         bridge.run(eng.generate(request("after")))
     eng.close()
     eng.close()  # idempotent
-    assert gone(child) and all(gone(p) for p in guard)
+    assert exited(child) and all(exited(p) for p in guard)
     with pytest.raises(rlnb.ClosedError):
         bridge.run(eng.generate(request("late")))
 
@@ -213,7 +202,7 @@ def test_close_fails_waiters_and_leaves_no_process_and_a_dead_child_is_an_engine
     eng.close()
     with pytest.raises(rlnb.ClosedError):
         waiting.result(timeout=10)
-    assert gone(child)
+    assert exited(child)
     assert not [t for t in __import__("threading").enumerate() if t.name.endswith("-reader")]
 
 
@@ -252,7 +241,7 @@ def test_killing_the_owner_leaves_no_engine_process(tmp_path: object) -> None:
         assert PROCESS_NAME in {p.name() for p in everyone}
         owner.send_signal(signal.SIGKILL)
         owner.wait(10)
-        wait_until(lambda: all(gone(p) for p in everyone), "the guard to kill the engine process", timeout=5.0)
+        wait_until(lambda: all(exited(p) for p in everyone), "the guard to kill the engine process", timeout=5.0)
     finally:
         owner.kill()
         owner.wait()

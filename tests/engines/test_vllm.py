@@ -31,7 +31,7 @@ import rlnb
 import rlnb.models
 from rlnb.engines import GenerateRequest, GenerateResult, SamplingParams, VLLMEngine, compare_logprobs
 from rlnb.runtime import AsyncBridge
-from tests.helpers import wait_until
+from tests.helpers import guard_processes, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("vllm")]
 
@@ -338,10 +338,6 @@ def gone(proc: psutil.Process) -> bool:
         return True
 
 
-def guards() -> set[int]:
-    return {p.pid for p in psutil.Process().children() if "_guard.py" in " ".join(p.cmdline())}
-
-
 @pytest.fixture
 def own_bridge() -> Iterator[AsyncBridge]:
     """A bridge of the test's own: the leak check sees it made and closed."""
@@ -356,11 +352,11 @@ def test_close_leaves_no_process_and_is_idempotent_and_a_dead_engine_is_an_engin
     is killed under a kept-paused request, which fails with EngineError; then close
     leaves no process behind (the guard's too), and is idempotent."""
     bridge = own_bridge
-    others = guards()  # the shared engine's, if it runs
+    others = guard_processes()  # the shared engine's, if it runs
     eng = bridge.run(VLLMEngine.start(model_a, eos_id=EOS, max_len=MAX_LEN, max_batch=4), timeout=START)
     try:
         procs = engine_processes(eng)
-        guard = [psutil.Process(pid) for pid in guards() - others]
+        guard = [psutil.Process(pid) for pid in guard_processes() - others]
         assert len(guard) == 1
         pending = in_background(bridge, eng, request("cut", max_new_tokens=50, ignore_eos=True))
         wait_for_tokens(eng, 0)

@@ -123,6 +123,11 @@ def exited(proc: psutil.Process) -> bool:
         return True
 
 
+def guard_processes() -> set[int]:
+    """The pids of this process's engine guard processes (``rlnb/engines/_guard.py``)."""
+    return {p.pid for p in psutil.Process().children() if "_guard.py" in " ".join(p.cmdline())}
+
+
 def no_wandb_left() -> None:
     """No wandb-core process and no wandb thread outlives the run."""
     cores = [p for p in psutil.Process().children(recursive=True) if "wandb-core" in " ".join(p.cmdline())]
