@@ -292,8 +292,10 @@ def test_a_slow_reward_shows_its_p99() -> None:
     with rlnb.Session(small_config(task=task.name), name="diagnose") as sess:
         sess.step()
         finding = by_code(sess.diagnose(), "reward-slow")
-    assert finding.severity == "warning" and "reward function 'slow' takes 5" in finding.what
-    assert re.search(r"p99 5\d(\.\d+)? ms; \d+ calls in all", finding.what), finding.what
+    assert finding.severity == "warning", finding
+    # each call sleeps 50 ms, and takes longer on a busy machine
+    shown = re.search(r"'slow' takes ([\d.]+) ms a call \(p50 of its last calls; p99 ([\d.]+) ms; \d+ calls in all", finding.what)
+    assert shown and 50 <= float(shown[1]) <= float(shown[2]), finding.what
 
 
 def test_a_run_that_learns_gets_no_critical_finding() -> None:
