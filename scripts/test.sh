@@ -16,33 +16,44 @@ if [ "${RLNB_NETNS:-}" != "1" ]; then
     fi
     echo "scripts/test.sh: cannot make a network namespace here; server and cluster tests will be skipped" >&2
 fi
+# One torch (OpenMP) thread a process: the suite runs two or three test processes at
+# once, with kernels and engines beside them, on the machine's cores; each process on
+# every core left threads waiting on each other (measured: the whole main pass took 5 %
+# longer, notebooks 10-17 %). A test about thread counts sets its own.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # --fast: the unit tier only (no subprocess, kernel, browser, vLLM or Ray; see the tiers in
 # tests/conftest.py), about a minute on two cores: the loop to run after every change.
 if [ "${1:-}" = "--fast" ]; then
     shift
     exec .venv/bin/python -m pytest -m unit -n "${RLNB_TEST_WORKERS:-2}" --dist loadfile "$@"
 fi
-# Two pytest processes: Ray's driver keeps C++ threads that open sockets after
-# ray.shutdown(), which the leak checks of later tests in the same process would
-# see; the tests that start Ray (marker "ray") run in a process of their own, after
-# the others. (Run beside them, the whole took 14 minutes instead of 17, but on two
-# cores the extra load pushed timing-bound tests past their limits: a process-death
-# deadline of 2 s, a Ray head node's start, a kernel restart.) Exit 5 (nothing
-# collected) from one of them is fine when the other ran tests.
+# Two pytest processes, at once: Ray's driver keeps C++ threads that open sockets after
+# ray.shutdown(), which the leak checks of later tests in the same process would see,
+# so the tests that start Ray (marker "ray") run in a process of their own, one after
+# another (two Ray clusters starting at once on a fresh machine raced: a raylet start
+# timed out, and the token authentication that the first local cluster sets up
+# disagreed between them). They wait on Ray's processes starting for a quarter of
+# their time, which the other process fills. Their output is shown after the others'.
+# Exit 5 (nothing collected) from one of them is fine when the other ran tests.
 #
-# The first runs on RLNB_TEST_WORKERS pytest-xdist workers (default 2), a test module
+# The other runs on RLNB_TEST_WORKERS pytest-xdist workers (default 2), a test module
 # per worker at a time (module fixtures, such as the shared vLLM engine, stay whole),
 # handed out in the order tests/conftest.py sorts them: modules with kernel, browser and
 # engine tests first, short unit modules last, so that neither worker idles at the end.
-# `-n 0` runs it in one process. The Ray tests run one after another: two Ray clusters
-# starting at once on a fresh machine raced (a raylet start timed out, and the token
-# authentication that the first local cluster sets up disagreed between them).
+# `-n 0` runs it in one process.
+ray_log=$(mktemp "${TMPDIR:-/tmp}/rlnb-ray-tests.XXXXXX")
 set +e
+.venv/bin/python -m pytest -m ray "$@" > "$ray_log" 2>&1 &
+ray_tests=$!
+trap 'kill "$ray_tests" 2>/dev/null; rm -f "$ray_log"' EXIT
 .venv/bin/python -m pytest -m "not ray" -n "${RLNB_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
 first=$?
-.venv/bin/python -m pytest -m ray "$@"
+wait "$ray_tests"
 second=$?
 set -e
+echo
+echo "===== the Ray tests (marker \"ray\"), run beside the others in a pytest process of their own ====="
+cat "$ray_log"
 if [ "$first" = 5 ] && [ "$second" = 5 ]; then exit 5; fi
 [ "$first" = 5 ] && first=0
 [ "$second" = 5 ] && second=0

@@ -3,6 +3,8 @@ with the engine on this machine's CPU, what is left beside the engine's threads.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -11,8 +13,19 @@ from rlnb.learn._learner import intra_op_threads
 from rlnb.session._assembly import learner_threads
 
 
+@pytest.fixture(autouse=True)
+def _four_threads() -> Iterator[None]:
+    # Whatever torch's count in this process (scripts/test.sh runs the suite on one
+    # thread a process): four, so that one thread and "what was there before" differ.
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    yield
+    torch.set_num_threads(before)
+
+
 def test_async_with_a_local_engine_leaves_the_engine_its_threads() -> None:
     cores = torch.get_num_threads()
+    assert cores == 4
     assert learner_threads(rlnb.Config(mode="sync")) is None  # the rollout and the update take turns
     assert learner_threads(rlnb.Config(mode="async")) == max(1, cores - 1)
     engine = rlnb.EngineConfig(process=True, threads=2)
