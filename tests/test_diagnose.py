@@ -294,7 +294,9 @@ def test_a_slow_reward_shows_its_p99() -> None:
         finding = by_code(sess.diagnose(), "reward-slow")
     assert finding.severity == "warning", finding
     # each call sleeps 50 ms, and takes longer on a busy machine
-    shown = re.search(r"'slow' takes ([\d.]+) ms a call \(p50 of its last calls; p99 ([\d.]+) ms; \d+ calls in all", finding.what)
+    shown = re.search(
+        r"'slow' takes ([\d.]+) ms a call \(p50 of its last calls; p99 ([\d.]+) ms; \d+ calls in all", finding.what
+    )
     assert shown and 50 <= float(shown[1]) <= float(shown[2]), finding.what
 
 
