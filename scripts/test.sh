@@ -16,44 +16,41 @@ if [ "${RLNB_NETNS:-}" != "1" ]; then
     fi
     echo "scripts/test.sh: cannot make a network namespace here; server and cluster tests will be skipped" >&2
 fi
-# One torch (OpenMP) thread a process: the suite runs two or three test processes at
-# once, with kernels and engines beside them, on the machine's cores; each process on
-# every core left threads waiting on each other (measured: the whole main pass took 5 %
-# longer, notebooks 10-17 %). A test about thread counts sets its own.
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# One torch (OpenMP) thread a process where pytest-xdist runs two workers at once, with
+# kernels and engines beside them, on the machine's cores: each process on every core
+# left threads waiting on each other (measured: the main pass took 5 % longer, the
+# notebooks 10-17 %). The Ray tests, one at a time, keep torch's default. A test about
+# thread counts sets its own.
+threads="${OMP_NUM_THREADS:-1}"
 # --fast: the unit tier only (no subprocess, kernel, browser, vLLM or Ray; see the tiers in
-# tests/conftest.py), about a minute on two cores: the loop to run after every change.
+# tests/conftest.py), under a minute on two cores: the loop to run after every change.
+# Three workers on two cores: dozens of its tests wait a second for a hang, a stall or a
+# timeout to show, which a third worker fills (measured: 49 s against 59-61 s with two).
 if [ "${1:-}" = "--fast" ]; then
     shift
-    exec .venv/bin/python -m pytest -m unit -n "${RLNB_TEST_WORKERS:-2}" --dist loadfile "$@"
+    exec env OMP_NUM_THREADS="$threads" .venv/bin/python -m pytest -m unit -n "${RLNB_TEST_WORKERS:-3}" --dist loadfile "$@"
 fi
-# Two pytest processes, at once: Ray's driver keeps C++ threads that open sockets after
-# ray.shutdown(), which the leak checks of later tests in the same process would see,
-# so the tests that start Ray (marker "ray") run in a process of their own, one after
-# another (two Ray clusters starting at once on a fresh machine raced: a raylet start
-# timed out, and the token authentication that the first local cluster sets up
-# disagreed between them). They wait on Ray's processes starting for a quarter of
-# their time, which the other process fills. Their output is shown after the others'.
+# Two pytest processes: Ray's driver keeps C++ threads that open sockets after
+# ray.shutdown(), which the leak checks of later tests in the same process would see;
+# the tests that start Ray (marker "ray") run in a process of their own, after the
+# others. Run beside them, everything took longer: once 14 minutes instead of 17 with
+# timing-bound tests failing, once (with one torch thread a process) the Ray tests
+# took 16 minutes instead of 5, each Ray start 3-7 times as long, and four failed.
 # Exit 5 (nothing collected) from one of them is fine when the other ran tests.
 #
-# The other runs on RLNB_TEST_WORKERS pytest-xdist workers (default 2), a test module
+# The first runs on RLNB_TEST_WORKERS pytest-xdist workers (default 2), a test module
 # per worker at a time (module fixtures, such as the shared vLLM engine, stay whole),
 # handed out in the order tests/conftest.py sorts them: modules with kernel, browser and
 # engine tests first, short unit modules last, so that neither worker idles at the end.
-# `-n 0` runs it in one process.
-ray_log=$(mktemp "${TMPDIR:-/tmp}/rlnb-ray-tests.XXXXXX")
+# `-n 0` runs it in one process. The Ray tests run one after another: two Ray clusters
+# starting at once on a fresh machine raced (a raylet start timed out, and the token
+# authentication that the first local cluster sets up disagreed between them).
 set +e
-.venv/bin/python -m pytest -m ray "$@" > "$ray_log" 2>&1 &
-ray_tests=$!
-trap 'kill "$ray_tests" 2>/dev/null; rm -f "$ray_log"' EXIT
-.venv/bin/python -m pytest -m "not ray" -n "${RLNB_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
+OMP_NUM_THREADS="$threads" .venv/bin/python -m pytest -m "not ray" -n "${RLNB_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
 first=$?
-wait "$ray_tests"
+.venv/bin/python -m pytest -m ray "$@"
 second=$?
 set -e
-echo
-echo "===== the Ray tests (marker \"ray\"), run beside the others in a pytest process of their own ====="
-cat "$ray_log"
 if [ "$first" = 5 ] && [ "$second" = 5 ]; then exit 5; fi
 [ "$first" = 5 ] && first=0
 [ "$second" = 5 ] && second=0

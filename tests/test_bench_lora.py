@@ -6,6 +6,7 @@ do not depend on the machine; not the timing targets."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -15,7 +16,10 @@ from rlnb.bench import _lora
 from rlnb.cli import BENCHES
 from rlnb.models import tiny_llama
 
-pytest.importorskip("peft", reason="the 'lora' extra (peft) is not installed")
+# find_spec, not importorskip: importing peft (and transformers) costs every collection seconds
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("peft") is None, reason="the 'lora' extra (peft) is not installed"
+)
 
 
 def test_bench_lora_gives_both_variants_figures_and_the_ratios_as_targets(tmp_path: Path) -> None:

@@ -13,7 +13,6 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import psutil
 import pytest
 from playwright.sync_api import Locator, Page
@@ -91,6 +90,8 @@ def test_notebook_10_shows_conversations_in_jupyterlab(
 ) -> None:
     # Its cells up to the first explorer, then the close: the kernel test runs the rest
     # (tests/test_notebooks.py); here what matters is how a conversation looks.
+    import nbformat  # here: importing it (jsonschema's format checkers) costs every collection seconds
+
     nb = nbformat.read(ROOT / "notebooks" / "10-tools-and-conversations.ipynb", as_version=4)
     explorer = next(i for i, c in enumerate(nb.cells) if "sess.explore(batch)" in c.source)
     nb.cells = [*nb.cells[: explorer + 1], *nb.cells[-2:]]
@@ -170,6 +171,8 @@ def change_lr_from_the_settings_panel(page: Page, board: Locator) -> None:
 
 def saved_widget_state(path: Path) -> dict[str, Any] | None:
     """The widget state saved in the notebook at ``path``, or None (not yet there)."""
+    import nbformat
+
     try:
         widgets = nbformat.read(path, as_version=4).metadata.get("widgets", {})
     except Exception:  # a file being written
@@ -187,6 +190,8 @@ def test_the_dashboard_pauses_resumes_and_stops_background_training_in_jupyterla
 ) -> None:
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
+    import nbformat
+
     nb = nbformat.read(PAUSE_RESUME, as_version=4)
     assert "sess.close()" in nb.cells[-1].source
     nb.cells[-1] = nbformat.v4.new_code_cell("sess.start()")  # leave it training in the background

@@ -6,14 +6,17 @@ import math
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import nbformat
 import pytest
+
+if TYPE_CHECKING:
+    import nbformat
 
 pytestmark = [pytest.mark.slow]
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-Execute = Callable[..., nbformat.NotebookNode]  # the execute_notebook fixture
+Execute = Callable[..., "nbformat.NotebookNode"]  # the execute_notebook fixture
 
 
 def text_of(cell: nbformat.NotebookNode) -> str:
@@ -37,6 +40,8 @@ def run_notebook(
     ``restart_before`` as for tests/helpers/notebooks.py's ``execute``); check that
     no cell wrote to stderr or raised, but for the interrupted one; return each code
     cell's text, and the code cells."""
+    import nbformat  # here: importing it (jsonschema's format checkers) costs every collection seconds
+
     nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     if rerun_first:
         first = next(c for c in nb.cells if c.cell_type == "code")
@@ -135,6 +140,8 @@ def test_04_your_own_task_learns(execute_notebook: Execute) -> None:
 
 
 def test_05_a_checkpoint_continues_exactly_after_a_kernel_restart(tmp_path: Path, execute_notebook: Execute) -> None:
+    import nbformat
+
     nb = nbformat.read(NOTEBOOKS / "05-checkpoints-and-restarts.ipynb", as_version=4)
     heading = next(i for i, c in enumerate(nb.cells) if c.source.startswith("## Restart the kernel here"))
     after_restart = next(c for c in nb.cells[heading:] if c.cell_type == "code").source
