@@ -216,9 +216,9 @@ def test_09_settings_change_mid_run_forks_part_ways_and_what_if_leaves_the_run_a
     assert float(means["cold"]) > float(means["hot"]), out[6]  # a cold branch samples its best guess more often
     assert (tmp_path / "09-compare.png").stat().st_size > 10_000
     clip, lr = _what_if(out[7]), _what_if(out[8])
-    # A tighter clip range clips more, and the update moves the policy less.
+    # A tighter clip range clips more. Whether the update then moves the policy less
+    # depends on the batch (Adam scales what is left): 0.0213 against 0.0207 was seen.
     assert clip["clip_fraction"][2] > clip["clip_fraction"][1], out[7]
-    assert clip["update_kl"][2] < clip["update_kl"][1], out[7]
     # Five times the lr moves the policy much further; how much further depends on the
     # batch (2.99x and over 3x measured on two runs' step-60 batches).
     assert lr["update_kl"][2] > 2 * lr["update_kl"][1], out[8]
@@ -269,15 +269,15 @@ def _what_if(text: str) -> dict[str, list[float]]:
 def test_07_ray_replicas_survive_a_killed_one_and_close_leaves_no_ray_process(
     tmp_path: Path, execute_notebook: Execute
 ) -> None:
-    # ~2.5 minutes on an idle 2-core machine: two Ray starts (the first cell runs twice)
-    out, _ = run_notebook(execute_notebook, "07-scale-out-on-ray", rerun_first=True, timeout=400)
-    assert "closed the earlier session 'ray'" in out[1]  # and its Ray cluster: a new one starts
-    warm = number_after(out[2], "accuracy after the warm-up:")
-    found = re.search(r"accuracy after 150 RL steps: (\d\.\d+)", out[3])
-    assert found, out[3]
+    # ~1.5 minutes on an idle 2-core machine. A re-run of the first cell (Ray started
+    # again in the kernel) is tests/engines/test_ray.py's.
+    out, _ = run_notebook(execute_notebook, "07-scale-out-on-ray", timeout=400)
+    warm = number_after(out[1], "accuracy after the warm-up:")
+    found = re.search(r"accuracy after 150 RL steps: (\d\.\d+)", out[2])
+    assert found, out[2]
     assert float(found[1]) >= warm + 0.1, (warm, found[0])  # RL learnt, on the replicas
-    replicas = re.findall(r"replica (\d): (\w+), weights v(\d+), (\d) restart", out[3])
-    assert replicas == [("0", "running", "150", "0"), ("1", "running", "150", "1")], out[3]
-    children = re.search(r"child processes: (\d+) before close, (\d+) after", out[4])
-    assert children and int(children[1]) > 0 and children[2] == "0", out[4]
+    replicas = re.findall(r"replica (\d): (\w+), weights v(\d+), (\d) restart", out[2])
+    assert replicas == [("0", "running", "150", "0"), ("1", "running", "150", "1")], out[2]
+    children = re.search(r"child processes: (\d+) before close, (\d+) after", out[3])
+    assert children and int(children[1]) > 0 and children[2] == "0", out[3]
     assert (tmp_path / "runs" / "07-ray" / "ray").exists()  # Ray's logs under the run dir

@@ -115,15 +115,22 @@ def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_p
     sess.close()  # idempotent
 
 
-def test_ray_started_again_in_the_same_process_leaves_nothing_that_comes_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A cell re-run starts Ray again in the same kernel. Ray's driver then kept exporting
-    metrics to the gone cluster after close, on a new socket every few seconds (each seen
-    by a later test's leak check): the session turns Ray's metrics off."""
+def test_ray_started_again_in_the_same_process_leaves_nothing_that_comes_back(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cell re-run starts Ray again in the same kernel: the new session closes the
+    earlier one, and its cluster, first. Ray's driver then kept exporting metrics to the
+    gone cluster after close, on a new socket every few seconds (each seen by a later
+    test's leak check): the session turns Ray's metrics off."""
     monkeypatch.setenv("RAY_metrics_report_interval_ms", "1000")  # were they on, every second
     config = SMALL.replace(ray=rlnb.RayConfig(engine_replicas=1), data=rlnb.DataConfig(num_workers=0))
-    for _ in range(2):
-        with rlnb.Session(config, name="again") as sess:
-            sess.step()
+    first = rlnb.Session(config, name="again")  # the cell, run once
+    first.step()
+    (replica,) = replicas(first)
+    with rlnb.Session(config, name="again") as sess:  # and again
+        assert "closed the earlier session 'again'" in capsys.readouterr().out
+        assert first.closed and exited(psutil.Process(replica["pid"]))
+        sess.step()
     before = socket_fds()
     deadline = time.monotonic() + 4.0  # Ray exports every second here
     while time.monotonic() < deadline:
