@@ -126,10 +126,10 @@ def test_ray_started_again_in_the_same_process_leaves_nothing_that_comes_back(
     config = SMALL.replace(ray=rlnb.RayConfig(engine_replicas=1), data=rlnb.DataConfig(num_workers=0))
     first = rlnb.Session(config, name="again")  # the cell, run once
     first.step()
-    (replica,) = replicas(first)
+    (replica,) = (psutil.Process(r["pid"]) for r in replicas(first))
     with rlnb.Session(config, name="again") as sess:  # and again
         assert "closed the earlier session 'again'" in capsys.readouterr().out
-        assert first.closed and exited(psutil.Process(replica["pid"]))
+        assert first.closed and exited(replica)
         sess.step()
     before = socket_fds()
     deadline = time.monotonic() + 4.0  # Ray exports every second here
