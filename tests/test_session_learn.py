@@ -137,7 +137,9 @@ def test_async_ctrl_c_while_waiting_takes_nothing_and_during_update_completes() 
     engine = HookedEngine(config)
     with rlnb.Session(config, name="async-ctrl-c", engine=engine, callbacks=[recorder, hooks]) as sess:
         sess.step()
-        sess.pause()  # no new groups arrive: the next step waits
+        # No new groups arrive, and none still finishing lands later: the next step waits.
+        sess.pause("wait")
+        sess.wait_paused()
         # Hold the finished groups aside (not dropped: they count against the
         # staleness budget, so dropping them could leave nothing to dispatch).
         held = sess.buffer.get_nowait(len(sess.buffer)) if len(sess.buffer) else []
