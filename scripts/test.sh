@@ -19,7 +19,7 @@ fi
 # One torch (OpenMP) thread a process where pytest-xdist runs two workers at once, with
 # kernels and engines beside them, on the machine's cores: each process on every core
 # left threads waiting on each other (measured: the main pass took 5 % longer, the
-# notebooks 10-17 %). The Ray tests, one at a time, keep torch's default. A test about
+# notebooks 10-17 %); the Ray tests, two at a time, likewise. A test about
 # thread counts sets its own.
 threads="${OMP_NUM_THREADS:-1}"
 # --fast: the unit tier only (no subprocess, kernel, browser, vLLM or Ray; see the tiers in
@@ -42,13 +42,21 @@ fi
 # per worker at a time (module fixtures, such as the shared vLLM engine, stay whole),
 # handed out in the order tests/conftest.py sorts them: modules with kernel, browser and
 # engine tests first, short unit modules last, so that neither worker idles at the end.
-# `-n 0` runs it in one process. The Ray tests run one after another: two Ray clusters
-# starting at once on a fresh machine raced (a raylet start timed out, and the token
-# authentication that the first local cluster sets up disagreed between them).
+# `-n 0` runs it in one process.
+#
+# The Ray tests run on two workers too, a module each at a time: much of a Ray test is
+# waiting (on a raylet, a restarted replica, Ray's own 30 s start timeout), which the
+# other worker fills (measured: 2:50 against 3:18-4:00 one at a time). Ray makes its
+# token for a local cluster's authentication (~/.ray/auth_token) on the first start
+# where there is none; two first starts at once would each write their own, and a
+# cluster's later processes would read the other's, so it is made here first.
 set +e
 OMP_NUM_THREADS="$threads" .venv/bin/python -m pytest -m "not ray" -n "${RLNB_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
 first=$?
-.venv/bin/python -m pytest -m ray "$@"
+if [ ! -e "$HOME/.ray/auth_token" ] && [ -x .venv/bin/ray ]; then
+    .venv/bin/ray get-auth-token --generate >/dev/null 2>&1
+fi
+OMP_NUM_THREADS="$threads" .venv/bin/python -m pytest -m ray -n "${RLNB_TEST_WORKERS:-2}" --dist loadfile "$@"
 second=$?
 set -e
 if [ "$first" = 5 ] && [ "$second" = 5 ]; then exit 5; fi

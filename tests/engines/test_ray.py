@@ -35,12 +35,12 @@ def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_p
 ) -> None:
     import ray  # here, not at the top: importing Ray takes seconds of every collection
 
-    links = ray_links()
+    links = ray_links(tmp_path)
     run_dir = tmp_path / "a-run-dir-too-long-for-the-sockets-of-ray"
     with rlnb.Session(SMALL.replace(track=rlnb.TrackConfig(run_dir=str(run_dir))), name="ray") as sess:
         assert ray.is_initialized() and len(replicas(sess)) == 2
         assert list(run_dir.glob("ray/session_*/logs/raylet.out")), "Ray's logs go under the run dir"
-        assert len(ray_links() - links) == 1, "its sockets, through a link with a short path"
+        assert len(ray_links(tmp_path) - links) == 1, "its sockets, through a link with a short path"
         log_dir = Path(sess.statistics().engine.extra["log_dir"])  # the real path, not the link close removes
         assert log_dir.parent.parent == run_dir.resolve() / "ray" and (log_dir / "raylet.out").is_file()
         assert all(Path(f).parent == log_dir and Path(f).is_file() for r in replicas(sess) for f in r["logs"])
@@ -106,7 +106,7 @@ def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_p
     assert psutil.Process(forkserver).is_running(), "close killed a process that is not Ray's"
     assert all(exited(p) for p in everyone)
     assert ray_processes() == []
-    assert ray_links() == links
+    assert ray_links(tmp_path) == links
     # What Ray's driver keeps in this process for good, and why: the probe says it.
     kept = {k.owner: k for k in rlnb.probe.snapshot().process_long}["Ray"]
     assert "ray.shutdown()" in kept.reason and "for the life of the process" in kept.reason
@@ -153,7 +153,7 @@ time.sleep(600)
 
 
 def test_a_sigkilled_owner_leaves_no_ray_process(tmp_path: Path) -> None:
-    log, links = tmp_path / "owner.log", ray_links()
+    log, links = tmp_path / "owner.log", ray_links(tmp_path)
     with log.open("w") as err:
         owner = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(OWNER), str(tmp_path / "ray-logs-of-the-process-to-be-killed")],
@@ -177,7 +177,7 @@ def test_a_sigkilled_owner_leaves_no_ray_process(tmp_path: Path) -> None:
             timeout=10.0,
         )
         print(f"Ray's processes gone {time.monotonic() - killed:.2f} s after SIGKILL of their owner")
-        wait_until(lambda: ray_links() == links, "the guard to remove the link to Ray's log dir", timeout=5.0)
+        wait_until(lambda: ray_links(tmp_path) == links, "the guard to remove the link to Ray's log dir", timeout=5.0)
     finally:
         owner.kill()
         owner.wait()
@@ -260,7 +260,7 @@ def test_a_local_cluster_that_does_not_start_is_an_engine_error_naming_its_logs(
     assert f"after {attempts} attempt(s) within RayConfig.start_timeout=120.0 s" in message
     assert f"its logs are in {tmp_path.resolve() / 'ray' / 'session_latest' / 'logs'}" in message
     assert caught.value.__cause__ is error
-    assert not ray_links()  # the short link to the log dir is removed
+    assert not ray_links(tmp_path)  # the short link to the log dir is removed
 
 
 def test_an_address_where_nothing_listens_is_a_config_error_at_once() -> None:

@@ -40,9 +40,18 @@ def replicas(sess: rlnb.Session) -> list[dict[str, Any]]:
     return sess.statistics().engine.extra["replicas"]
 
 
-def ray_links() -> set[Path]:
-    """The short links to long log dirs that Ray's sockets are reached through."""
-    return set(Path(tempfile.gettempdir()).glob("rlnb-ray-*"))
+def ray_links(under: Path) -> set[Path]:
+    """The short links to long log dirs that Ray's sockets are reached through, those
+    to a dir under ``under`` (a test's own: the Ray tests run two at a time)."""
+    found = set()
+    for link in Path(tempfile.gettempdir()).glob("rlnb-ray-*"):
+        try:
+            target = Path(os.readlink(link))
+        except OSError:  # removed meanwhile, or not a link
+            continue
+        if target.is_relative_to(under) or target.is_relative_to(under.resolve()):
+            found.add(link)
+    return found
 
 
 def free_port() -> int:
