@@ -198,7 +198,7 @@ def test_train_a_hugging_face_model_from_its_directory(tmp_path: Path, tiny_llam
     run_dir = tmp_path / "run"
     proc = run_cli(
         "train", "--model", str(tiny_llama_dir), "--steps", "2", "--run-dir", str(run_dir), "--warmup-steps", "2",
-        "--eval-prompts", "20", "--num-workers", "1", "--no-progress", "--json",
+        "--eval-prompts", "20", "--num-workers", "0", "--no-progress", "--json",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert f"Hugging Face model {str(tiny_llama_dir)!r} (float32, learner on cpu) on the 'hf' engine" in proc.stderr
@@ -258,7 +258,7 @@ def test_make_tiny_llama_writes_a_model_that_train_accepts(
     assert (model / "model.safetensors").read_bytes() == (tiny_llama_dir / "model.safetensors").read_bytes()
     proc = run_cli(
         "train", "--model", str(model), "--dtype", "bfloat16", "--steps", "1", "--warmup-steps", "0",
-        "--eval-prompts", "10", "--num-workers", "1", "--run-dir", str(tmp_path / "run"), "--no-progress", "--json",
+        "--eval-prompts", "10", "--num-workers", "0", "--run-dir", str(tmp_path / "run"), "--no-progress", "--json",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert f"Hugging Face model {str(model)!r} (bfloat16, learner on cpu) on the 'hf' engine" in proc.stderr
@@ -269,8 +269,10 @@ def test_make_tiny_llama_writes_a_model_that_train_accepts(
     assert again.stderr.startswith(f"rlnb make-tiny-llama: error: {str(model)!r} is not an empty directory")
 
 
+# Prompts made in the CLI's own process: a loader worker's forkserver imports torch again
+# (~2 CPU-seconds a run); the run with a worker is test_train_writes_its_run_dir_....
 SHORT_RUN = ("train", "--task", "sort", "--steps", "3", "--warmup-steps", "2", "--eval-every", "2",
-             "--eval-prompts", "20", "--num-workers", "1")  # fmt: skip
+             "--eval-prompts", "20", "--num-workers", "0")  # fmt: skip
 
 
 def test_json_keeps_stdout_to_one_line_and_a_log_gets_plain_progress_lines(tmp_path: Path, run_cli: RunCli) -> None:
