@@ -20,7 +20,7 @@ import torch
 
 import rlnb
 import rlnb.models
-from tests.helpers import exited, small_config, wait_until
+from tests.helpers import exited, left_on_disk, small_config, still_there, wait_until
 from tests.helpers.kernel import OpenKernel, ok
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.usefixtures("vllm")]
@@ -84,7 +84,9 @@ def test_a_vllm_session_trains_saves_loads_and_closes(tmp_path: Path) -> None:
         sess.save(tmp_path / "ckpt")
         written = sess.complete(["12+34=", "56+78="], max_new_tokens=4)
         assert _engine_processes(), "vLLM runs EngineCore in a child process"
+        files = left_on_disk(_engine_processes())
     assert _engine_processes() == []
+    assert still_there(files) == [], "close removes what vLLM's killed processes leave on disk"
     with rlnb.Session.load(tmp_path / "ckpt", name="vllm") as loaded:  # the adapter, merged into a new vLLM
         assert loaded.version == 3 and loaded.config.model.lora == LORA
         assert loaded.complete(["12+34=", "56+78="], max_new_tokens=4) == written  # the saved weights, greedy

@@ -13,9 +13,9 @@ the owner's process group does not reach it). The guard:
 * learns whom to kill from lines on stdin: ``watch PID START`` (a pid and its
   start time, so a reused pid is never hit), ``arm`` / ``disarm`` (while armed,
   every new spawned child of the owner is watched: the window in which
-  ``EngineCore`` exists but its pid is not yet known), ``remove PATH`` (a link to
-  delete once the processes are gone), ``bye`` (the engine closed: exit without
-  killing); and also watches any descendant of the owner whose process title vLLM
+  ``EngineCore`` exists but its pid is not yet known), ``remove PATH`` (a link,
+  socket, shared-memory file or directory to delete once the processes are gone),
+  ``bye`` (the engine closed: exit without killing); and also watches any descendant of the owner whose process title vLLM
   set to ``VLLM::...``;
 * on the owner's death, SIGKILLs every watched process still alive and its
   descendants, waits for them, removes the paths, and exits.
@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -230,7 +231,10 @@ def main(argv: list[str]) -> int:
     killed = guard.kill()
     for path in guard.remove:
         with contextlib.suppress(OSError):
-            os.unlink(path)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
     print(
         f"rlnb guard: owner {owner} died; killed {killed} engine processes in {time.monotonic() - started:.2f}s",
         file=sys.stderr,

@@ -24,6 +24,7 @@ import psutil
 
 from rlnb._errors import ClosedError, EngineError
 from rlnb.engines._guard import Guard
+from rlnb.engines._leftovers import engine_files, listening_sockets, remove_leftovers, socket_dir
 from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
 from rlnb.engines._shared import deliver
 from rlnb.engines._vllm_setup import (
@@ -78,6 +79,7 @@ class VLLMEngine:
         self._stats = stats
         self._shapes: dict[str, tuple[int, ...]] = {}  # the checkpoint's, to vet a sync against
         self._mp_procs: list[Any] = []  # vLLM's multiprocessing.Process objects for EngineCore
+        self._files: set[str] = set()  # what its processes would leave on disk (_leftovers)
         self._eos = eos_id
         self._max_len = max_len
         self.name = name
@@ -188,14 +190,20 @@ class VLLMEngine:
         stats = {"running": 0, "waiting": 0, "tokens": 0, "steps": 0, "kv_cache_usage_pct": 0}
         before = set(threading.enumerate())
 
+        sockets: list[str] = []  # the directory of vLLM's ipc:// sockets, once made
+
         def build() -> Any:
-            with spawn_without_main():
+            with spawn_without_main(), socket_dir() as where:
+                if where is not None:
+                    sockets.append(where)
+                    guard.send(f"remove {where}")
                 return AsyncLLM.from_vllm_config(
                     args.create_engine_config(), stat_loggers=[_stat_logger(stats)], disable_log_stats=True
                 )
 
         guard = Guard()
         guard.send("arm")
+        ours_before = listening_sockets(os.getpid())
 
         def abandon(llm: Any) -> None:  # the caller gave up (Ctrl-C) while vLLM was starting
             with contextlib.suppress(Exception):
@@ -216,6 +224,11 @@ class VLLMEngine:
             workers = [int(pid) for pid in await llm.collective_rpc("rlnb_pid")]
             procs = guard.watch([*core, *workers])
             guard.send("disarm")
+            # what a kill leaves on disk: its processes' sockets and shared memory, and
+            # the sockets this process bound for them (_leftovers)
+            files = engine_files([*core, *workers]) | (listening_sockets(os.getpid()) - ours_before) | set(sockets)
+            for file in sorted(files):
+                guard.send(f"remove {file}")
             await llm.update_weight_version("0")
         except BaseException:
             with contextlib.suppress(Exception):
@@ -225,6 +238,7 @@ class VLLMEngine:
         engine = cls(llm, guard, procs, threads, stats, eos_id=eos_id, max_len=max_len, name=name)
         engine._shapes = _checkpoint_shapes(path)
         engine._mp_procs = list(getattr(manager, "processes", []))
+        engine._files = files
         return engine
 
     # -- the Engine protocol ----------------------------------------------------------
@@ -338,6 +352,7 @@ class VLLMEngine:
         for task in background:
             _cancel(task.get_loop(), task)
         deadline = time.monotonic() + (10.0 if timeout is None else timeout)
+        files = self._files | engine_files(self.pids)  # and any made since the start
         ctx = getattr(getattr(self._llm, "engine_core", None), "ctx", None)
         try:
             self._llm.shutdown(timeout=0)
@@ -360,6 +375,7 @@ class VLLMEngine:
             with contextlib.suppress(psutil.Error):
                 p.kill()
         psutil.wait_procs(alive, timeout=5.0)
+        remove_leftovers(files)  # the processes are gone: the sockets and shared memory they left
         for proc in self._mp_procs:
             with contextlib.suppress(ValueError):  # still running: the guard kills it
                 proc.close()

@@ -32,7 +32,7 @@ import rlnb
 import rlnb.models
 from rlnb.engines import GenerateRequest, GenerateResult, SamplingParams, VLLMEngine, compare_logprobs
 from rlnb.runtime import AsyncBridge
-from tests.helpers import guard_processes, wait_until
+from tests.helpers import guard_processes, left_on_disk, still_there, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("vllm")]
 
@@ -349,6 +349,7 @@ def test_close_leaves_no_process_and_is_idempotent_and_a_dead_engine_is_an_engin
     procs = engine_processes(eng)
     guard = [psutil.Process(pid) for pid in guard_processes()]
     assert len(guard) == 1
+    files = left_on_disk(procs)
     try:
         pending = in_background(bridge, eng, request("cut", max_new_tokens=50, ignore_eos=True))
         wait_for_tokens(eng, eng.statistics().generated_tokens)
@@ -360,6 +361,7 @@ def test_close_leaves_no_process_and_is_idempotent_and_a_dead_engine_is_an_engin
     finally:
         eng.close()
     assert all(gone(p) for p in [*procs, *guard])
+    assert still_there(files) == [], "the sockets and shared memory of a killed engine are removed"
     with pytest.raises((rlnb.ClosedError, rlnb.EngineError)):
         pending.result(timeout=10)
     eng.close()  # a no-op
@@ -395,10 +397,16 @@ def test_killing_the_owner_leaves_no_engine_process(model_a: Path, tmp_path: Pat
         procs = [psutil.Process(int(pid)) for pid in line.split()[1:]]
         everyone = psutil.Process(owner.pid).children(recursive=True)
         assert {p.name() for p in procs} == {"VLLM::EngineCore", "VLLM::Worker"}
+        files = left_on_disk([psutil.Process(owner.pid), *procs])
         killed = time.monotonic()
         owner.send_signal(sig)
         owner.wait(10)
         wait_until(lambda: all(gone(p) for p in everyone), "the guard to kill the engine", timeout=5.0)
+        wait_until(
+            lambda: not still_there(files),
+            "the guard to remove the engine's sockets and shared memory",
+            timeout=5.0,
+        )
         print(f"{sig.name}: engine processes gone {time.monotonic() - killed:.2f} s after the owner was killed")
     finally:
         owner.kill()

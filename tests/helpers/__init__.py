@@ -13,6 +13,7 @@ from __future__ import annotations
 import _thread
 import asyncio
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -121,6 +122,20 @@ def exited(proc: psutil.Process) -> bool:
         return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def left_on_disk(procs: Sequence[psutil.Process]) -> set[str]:
+    """What killing an engine's ``procs`` would leave on disk: the Unix sockets they
+    bound (and the directory they are in) and the shared memory they map. Checks that
+    there is some: vLLM's ipc:// endpoints and its message queues' buffers."""
+    sockets = {c.laddr for p in procs for c in p.net_connections(kind="unix") if isinstance(c.laddr, str) and c.laddr}
+    shm = {m.path for p in procs for m in p.memory_maps() if m.path.startswith("/dev/shm/")}
+    assert sockets and shm, (sockets, shm)
+    return sockets | shm | {os.path.dirname(s) for s in sockets if "/rlnb-vllm-" in s}
+
+
+def still_there(paths: set[str]) -> list[str]:
+    return sorted(p for p in paths if os.path.lexists(p))
 
 
 def guard_processes() -> set[int]:
