@@ -15,8 +15,8 @@ the owner's process group does not reach it). The guard:
   every new spawned child of the owner is watched: the window in which
   ``EngineCore`` exists but its pid is not yet known), ``remove PATH`` (a link,
   socket, shared-memory file or directory to delete once the processes are gone),
-  ``bye`` (the engine closed: exit without killing); and also watches any descendant of the owner whose process title vLLM
-  set to ``VLLM::...``;
+  ``bye`` (the engine closed: exit without killing); and also watches any
+  descendant of the owner whose process title vLLM set to ``VLLM::...``;
 * on the owner's death, SIGKILLs every watched process still alive and its
   descendants, waits for them, removes the paths, and exits.
 
