@@ -392,8 +392,9 @@ def test_the_dashboard_tells_the_truth_through_a_full_buffer_pause_a_foreground_
         assert state_row(page, "policy version") == f"{version} (engine {version})"  # not the last tick's
         assert (training_word(page), state_word(page)) == ("closed", "closed")
         deltas = page.eval_on_selector_all(".rlnb-dashboard .rlnb-gauge", "els => els.map(e => e.dataset.delta)")
-        assert deltas and set(deltas) == {"0"}, deltas  # nothing left behind, at once
-        assert page.locator(".rlnb-dashboard .rlnb-new").count() == 0
+        new = page.eval_on_selector_all(".rlnb-dashboard .rlnb-new", "els => els.map(e => e.innerText)")
+        assert deltas and set(deltas) == {"0"}, (deltas, new)  # nothing left behind, at once
+        assert new == []
         assert error_outputs(page) == []
         page.locator(".rlnb-dashboard").first.scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOTS / "truth-closed.png"))
