@@ -20,6 +20,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 
 import psutil
@@ -30,6 +31,9 @@ _SHM = "/dev/shm/"
 _RPC_BASE = "VLLM_RPC_BASE_PATH"
 # A Unix socket's path holds at most 107 bytes; vLLM's names are 36 (a UUID).
 _MAX_SOCKET_DIR = 107 - 37
+# The variable is the process's: two engines starting at once in one process take turns,
+# so that neither restores the other's directory (removed at its close) as the base.
+_ENV_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -38,21 +42,23 @@ def socket_dir() -> Iterator[str | None]:
     ``VLLM_RPC_BASE_PATH`` set here, or the temp dir), named in ``VLLM_RPC_BASE_PATH``
     for the block: vLLM reads it when it names a socket, in this process and in the
     processes it spawns meanwhile, which inherit it. Yields None, changing nothing,
-    where the directory's path would leave a socket's too long."""
-    base = os.environ.get(_RPC_BASE) or tempfile.gettempdir()
-    if len(base) + len("/rlnb-vllm-xxxxxxxx") > _MAX_SOCKET_DIR:
-        yield None
-        return
-    path = tempfile.mkdtemp(prefix="rlnb-vllm-", dir=base)
-    before = os.environ.get(_RPC_BASE)
-    os.environ[_RPC_BASE] = path
-    try:
-        yield path
-    finally:
-        if before is None:
-            os.environ.pop(_RPC_BASE, None)
-        else:
-            os.environ[_RPC_BASE] = before
+    where the directory's path would leave a socket's too long. One block at a time
+    in a process."""
+    with _ENV_LOCK:
+        before = os.environ.get(_RPC_BASE)
+        base = before or tempfile.gettempdir()
+        if len(base) + len("/rlnb-vllm-xxxxxxxx") > _MAX_SOCKET_DIR:
+            yield None
+            return
+        path = tempfile.mkdtemp(prefix="rlnb-vllm-", dir=base)
+        os.environ[_RPC_BASE] = path
+        try:
+            yield path
+        finally:
+            if before is None:
+                os.environ.pop(_RPC_BASE, None)
+            else:
+                os.environ[_RPC_BASE] = before
 
 
 def listening_sockets(pid: int) -> set[str]:
@@ -90,8 +96,8 @@ def engine_files(pids: Iterable[int]) -> set[str]:
 def remove_leftovers(paths: Iterable[str]) -> int:
     """Unlink those of ``paths`` still there, once their processes are gone: a
     :func:`socket_dir` and what is in it, Unix sockets, and files in /dev/shm that
-    this process does not map itself (so nothing
-    still in use here loses its name). A shared-memory segment or semaphore is also
+    this process does not map itself (so nothing still in use here loses its
+    name). A shared-memory segment or semaphore is also
     taken off this process's resource tracker, where its (killed) creator registered
     it, so that it is not reported as leaked at exit. Returns how many it removed."""
     ours = _shared_memory(os.getpid())

@@ -225,8 +225,8 @@ class VLLMEngine:
             procs = guard.watch([*core, *workers])
             guard.send("disarm")
             # what a kill leaves on disk: its processes' sockets and shared memory, and
-            # the sockets this process bound for them (_leftovers)
-            files = engine_files([*core, *workers]) | (listening_sockets(os.getpid()) - ours_before) | set(sockets)
+            # the socket dir (_leftovers); without one, the sockets this process bound
+            files = engine_files([*core, *workers]) | (set(sockets) or listening_sockets(os.getpid()) - ours_before)
             for file in sorted(files):
                 guard.send(f"remove {file}")
             await llm.update_weight_version("0")

@@ -10,6 +10,7 @@ import socket
 import stat
 import tempfile
 import textwrap
+import threading
 from multiprocessing import shared_memory
 from pathlib import Path
 
@@ -116,3 +117,26 @@ def test_a_plain_directory_is_not_removed(tmp_path: Path) -> None:
     mine = tmp_path / "mine"
     mine.mkdir()
     assert remove_leftovers([str(mine)]) == 0 and mine.is_dir()
+
+
+def test_two_starts_at_once_take_turns_and_leave_the_variable_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
+    inside, release = threading.Event(), threading.Event()
+    made: list[str | None] = []
+
+    def first() -> None:
+        with socket_dir() as where:
+            made.append(where)
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert inside.wait(10)
+    threading.Timer(0.2, release.set).start()
+    with socket_dir() as where:  # waits for the first block to end
+        assert release.is_set() and where is not None and os.path.dirname(where) == tempfile.gettempdir()
+        made.append(where)
+    thread.join(10)
+    assert "VLLM_RPC_BASE_PATH" not in os.environ  # not the first's directory
+    assert remove_leftovers([p for p in made if p]) == 2
