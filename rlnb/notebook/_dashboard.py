@@ -154,6 +154,10 @@ class Dashboard:
         self._lock = threading.RLock()  # button states, busy set, closed flag, handles
         self._tick_lock = threading.Lock()  # one tick at a time (ticker, or a caller)
         self._stop = threading.Event()
+        # Set by a tick skipped while another ran (which may have read the session before
+        # the skipped caller's change, a click's): the ticker ticks again at once. Also
+        # wakes the ticker to stop.
+        self._again = threading.Event()
         self._busy: set[str] = set()
         self._handles: collections.deque[Any] = collections.deque(maxlen=32)
         self._stats: SessionStatistics | None = None
@@ -267,9 +271,10 @@ class Dashboard:
                 _clicks.send_as_caused_by(page)
                 self._pinned = page
                 self._route_inputs(page)
+            self._again.clear()
             self.tick()
-            if self._stop.wait(self.interval):
-                return
+            if not self._again.is_set():
+                self._again.wait(self.interval)
 
     def _route_inputs(self, page: dict[str, Any]) -> None:
         """Once per subshell: route what the page sends about each input and button
@@ -295,9 +300,12 @@ class Dashboard:
         """Update every panel from the session now (the ticker does this each
         ``interval``): one ``statistics()``, one probe snapshot, and the curves at
         most every ``CURVES_INTERVAL`` s. Never raises: a failure shows in ``message``.
-        ``wait=False`` skips the update if one is under way (it shows the same);
+        ``wait=False`` skips the update if one is under way: the ticker then updates
+        again once it has ended (the one under way may have read the session before
+        this caller's change; a click's effect shows at once, not an interval later);
         ``curves=False`` leaves the curves for the ticker."""
         if not self._tick_lock.acquire(blocking=wait):
+            self._again.set()
             return
         try:
             if self._closed:
@@ -316,6 +324,7 @@ class Dashboard:
         sess = self._session()
         if sess is None:  # collected without a close callback: nothing left to show
             self._stop.set()
+            self._again.set()
             return
         if sess.closed:
             return  # its close callback is about to run
@@ -648,6 +657,7 @@ class Dashboard:
                 return
             self._closed = True
         self._stop.set()
+        self._again.set()
         if self._thread is not threading.current_thread() and self._thread.ident is not None:
             self._thread.join(_JOIN_TIMEOUT)
         with self._tick_lock:  # a tick from a click handler has finished too

@@ -178,10 +178,30 @@ def test_pause_in_each_mode_then_resume(mode: str) -> None:
 
         dash.buttons["resume"].click()
         assert sess.statistics().rollout.state == "running" and "resumed:" in dash.message.value
-        # the click's own refresh is skipped while the ticker is mid-tick: the next tick shows it
+        # the click's own refresh is skipped while the ticker is mid-tick: it ticks again once that ends
         wait_until(lambda: state_word(dash) == "RUNNING" and dash.buttons["resume"].disabled, "the running panel")
         assert "in the background: " in row(dash, "generation")
         assert not dash.buttons["pause"].disabled
+
+
+def test_a_clicks_effect_shows_at_once_even_when_its_refresh_met_the_tickers() -> None:
+    """A click refreshes the panel itself, unless the ticker is mid-tick (drawing the
+    curves, say): that tick may have read the session before the click, so the ticker
+    ticks again as soon as it ends, not an interval later. Here the interval is a
+    minute and the ticker's tick is held while the click runs."""
+    with rlnb.Session(CONFIG.replace(mode="async"), name="dash-again") as sess:
+        dash = rlnb.notebook.Dashboard(sess, interval=60.0)
+        try:
+            sess.start_rollouts()
+            wait_until(lambda: not dash.buttons["pause"].disabled, "the pause button to come on")
+            with dash._tick_lock:  # the ticker is mid-tick: the click's refresh is skipped
+                dash.buttons["pause"].click()
+                assert "paused (abort)" in dash.message.value
+                assert dash.buttons["resume"].disabled, "not refreshed yet"
+            wait_until(lambda: not dash.buttons["resume"].disabled, "resume to come on", timeout=10.0)
+            assert state_word(dash) == "PAUSED (abort)"
+        finally:
+            dash.close()
 
 
 def test_an_error_shows_inline_and_nothing_reaches_stderr(capsys: pytest.CaptureFixture[str]) -> None:

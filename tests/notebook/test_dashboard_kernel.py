@@ -40,12 +40,19 @@ def read_until(kc: BlockingKernelClient, done: Any, what: str) -> list[dict[str,
     deadline = time.monotonic() + TIMEOUT
     while not done(msgs):
         if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {TIMEOUT} s; got {[m['msg_type'] for m in msgs]}")
+            said = [v for m in msgs if m["msg_type"] == "comm_msg" for v in _texts(m)]
+            raise AssertionError(f"no {what} within {TIMEOUT} s; the widgets said {said[-8:]}")
         try:
             msgs.append(kc.get_iopub_msg(timeout=0.1))
         except queue.Empty:
             continue
     return msgs
+
+
+def _texts(msg: dict[str, Any]) -> list[str]:
+    """A widget update's texts (a message's value, a button's label), shortened."""
+    state = msg["content"]["data"].get("state", {})
+    return [str(state[k])[:160] for k in ("value", "description") if isinstance(state.get(k), str)]
 
 
 def states(msgs: list[dict[str, Any]], comm_id: str, key: str) -> list[Any]:
@@ -192,10 +199,18 @@ def test_through_a_subshell_pause_and_resume_work_beside_a_foreground_train(
         subshell = make_subshell(kc)  # JupyterLab makes one and sends clicks with its id
         pause, resume, step = (widget(opened, button=name) for name in ("pause", "resume", "step"))
         message, state = widget(opened, css="rlnb-message"), widget(opened, css="rlnb-state")
+
+        def paused_and_resume_on(msgs: list[dict[str, Any]]) -> bool:
+            """The pause said so and the resume button came on: a person clicks it only then
+            (the page sends no click for a button that is off)."""
+            return "paused (abort)" in "".join(states(msgs, message, "value")) and False in states(
+                msgs, resume, "disabled"
+            )
+
         # A first click shows the dashboard the page's subshell: ipykernel routes a widget's
         # clicks to where its last update came from, and the dashboard's updates now say so.
         click(kc, pause, subshell=subshell)
-        read_until(kc, lambda msgs: "paused (abort)" in "".join(states(msgs, message, "value")), "the first pause")
+        read_until(kc, paused_and_resume_on, "the first pause")
         click(kc, resume, subshell=subshell)
         read_until(kc, lambda msgs: "resumed" in "".join(states(msgs, message, "value")), "the first resume")
         assert ok(kc, "print(sess.dashboard().live_clicks)").strip() == "True"
@@ -214,7 +229,7 @@ def test_through_a_subshell_pause_and_resume_work_beside_a_foreground_train(
         during += read_until(kc, lambda msgs: bool(states(msgs, message, "value")), "the step's answer")
         assert "step: not run. train(until=30) is running in the foreground" in states(during, message, "value")[-1]
         click(kc, pause, subshell=subshell)
-        during += read_until(kc, lambda msgs: "paused (abort)" in "".join(states(msgs, message, "value")), "pause")
+        during += read_until(kc, paused_and_resume_on, "pause")
         click(kc, resume, subshell=subshell)
         during += read_until(kc, lambda msgs: "resumed" in "".join(states(msgs, message, "value")), "resume")
         ended = [m for m in during if m["msg_type"] == "status" and m["parent_header"].get("msg_id") == msg_id]
