@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,16 @@ def click(kc: BlockingKernelClient, comm_id: str, *, subshell: str | None = None
     kc.shell_channel.send(msg)
 
 
+def paused_and_on(message: str, resume: str) -> Callable[[list[dict[str, Any]]], bool]:
+    """Whether the messages show the pause said so and the ``resume`` button come on: a
+    person clicks it only then (the page sends no click for a button that is off)."""
+
+    def done(msgs: list[dict[str, Any]]) -> bool:
+        return "paused (abort)" in "".join(states(msgs, message, "value")) and False in states(msgs, resume, "disabled")
+
+    return done
+
+
 def make_subshell(kc: BlockingKernelClient) -> str:
     """Ask the kernel for a subshell, as JupyterLab does for widgets' messages; its id."""
     kc.control_channel.send(kc.session.msg("create_subshell_request", {}))
@@ -199,13 +210,7 @@ def test_through_a_subshell_pause_and_resume_work_beside_a_foreground_train(
         subshell = make_subshell(kc)  # JupyterLab makes one and sends clicks with its id
         pause, resume, step = (widget(opened, button=name) for name in ("pause", "resume", "step"))
         message, state = widget(opened, css="rlnb-message"), widget(opened, css="rlnb-state")
-
-        def paused_and_resume_on(msgs: list[dict[str, Any]]) -> bool:
-            """The pause said so and the resume button came on: a person clicks it only then
-            (the page sends no click for a button that is off)."""
-            return "paused (abort)" in "".join(states(msgs, message, "value")) and False in states(
-                msgs, resume, "disabled"
-            )
+        paused_and_resume_on = paused_and_on(message, resume)
 
         # A first click shows the dashboard the page's subshell: ipykernel routes a widget's
         # clicks to where its last update came from, and the dashboard's updates now say so.
@@ -269,7 +274,7 @@ def test_through_a_subshell_apply_reads_what_was_typed_beside_a_foreground_train
         lr, apply = widget(opened, css="rlnb-setting-lr"), widget(opened, css="rlnb-settings-apply")
         message, said = widget(opened, css="rlnb-message"), widget(opened, css="rlnb-settings-message")
         click(kc, pause, subshell=subshell)
-        read_until(kc, lambda m: "paused (abort)" in "".join(states(m, message, "value")), "the pause")
+        read_until(kc, paused_and_on(message, resume), "the pause")
         click(kc, resume, subshell=subshell)
         read_until(kc, lambda m: "resumed" in "".join(states(m, message, "value")), "the resume")
         time.sleep(1.2)  # two of the ticker's ticks: the first routes the inputs' messages to the subshell
