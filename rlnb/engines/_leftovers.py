@@ -6,11 +6,12 @@ a semaphore beside them). A process that exits cleanly unlinks what it made; one
 that is killed, as ``AsyncLLM.shutdown`` kills EngineCore and its Worker, does not:
 each engine start left seven sockets in /tmp and two shared-memory segments
 (~400 MB of address space each, the pages written stay in RAM), until the owning
-process exited and its resource tracker removed the segments with a warning on
-stderr. The engine starts vLLM with its sockets in a directory of its own
-(:func:`socket_dir`; vLLM's ``VLLM_RPC_BASE_PATH``), notes the shared memory its
-processes map while they run, and removes both once the processes are gone; its
-guard (``remove PATH``) does it if the owner dies first.
+process exited and its resource tracker removed them (and a semaphore) with a
+warning on stderr, at every exit of a script that had used vLLM. The engine starts
+vLLM with its sockets in a directory of its own (:func:`socket_dir`; vLLM's
+``VLLM_RPC_BASE_PATH``), notes the shared memory its processes map while they run,
+and removes both once the processes are gone; its guard (``remove PATH``) does it
+if the owner dies first.
 """
 
 from __future__ import annotations
@@ -71,17 +72,36 @@ def listening_sockets(pid: int) -> set[str]:
 
 
 def _shared_memory(pid: int) -> set[str]:
-    """The files in /dev/shm that process ``pid`` maps and that still have a name."""
-    found = set()
+    """The files in /dev/shm that process ``pid`` maps and that still have a name.
+
+    A semaphore's creator maps it under another name: glibc's ``sem_open`` makes it as
+    a temporary file, maps that, links it to the semaphore's name and unlinks the
+    temporary one, so the mapping reads ``/dev/shm/sem.XXXXXX (deleted)``. Such a
+    file is found by its inode, under the name it still has (vLLM's EngineCore
+    makes one for its workers, a multiprocessing lock)."""
+    found, unlinked = set(), set()
     try:
         with open(f"/proc/{pid}/maps") as maps:
             for line in maps:
                 fields = line.split(maxsplit=5)
-                if len(fields) == 6 and fields[5].startswith(_SHM) and not fields[5].endswith("(deleted)\n"):
+                if len(fields) < 6 or not fields[5].startswith(_SHM):
+                    continue
+                if fields[5].endswith(" (deleted)\n"):
+                    unlinked.add(int(fields[4]))
+                else:
                     found.add(fields[5].rstrip("\n"))
-    except OSError:  # gone, or not Linux
+    except (OSError, ValueError):  # gone, or not Linux
         pass
-    return found
+    return found | _named(unlinked) if unlinked else found
+
+
+def _named(inodes: set[int]) -> set[str]:
+    """The paths in /dev/shm of the files with these inode numbers."""
+    try:
+        with os.scandir(_SHM) as entries:
+            return {entry.path for entry in entries if entry.inode() in inodes}
+    except OSError:
+        return set()
 
 
 def engine_files(pids: Iterable[int]) -> set[str]:
