@@ -18,7 +18,7 @@ import pytest
 import rlnb
 from rlnb.testing import no_leaks
 from tests.helpers import processes
-from tests.helpers.tiers import heaviest_first, implied_markers, tier
+from tests.helpers.tiers import goes_first, heaviest_first, implied_markers, tier
 
 if TYPE_CHECKING:
     import subprocess
@@ -48,7 +48,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(tiers[-1])
     # The order pytest-xdist hands modules out in (scripts/test.sh passes
     # --no-loadscope-reorder, which would otherwise put the modules with most tests first).
-    items[:] = heaviest_first(items, tiers, [item.nodeid.split("::", 1)[0] for item in items])
+    modules = [item.nodeid.split("::", 1)[0] for item in items]
+    items[:] = heaviest_first(items, tiers, modules, [goes_first(item) for item in items])
     skips = {}
     if not LOOPBACK_ONLY:
         skips["netns"] = pytest.mark.skip(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.tiers import FIXTURES, heaviest_first, implied_markers, tier
+from tests.helpers.tiers import FIXTURES, goes_first, heaviest_first, implied_markers, tier
 
 
 @dataclass
@@ -85,6 +85,11 @@ def test_modules_with_system_tests_go_out_first_and_keep_their_order_inside() ->
     ]
     names, tiers, modules = zip(*collected, strict=True)
     assert heaviest_first(names, tiers, modules) == ["s1", "s2", "s3", "s4", "i1", "u1", "u2"]
+    # a module that runs the notebooks goes before every other
+    first = [name == "s3" for name in names]
+    assert heaviest_first(names, tiers, modules, first) == ["s3", "s4", "s1", "s2", "i1", "u1", "u2"]
+    assert goes_first(Item(fixturenames=["tmp_path", "execute_notebook"]))
+    assert not goes_first(Item(fixturenames=["tmp_path", "open_kernel"]))
 
 
 def test_the_suite_hands_out_its_heaviest_modules_first(request: pytest.FixtureRequest) -> None:
