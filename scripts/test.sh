@@ -40,8 +40,10 @@ fi
 #
 # The first runs on RLNB_TEST_WORKERS pytest-xdist workers (default 2), a test module
 # per worker at a time (module fixtures, such as the shared vLLM engine, stay whole),
-# handed out in the order tests/conftest.py sorts them: modules with kernel, browser and
-# engine tests first, short unit modules last, so that neither worker idles at the end.
+# handed out in the order tests/conftest.py sorts them: the notebooks first (the longest
+# module, training on one core while the other worker's tests mostly wait), then modules
+# with kernel, browser and engine tests, short unit modules last, so that neither worker
+# idles at the end.
 # `-n 0` runs it in one process.
 #
 # The Ray tests run on two workers too, a module each at a time: much of a Ray test is
