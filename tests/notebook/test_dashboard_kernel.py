@@ -192,7 +192,12 @@ def test_a_click_made_during_a_foreground_train_is_refused_not_run_late(
         assert any('data-state="foreground"' in v and "train(until=25)" in v for v in states(during, state, "value"))
         assert ok(kc, "print(sess.statistics().rollout.state, sess.version)").split() == ["running", "25"]
 
-        time.sleep(CLICK_GRACE + 0.5)  # a click made once the call returned and the button came on: it runs
+        # A click made once the call returned and the button came on, as a person sees it: it runs.
+        deadline = time.monotonic() + TIMEOUT
+        while ok(kc, "print(sess.dashboard().buttons['pause'].disabled)").strip() != "False":
+            assert time.monotonic() < deadline, "the pause button never came on after the call"
+            time.sleep(0.05)
+        time.sleep(CLICK_GRACE + 0.1)
         click(kc, pause)
         after = read_until(kc, lambda msgs: states(msgs, pause, "description")[-1:] == ["pause"], "the pause")
         assert "paused (abort)" in states(after, message, "value")[-1]
