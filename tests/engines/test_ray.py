@@ -73,7 +73,9 @@ def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_p
         victim = sess._engine._slots[0].actor  # type: ignore[attr-defined]
 
         def kill_when_busy() -> None:
-            wait_until(lambda: sess.statistics().engine.running > 0, "a step's rollouts in flight", timeout=60)
+            # the victim's own requests in flight, not only the other replica's (seen once in CI:
+            # killed while it had none, nothing was requeued)
+            wait_until(lambda: int(replicas(sess)[0]["in_flight"]) > 0, "rollouts in flight on replica 0", timeout=60)
             ray.kill(victim)
 
         killer = threading.Thread(target=kill_when_busy)
