@@ -95,7 +95,11 @@ def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_p
         stats = sess.statistics().engine.extra
         assert stats["restarts"] == 1 and replicas(sess)[0]["restarts"] == 1
         assert [r["state"] for r in replicas(sess)] == ["running", "running"]
-        assert stats["requeued"] >= 1  # the dead replica's requests ran again on the other
+        # Found dead by a request (remade with v4, mid-step): its requests ran again on the
+        # other. A kill that lands once its requests have ended is found at the sync (v5),
+        # with nothing to run again (seen in CI under load: ray.kill is asynchronous).
+        if said[0][3].startswith("and was remade with weights v4"):
+            assert stats["requeued"] >= 1
         assert [r["version"] for r in replicas(sess)] == [6, 6]
         dash = sess.dashboard()  # one row per replica, and the restart
         dash.tick()
