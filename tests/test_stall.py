@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 
@@ -81,6 +82,9 @@ def test_an_engine_that_stops_producing_tokens_is_named() -> None:
 
         stepping = threading.Thread(target=step)
         stepping.start()
+        # Nothing looks at the session until the step has begun: the engine is still named
+        # the moment the step stalls (the watch saw the token count before the step began).
+        time.sleep(0.3)
         stall = _stalled(sess)
         assert stall.where == "engine", stall
         assert "the engine has 16 requests in flight and has produced no token for" in stall.what

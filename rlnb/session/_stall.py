@@ -211,6 +211,10 @@ class StallWatch:
         """Start the once-a-second watch on ``loop`` (the session's bridge loop, which
         cancels it when it closes); call it on that loop. Idempotent."""
         if self._task is None or self._task.done():
+            # The token count is seen now, before the step this call precedes begins: an
+            # engine quiet from the start of the first step is then named as soon as the
+            # step stalls, not "unknown" until the watch has seen the count for the limit.
+            self._note_tokens()
             self._task = loop.create_task(self._watch(), name=f"rlnb-{self._name}-stall-watch")
 
     async def _watch(self) -> None:
