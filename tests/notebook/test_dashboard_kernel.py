@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from jupyter_client import BlockingKernelClient
 
+from tests.helpers import wait_until
 from tests.helpers.kernel import TIMEOUT, OpenKernel, ok
 
 pytestmark = [pytest.mark.slow]
@@ -193,10 +194,8 @@ def test_a_click_made_during_a_foreground_train_is_refused_not_run_late(
         assert ok(kc, "print(sess.statistics().rollout.state, sess.version)").split() == ["running", "25"]
 
         # A click made once the call returned and the button came on, as a person sees it: it runs.
-        deadline = time.monotonic() + TIMEOUT
-        while ok(kc, "print(sess.dashboard().buttons['pause'].disabled)").strip() != "False":
-            assert time.monotonic() < deadline, "the pause button never came on after the call"
-            time.sleep(0.05)
+        on = "print(sess.dashboard().buttons['pause'].disabled)"
+        wait_until(lambda: ok(kc, on).strip() == "False", "the pause button to come on after the call", TIMEOUT)
         time.sleep(CLICK_GRACE + 0.1)
         click(kc, pause)
         after = read_until(kc, lambda msgs: states(msgs, pause, "description")[-1:] == ["pause"], "the pause")
