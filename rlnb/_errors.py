@@ -4,9 +4,13 @@ public error derives from :class:`RlnbError`."""
 from __future__ import annotations
 
 import contextlib
+import dis
 import functools
 import os
+import sys
 import threading
+import traceback
+import types
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
@@ -144,19 +148,59 @@ def public_call(after_interrupt: str, *, waits_for_rollouts: bool = False) -> Ca
             except KeyboardInterrupt:
                 raise Interrupted(f"{fn.__name__}() was interrupted; {after_interrupt}") from None
             except Exception as exc:
-                if not _raised_by_rlnb(exc):
+                if not _raised_on_purpose(exc):
                     raise
+                # IPython shows a traceback's last frame whatever hides it, and this one
+                # would be it: the error renders itself without it (_render_short).
+                exc._render_traceback_ = functools.partial(_render_short, exc)  # type: ignore[attr-defined]
                 raise exc.with_traceback(None)  # noqa: B904 (the same error, its traceback from here on)
 
+        _WRAPPERS.add(call.__code__)  # type: ignore[attr-defined]  # (functools.wraps hides it from mypy)
         return cast(_F, call)
 
     return decorate
 
 
-def _raised_by_rlnb(exc: BaseException) -> bool:
+_WRAPPERS: set[types.CodeType] = set()  # public_call's wrapper: one code object for every call
+_RAISE = dis.opmap["RAISE_VARARGS"]
+
+
+def _raised_on_purpose(exc: BaseException) -> bool:
+    """``exc`` came from a ``raise`` statement in rlnb's code: an error rlnb means to
+    give. An error Python raised inside rlnb (an AttributeError, a failed assert) is a
+    bug, which keeps every frame."""
+    if type(exc) is AssertionError:
+        return False
     tb = exc.__traceback__
     if tb is None:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
-    return tb.tb_frame.f_code.co_filename.startswith(_PACKAGE)
+    code = tb.tb_frame.f_code
+    if not code.co_filename.startswith(_PACKAGE):
+        return False
+    return code in _WRAPPERS or code.co_code[tb.tb_lasti] == _RAISE
+
+
+def _render_short(exc: BaseException) -> list[str]:
+    """What IPython shows for an error ``public_call`` gave: its traceback (the
+    user's lines) less the wrapper's frame at its end; causes keep all of theirs."""
+    frames: list[types.TracebackType] = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    while frames and frames[-1].tb_frame.f_code in _WRAPPERS:
+        frames.pop()
+    short: types.TracebackType | None = None
+    for entry in reversed(frames):
+        short = types.TracebackType(short, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    shell = _ipython()
+    if shell is None:
+        return "".join(traceback.format_exception(type(exc), exc, short)).splitlines()
+    return cast(list[str], shell.InteractiveTB.structured_traceback(type(exc), exc, short))
+
+
+def _ipython() -> Any:
+    module = sys.modules.get("IPython")  # only where IPython already runs: never imported here
+    return module.get_ipython() if module is not None else None

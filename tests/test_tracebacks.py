@@ -5,6 +5,7 @@ line (``rlnb.Interrupted``) that says what was kept and how to go on."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import threading
 import traceback
@@ -13,6 +14,7 @@ import pytest
 
 import rlnb
 from tests.helpers import ctrl_c_once, small_config
+from tests.helpers.kernel import OpenKernel, cell_output, ok
 
 CONFIG = small_config(rollout=rlnb.RolloutConfig(group_size=2, groups_per_step=2, max_new_tokens=4))
 
@@ -84,3 +86,29 @@ def test_ctrl_c_in_wait_is_one_line_and_the_run_goes_on() -> None:
                 raise
         assert sess.training
         sess.stop()
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+KERNEL_SETUP = """
+import rlnb
+sess = rlnb.Session(rlnb.Config(task="addition", seed=0,
+    rollout=rlnb.RolloutConfig(group_size=2, groups_per_step=2, max_new_tokens=4)), name="tb")
+sess.pause()
+"""
+
+
+def test_in_a_notebook_a_deliberate_error_shows_the_users_line_and_the_message(open_kernel: OpenKernel) -> None:
+    with open_kernel() as (_, kc):
+        ok(kc, KERNEL_SETUP)
+        shown = ANSI.sub("", cell_output(kc, "sess.evaluate()"))
+        assert "RolloutError: rollouts are paused; call resume() first" in shown, shown
+        assert "sess.evaluate()" in shown, shown
+        # rlnb's own wrapper frame is not shown, nor is anything under it
+        assert "_errors.py" not in shown and "with_traceback" not in shown, shown
+        assert len(shown.strip().splitlines()) <= 6, shown
+        # an error that is not deliberate (a bug inside rlnb) keeps every frame
+        broken = "kept, sess._rollouter = sess._rollouter, None\nsess.wait_paused(timeout=1)"
+        bug = ANSI.sub("", cell_output(kc, broken))
+        assert "AttributeError" in bug and "_session.py" in bug, bug
+        ok(kc, "sess._rollouter = kept\nsess.close()")
