@@ -81,7 +81,8 @@ def test_a_foreground_call_shows_as_the_call_with_its_progress(stats: SessionSta
     training = TrainingStatistics(False, 41, 3.1, {}, None, None, foreground=call)
     text = repr(with_training(stats, training))
     assert re.search(r"^\s*training\s+train\(until=150\) in the foreground, step 41, 3.1 steps/s", text, re.M), text
-    assert call.progress(41) == "step 41 of 150 (22 %)"
+    assert call.progress(41) == "step 41 of 150, 31 of 140 (22 %)"  # the share is of the call's own steps
+    assert dataclasses.replace(call, first=0).progress(41) == "step 41 of 150 (27 %)"
 
 
 def test_cancelled_rollouts_show_apart_from_failed_ones(stats: SessionStatistics) -> None:

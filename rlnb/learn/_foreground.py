@@ -39,11 +39,17 @@ class ForegroundCall:
     thread_id: int = dataclasses.field(default=0, repr=False, compare=False)
 
     def progress(self, version: int) -> str:
-        """``"step 41 of 150 (24 %)"`` for a train call at policy ``version``, else ``""``."""
+        """How far a train call has got at policy ``version``, else ``""``: ``"step 41 of
+        150 (27 %)"`` from step 0; from another step the call's own count too, which
+        the share is of: ``train(300)`` from step 734 is at ``"step 740 of 1034, 6 of
+        300 (2 %)"``."""
         if self.first is None or self.last is None or self.last <= self.first:
             return ""
         done, total = version - self.first, self.last - self.first
-        return f"step {version} of {self.last} ({100 * done // total} %)"
+        share = f"({100 * done // total} %)"
+        if self.first == 0:
+            return f"step {version} of {self.last} {share}"
+        return f"step {version} of {self.last}, {done} of {total} {share}"
 
     def steps_per_s(self, version: int, now: float | None = None) -> float | None:
         """Policy steps a second since the call started (None before its first step)."""

@@ -71,6 +71,13 @@ def test_a_foreground_call_turns_every_button_off_and_says_why(idle: SessionStat
     assert {m for m, on in live.items() if on} == {"pause"}  # resume once paused
     assert "pause and resume work meanwhile" in _panels.controls_notice(stats, live_clicks=True)
 
+    # train(300) from step 734: the share is of the call's 300 steps, and says so
+    later = with_(
+        idle,
+        training={"foreground": dataclasses.replace(call, call="train(until=1034)", first=734, last=1034), "step": 740},
+    )
+    assert "at step 740 of 1034, 6 of 300 (2 %)" in _panels.controls_notice(later)
+
     wait = dataclasses.replace(call, call="wait()", first=None)
     waiting = with_(idle, training={"foreground": wait, "running": True})
     assert words(_panels.state_html("s", waiting, None))[0] == "background"  # wait() only waits on it
