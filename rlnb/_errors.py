@@ -89,7 +89,8 @@ class CheckpointError(RlnbError):
 
 
 class TrainingError(RlnbError, RuntimeError):
-    """Background training (``Session.start()``) failed; the cause is chained."""
+    """Training failed: background training (``Session.start()``), the cause chained; or
+    a step whose advantages, loss or gradient were not finite, which changed nothing."""
 
 
 class Interrupted(KeyboardInterrupt):

@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
+from rlnb._errors import TrainingError
 from rlnb._samples import Group
 from rlnb.config import LearnConfig
 from rlnb.envs import Demonstration
@@ -85,10 +87,13 @@ def collate(
             group_of.append(g_index)
     width = max(1, max(len(t) for t in targets))
     lengths = torch.tensor([len(t) for t in targets])
+    # float64: a reward total (a weighted sum) may lie beyond float32's range
     if len({len(r) for r in rewards}) == 1:
-        advantages = grpo_advantages(torch.tensor(rewards), scale=scale_advantages).flatten()
+        advantages = grpo_advantages(torch.tensor(rewards, dtype=torch.float64), scale=scale_advantages).flatten()
     else:  # groups of different sizes: one at a time
-        advantages = torch.cat([grpo_advantages(torch.tensor([r]), scale=scale_advantages)[0] for r in rewards])
+        advantages = torch.cat(
+            [grpo_advantages(torch.tensor([r], dtype=torch.float64), scale=scale_advantages)[0] for r in rewards]
+        )
     return TrainBatch(
         prompts=_padded(prompts, max(len(p) for p in prompts), pad_id, torch.long),
         prompt_lengths=torch.tensor([len(p) for p in prompts]),
@@ -97,13 +102,19 @@ def collate(
         mask=_padded(masks, width, 0, torch.bool),
         behav_logp=_padded(behav, width, 0.0, torch.float32),
         advantages=advantages,
-        rewards=torch.tensor([x for r in rewards for x in r]),
+        rewards=torch.tensor([x for r in rewards for x in r], dtype=torch.float64),
         min_versions=torch.tensor(versions),
         group_of=torch.tensor(group_of),
     )
 
 
 _DEFAULT = LearnConfig()
+# What to change when a loss or gradient overflows with finite advantages.
+_OVERFLOW = (
+    "large advantages (rewards of a large spread with scale_advantages=False), a policy far from the one "
+    "that sampled, or a large lr make an update overflow: use smaller rewards (or reward_weights), "
+    "LearnConfig.scale_advantages=True or a smaller lr"
+)
 
 
 @contextlib.contextmanager
@@ -251,7 +262,9 @@ class Learner:
 
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
         """One optimisation step on ``groups``; returns its metrics. The policy's
-        version goes up by one. Raises ``ValueError`` for an empty or malformed batch."""
+        version goes up by one. Raises ``ValueError`` for an empty or malformed batch,
+        and :class:`~rlnb.TrainingError` for advantages, a loss or a gradient that is
+        not finite, with the weights and the optimiser's state as they were before."""
         with intra_op_threads(self.threads):
             return self._step(groups)
 
@@ -265,9 +278,19 @@ class Learner:
         start = time.perf_counter()
         dev = self.policy.device
         batch = collate(groups, self._encode, self._pad, scale_advantages=cfg.scale_advantages).to(dev)
+        if not bool(torch.isfinite(batch.advantages.float()).all()):
+            raise self._not_finite(
+                "the advantages are beyond float32's range",
+                batch,
+                "LearnConfig.scale_advantages=False keeps the rewards' scale: use scale_advantages=True, "
+                "or rewards (and reward_weights) whose spread in a group is within 3.4e38",
+            )
         lr: float | None = None
         max_grad_norm = cfg.max_grad_norm
         parts = torch.arange(len(groups), device=dev).chunk(max(1, min(cfg.minibatches, len(groups))))
+        # A later update that goes non-finite puts back the weights and moments of before
+        # the first: with several updates a step keeps a copy of them while it runs.
+        saved = self._save_state() if cfg.epochs * len(parts) > 1 else None
         # With one update per batch the proximal policy is the current one: its
         # log-probs are the first (only) forward pass's, detached; no extra pass.
         single_update = cfg.epochs == 1 and len(parts) == 1
@@ -302,9 +325,13 @@ class Learner:
                         ref_logp=None if ref is None else ref[chunk, :width],
                     )
                     share = float(mask.sum() / total)
+                    loss_value = float(terms.loss.detach())
+                    if not math.isfinite(loss_value):
+                        self._put_back(saved, updates)
+                        raise self._not_finite(f"the loss is {loss_value}", batch, _OVERFLOW)
                     (terms.loss * share).backward()
                     for key, value in (
-                        ("loss", float(terms.loss.detach())),
+                        ("loss", loss_value),
                         ("policy", terms.policy),
                         ("kl", terms.kl),
                         ("clip", terms.clip_fraction),
@@ -316,12 +343,15 @@ class Learner:
                 if lr is None:  # the first optimiser step of this update
                     now = self.config
                     lr, max_grad_norm = self.lr_at(self.version, now), now.max_grad_norm
-                    for param_group in self.optimizer.param_groups:
-                        param_group["lr"] = lr
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm)
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm))
+                if not math.isfinite(grad_norm):  # clipping would spread the inf or NaN to every weight
+                    self._put_back(saved, updates)
+                    raise self._not_finite(f"the gradient's norm is {grad_norm}", batch, _OVERFLOW)
+                for param_group in self.optimizer.param_groups:
+                    param_group["lr"] = lr
                 self.optimizer.step()
                 updates += 1
-                sums["gn"] += float(grad_norm)
+                sums["gn"] += grad_norm
         assert lr is not None  # epochs >= 1 and a part at least: every update steps the optimiser
         self.version += 1
         elapsed = time.perf_counter() - start
@@ -348,6 +378,32 @@ class Learner:
             "lr": lr,
         }
 
+    def _save_state(self) -> tuple[list[torch.Tensor], dict[str, Any]]:
+        """Copies of the trainable weights and of the optimiser's state."""
+        with torch.no_grad():
+            weights = [p.detach().clone() for p in self.trainable_parameters()]
+        return weights, copy.deepcopy(self.optimizer.state_dict())
+
+    def _put_back(self, saved: tuple[list[torch.Tensor], dict[str, Any]] | None, updates: int) -> None:
+        """The weights and optimiser state of :meth:`_save_state`, if ``updates`` changed them."""
+        if saved is None or updates == 0:
+            return
+        weights, state = saved
+        with torch.no_grad():
+            for param, kept in zip(self.trainable_parameters(), weights, strict=True):
+                param.copy_(kept)
+        self.optimizer.load_state_dict(state)
+
+    def _not_finite(self, what: str, batch: TrainBatch, fix: str) -> TrainingError:
+        """The error of a step stopped by a number that is not finite: ``what``, the
+        step, the batch's rewards and advantages, and ``fix``."""
+        rewards, advantages = batch.rewards, batch.advantages
+        return TrainingError(
+            f"{what} at step {self.version + 1}; the step was not taken (the weights and the optimiser are as "
+            f"they were): its rewards span [{float(rewards.min()):.4g}, {float(rewards.max()):.4g}] and its "
+            f"advantages [{float(advantages.min()):.4g}, {float(advantages.max()):.4g}]; {fix}"
+        )
+
     def supervised_step(
         self, pairs: Sequence[tuple[Any, str | Demonstration]], optimizer: torch.optim.Optimizer
     ) -> dict[str, float]:
@@ -355,7 +411,9 @@ class Learner:
         target's tokens and EOS, with ``optimizer`` (a warm-up keeps its own, so the
         RL optimiser's moments start clean). A target may be a :class:`Demonstration`
         of a conversation: its policy turns are trained on (each with its EOS), the
-        environment's replies only read. The policy version does not change."""
+        environment's replies only read. The policy version does not change. Raises
+        :class:`~rlnb.TrainingError` for a loss or gradient that is not finite, before
+        ``optimizer`` changes anything."""
         if not pairs:
             raise ValueError("Learner.supervised_step() needs at least one (prompt, target) pair")
         rows, trained = [], []
@@ -378,9 +436,16 @@ class Learner:
         loss = -(logp * mask).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.config.max_grad_norm)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.config.max_grad_norm))
+        loss_value = float(loss.detach())
+        if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
+            raise TrainingError(
+                f"the warm-up step's loss is {loss_value} and its gradient's norm {grad_norm}; the step was not "
+                "taken (the weights and the optimiser are as they were): a large lr makes an update overflow; "
+                "use a smaller WarmupConfig.lr"
+            )
         optimizer.step()
-        return {"sft_loss": float(loss.detach()), "grad_norm": float(grad_norm)}
+        return {"sft_loss": loss_value, "grad_norm": grad_norm}
 
     def _target_pieces(self, target: str | Demonstration) -> list[tuple[list[int], bool]]:
         """A warm-up target's token ids in runs, each with whether it is trained on."""

@@ -22,7 +22,12 @@ import dataclasses
 
 import torch
 
-__all__ = ["LossTerms", "grpo_advantages", "policy_loss"]
+__all__ = ["FLOAT32_SAFE", "LossTerms", "grpo_advantages", "policy_loss"]
+
+
+# Beyond this, float32's group statistics can overflow (the sum of a group of rewards
+# near 3.4e38, the square of a deviation past 1.8e19): such groups are read in float64.
+FLOAT32_SAFE = 2.0**60
 
 
 def grpo_advantages(rewards: torch.Tensor, *, scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
@@ -32,9 +37,22 @@ def grpo_advantages(rewards: torch.Tensor, *, scale: bool = True, eps: float = 1
     (GRPO); ``scale=False`` only subtracts the group mean (Dr. GRPO), so a group
     whose rewards barely differ pushes barely. Groups with a single sample or
     identical rewards get zero advantage.
+
+    Computed in float32, except for a group with a reward beyond ``FLOAT32_SAFE``
+    (2**60) in size: that group is computed in float64 (and the result is float64),
+    so that no reward within float64's range gives an inf or NaN here. With
+    ``scale=False`` such a group's advantages may not fit float32.
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [groups, group_size], got shape {tuple(rewards.shape)}")
+    narrow = _advantages(rewards.to(torch.float32), scale, eps)
+    wide = rewards.abs().amax(dim=1, keepdim=True) > FLOAT32_SAFE if rewards.numel() else None
+    if wide is None or not bool(wide.any()):
+        return narrow
+    return torch.where(wide, _advantages(rewards.to(torch.float64), scale, eps), narrow.to(torch.float64))
+
+
+def _advantages(rewards: torch.Tensor, scale: bool, eps: float) -> torch.Tensor:
     mean = rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, keepdim=True, unbiased=False)
     centred = (rewards - mean) / (std + eps) if scale else rewards - mean

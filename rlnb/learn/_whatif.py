@@ -44,7 +44,9 @@ COMPARED = (
 def advantages_of(rewards: Sequence[Sequence[float]], *, scale: bool) -> tuple[tuple[float, ...], ...]:
     """Each group's GRPO advantages (rewards centred on the group's mean, and divided by
     its std when ``scale``), group by group as the learner computes them."""
-    return tuple(tuple(grpo_advantages(torch.tensor([list(r)]), scale=scale)[0].tolist()) for r in rewards)
+    return tuple(
+        tuple(grpo_advantages(torch.tensor([list(r)], dtype=torch.float64), scale=scale)[0].tolist()) for r in rewards
+    )
 
 
 @dataclasses.dataclass(frozen=True)
