@@ -74,7 +74,7 @@ class RolloutStatistics:
 @dataclasses.dataclass
 class Counters:
     """The live counts behind :class:`RolloutStatistics`, and the gauges dispatch and
-    the WAIT drain read (``generating``, ``ungrouped``)."""
+    the WAIT drain read (``groups_running``)."""
 
     dispatched: int = 0
     in_flight: int = 0
@@ -89,15 +89,17 @@ class Counters:
     groups_finished: int = 0
     groups_failed: int = 0
     groups_cancelled: int = 0
-    generating: int = 0  # engine.generate calls outstanding (the WAIT drain waits for 0)
+    generating: int = 0  # engine.generate, reward and environment calls outstanding
+    groups_running: int = 0  # groups dispatched whose task has not ended (the WAIT drain waits for 0)
     queued: int = 0  # in-flight samples waiting for RUNNING before they go to the engine
     bad_prompts: int = 0  # prompts whose make_prompt raised (raised or skipped)
     last_bad_prompt: str | None = None
-    ungrouped: int = 0  # samples done generating whose group has not been put yet
 
     def drained(self) -> bool:
-        """Nothing generating, and every finished sample has reached its group's put."""
-        return self.generating == 0 and self.ungrouped == 0
+        """Every dispatched group has ended: its samples generated, were rewarded and
+        reached its end (the buffer, ``collect()``, or a failure), and its environments
+        were closed. What a WAIT pause waits for."""
+        return self.groups_running == 0
 
     def snapshot(
         self,
@@ -147,8 +149,11 @@ class Ticket:
     counters: Counters
     settled: int = 0
     failed: int = 0  # samples of this group that really failed
-    ungrouped: int = 0  # its finished samples counted in ``counters.ungrouped``
     ended: bool = False  # the group is counted as finished, failed or cancelled
+    running: bool = True  # its task has not ended (counted in ``counters.groups_running``)
+
+    def __post_init__(self) -> None:
+        self.counters.groups_running += 1
 
     def end_sample(self, error: BaseException | None) -> None:
         """A sample has ended, finished (``error`` None), cancelled or failed: it leaves
@@ -156,8 +161,6 @@ class Ticket:
         counts = self.counters
         if error is None:
             counts.finished += 1
-            counts.ungrouped += 1
-            self.ungrouped += 1
         elif is_cancellation(error):
             counts.cancelled += 1
         else:
@@ -166,11 +169,6 @@ class Ticket:
         self.settled += 1
         counts.in_flight -= 1
         self.capacity.release()
-
-    def grouped(self) -> None:
-        """The group's finished samples have reached its end (put, returned or dropped)."""
-        self.counters.ungrouped -= self.ungrouped
-        self.ungrouped = 0
 
     def end_group(self, error: BaseException | None) -> None:
         """Count the group once: finished (``error`` None), failed if one of its samples
@@ -185,6 +183,12 @@ class Ticket:
         else:
             self.counters.groups_cancelled += 1
 
+    def ended_task(self) -> None:
+        """The group's task is ending: it leaves ``groups_running`` (once)."""
+        if self.running:
+            self.running = False
+            self.counters.groups_running -= 1
+
     def settle_rest(self, task: asyncio.Future[Any]) -> None:
         """The group's ``task`` is done: samples that never ran still owe their capacity.
         They were cancelled with the group (Ctrl-C during collect(), close) unless the
@@ -193,3 +197,4 @@ class Ticket:
         for _ in range(self.samples - self.settled):
             self.end_sample(error if error is not None else asyncio.CancelledError())
         self.end_group(error)
+        self.ended_task()

@@ -240,13 +240,13 @@ class GroupRunner:
                 # sync never waits on the learner.
                 self._buffer.put_or_hold(group)
             return group
-        finally:  # also when cancelled mid-group: its finished samples must not hold up a WAIT drain
+        finally:  # also when cancelled mid-group: a WAIT drain waits for this group's end
             if episodes:
                 await self._close_conversations(item, episodes)
             self._live[settings] -= ticket.samples
             if not self._live[settings]:
                 del self._live[settings]
-            ticket.grouped()
+            ticket.ended_task()
             await self._machine.notify_if_drained()
 
     async def _open_conversations(self, item: PromptItem, n: int) -> tuple[list[Episode], tuple[int, ...]]:
@@ -356,7 +356,6 @@ class GroupRunner:
             )
         finally:
             ticket.end_sample(error)
-            await self._machine.notify_if_drained()
 
     async def _policy_turn(
         self,
@@ -411,7 +410,6 @@ class GroupRunner:
             answer: Turn = await self._call_env(episode.step, text, where=where, what="step")
         finally:
             self._counts.generating -= 1
-        await self._machine.notify_if_drained()  # a WAIT pause may have waited for this call
         return answer
 
     def _observe(
@@ -449,12 +447,12 @@ class GroupRunner:
         return "".join(parts)
 
     async def _keep_partial(self) -> None:
-        """Hold an aborted sample, counted as kept partial, until rollouts run again."""
+        """Hold an aborted sample, counted as kept partial, until rollouts run again
+        (or a WAIT pause drains its group)."""
         self._counts.kept_partial += 1
         self._counts.in_flight -= 1
         try:
-            await self._machine.notify_if_drained()
-            await self._machine.wait_running()
+            await self._machine.wait_generating()
         finally:
             self._counts.kept_partial -= 1
             self._counts.in_flight += 1
@@ -481,7 +479,7 @@ class GroupRunner:
         while True:
             self._counts.queued += 1
             try:
-                await self._machine.wait_running()
+                await self._machine.wait_generating()  # a WAIT drain lets its groups go on
             finally:
                 self._counts.queued -= 1
             request = GenerateRequest(

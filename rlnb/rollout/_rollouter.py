@@ -131,8 +131,11 @@ class Rollouter:
 
     async def pause(self, mode: PauseMode | str = PauseMode.ABORT) -> None:
         """Pause generation; see :class:`PauseMode`. Returns once paused, except in
-        WAIT mode, where it returns at once and the drain finishes in the background
-        (``wait_paused()`` waits for it; ``resume()`` interrupts it). A weight sync in
+        WAIT mode, where it returns at once and the drain finishes in the background:
+        no group starts, and every group already dispatched runs to its end (the next
+        turns of its conversations, retries and kept partial samples included) before
+        the state is PAUSED (``wait_paused()`` waits for it; ``resume()`` interrupts it,
+        and so does a KEEP or ABORT pause, which pauses at once). A weight sync in
         progress is waited out first."""
         await self._machine.pause(mode)
 
@@ -153,7 +156,13 @@ class Rollouter:
                 await self._machine.wait_paused()
         except TimeoutError:
             state, counts = self._machine.state, self._counts
-            what = f"{counts.generating} samples are still generating or being rewarded"
+            what = (
+                f"{counts.groups_running} groups ({counts.in_flight} samples) are still in flight: "
+                f"{counts.generating} calls to the engine, a reward or an environment in progress, "
+                f"{counts.queued} samples waiting to be sent to the engine"
+            )
+            if state is RolloutState.PAUSED:  # the drain ended as the time ran out
+                return
             if state is RolloutState.RUNNING:
                 what = "rollouts were resumed meanwhile"
             raise TimeoutError(f"wait_paused() waited {timeout:g} s and rollouts are {state.value}: {what}") from None
@@ -204,6 +213,12 @@ class Rollouter:
         # Each async step starts here: dispatch looks at the budget again (groups taken
         # from the buffer by hand gave their places back without waking it).
         await self._machine.notify()
+
+    def _group_ended(self, task: asyncio.Task[Any]) -> None:
+        """A group's task is done: a WAIT drain may have waited for it (a group
+        cancelled before it started never told it)."""
+        if self._machine.draining:
+            self._tasks.spawn(self._machine.notify_if_drained(), name="rlnb-drained")
 
     def _room_made(self) -> None:
         if self._machine.state is not RolloutState.CLOSED:
@@ -415,6 +430,7 @@ class Rollouter:
             report=to_buffer,  # collect() raises its groups' failures itself
         )
         task.add_done_callback(ticket.settle_rest)
+        task.add_done_callback(self._group_ended)
         if not to_buffer:
             self._items[task] = item
         return task

@@ -4,6 +4,12 @@ Every waiter waits on one condition for a predicate of the state, so ``resume()`
 wakes the dispatcher at once instead of after the slowest in-flight generation.
 The machine drives the engine's pause, resume and weight update; of the rollouts
 it knows only whether they have drained (what a WAIT pause waits for).
+
+A WAIT pause drains: dispatch stops, but every group already dispatched runs to its
+end, the next turns of its conversations, its retries and its kept partial samples
+included (``may_generate()``), and the engine is paused only once nothing is left.
+Pausing the engine first would hold those next requests in the engine, and the
+drain would wait for samples that wait for the drain.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ __all__ = ["RolloutState", "StateMachine"]
 
 class RolloutState(enum.Enum):
     RUNNING = "running"
-    PAUSING = "pausing"  # engine told to pause; in WAIT mode, draining
+    PAUSING = "pausing"  # engine being told to pause; in WAIT mode, draining (the engine runs)
     PAUSED = "paused"
     SYNCING = "syncing"  # weight-sync transaction under way
     CLOSED = "closed"
@@ -32,9 +38,10 @@ class RolloutState(enum.Enum):
 class StateMachine:
     """The state of a :class:`~rlnb.rollout.Rollouter` and its transitions.
 
-    ``drained()`` says whether a WAIT pause has nothing left to wait for; the drain
-    runs in the background under ``tasks``. The rollouts wait here (``wait_for``)
-    and say when their counts change (``notify``).
+    ``drained()`` says whether a WAIT pause has nothing left to wait for (no group
+    dispatched and not yet ended); the drain runs in the background under ``tasks``.
+    The rollouts wait here (``wait_for``, ``wait_generating``) and say when their
+    counts change (``notify``).
     """
 
     def __init__(self, engine: Engine, *, tasks: TaskSupervisor, drained: Callable[[], bool]) -> None:
@@ -82,6 +89,20 @@ class StateMachine:
     async def wait_running(self) -> None:
         await self.wait_for(lambda: self._state is RolloutState.RUNNING)
 
+    @property
+    def draining(self) -> bool:
+        """A WAIT pause is under way: dispatched groups finish, nothing new starts."""
+        return self._state is RolloutState.PAUSING and self._pause_mode is PauseMode.WAIT
+
+    def may_generate(self) -> bool:
+        """Whether a dispatched sample may send its next request: rollouts run, or a
+        WAIT pause is draining (it waits for that sample's group to end)."""
+        return self._state is RolloutState.RUNNING or self.draining
+
+    async def wait_generating(self) -> None:
+        """Wait until a dispatched sample may go on (:meth:`may_generate`)."""
+        await self.wait_for(self.may_generate)
+
     def check_open(self) -> None:
         """Raise ClosedError once closed, and EngineError once the engine has died."""
         if self._state is RolloutState.CLOSED:
@@ -102,7 +123,7 @@ class StateMachine:
             self._engine_death = error
 
     async def notify_if_drained(self) -> None:
-        if self._state is RolloutState.PAUSING and self._drained():
+        if self.draining and self._drained():
             await self.notify()  # a WAIT drain is waiting for this
 
     def take_resume_latency_ms(self) -> float | None:
@@ -119,27 +140,37 @@ class StateMachine:
         mode = PauseMode(mode)
         self.check_open()
         await self.after_sync()  # a sync takes milliseconds: pause right after it
-        if self._state is not RolloutState.RUNNING:
+        if self._state is not RolloutState.RUNNING and not (self.draining and mode is not PauseMode.WAIT):
             # Already paused: the same mode (or a milder one) changes nothing, while
-            # "abort" still turns a frozen or draining pause into partial rollouts.
+            # "abort" still turns a frozen pause into partial rollouts. A draining
+            # WAIT pause gives way to KEEP or ABORT: the user wants it paused now.
             if mode is not PauseMode.ABORT or self._pause_mode is PauseMode.ABORT:
                 return
         self._pause_mode = mode
         await self.set(RolloutState.PAUSING)
+        if mode is PauseMode.WAIT:  # the engine keeps running until the groups in flight have ended
+            self._tasks.spawn(self._drain(), name="rlnb-drain")
+            return
         try:
             await self._engine.pause(mode)
         finally:
             # Even if interrupted, the engine has stopped admitting: never stay PAUSING
             # with nothing left to finish the pause.
-            if mode is PauseMode.WAIT:
-                self._tasks.spawn(self._drain(), name="rlnb-drain")
-            else:
+            if self._pause_mode is mode and self._state is RolloutState.PAUSING:
                 await self.set(RolloutState.PAUSED)
 
     async def _drain(self) -> None:
-        await self.wait_for(lambda: self._drained() or self._state is not RolloutState.PAUSING)
-        if self._state is RolloutState.PAUSING:
+        """A WAIT pause's end: once every dispatched group has ended, pause the engine
+        (nothing is left in it) and become PAUSED, unless a resume or another pause
+        came meanwhile."""
+        await self.wait_for(lambda: self._drained() or not self.draining)
+        if not self.draining:
+            return
+        await self._engine.pause(PauseMode.WAIT)
+        if self.draining:
             await self.set(RolloutState.PAUSED)
+        elif self._state is RolloutState.RUNNING:  # resumed while the engine paused: resume it again
+            await self._engine.resume()
 
     async def resume(self) -> None:
         self.check_open()
@@ -166,7 +197,7 @@ class StateMachine:
 
     async def sync_weights(self, weights: Mapping[str, Any], version: int) -> None:
         self.check_open()
-        # Another sync, or a pause under way (a WAIT drain finishes its samples with the
+        # Another sync, or a pause under way (a WAIT drain finishes its groups with the
         # weights they started with): wait for it, then sync.
         await self.wait_for(lambda: self._state not in (RolloutState.SYNCING, RolloutState.PAUSING))
         previous = self._state

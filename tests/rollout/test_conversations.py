@@ -242,7 +242,10 @@ def test_a_pause_in_the_middle_of_a_tool_call_lets_it_finish_and_holds_the_next_
     asyncio.run(main())
 
 
-def test_a_wait_pause_waits_for_a_tool_call_in_flight() -> None:
+def test_a_wait_pause_lets_a_conversation_in_a_tool_call_run_to_its_end() -> None:
+    # The drain waits for the tool call, then lets the next policy turn go to the
+    # engine: a WAIT pause ends every conversation in flight, not only its current
+    # call (it used to hold the next turn for a resume, and so waited for itself).
     gate = threading.Event()
     script = Script(Turn("ab"), Turn(done=True), gate=gate)
 
@@ -257,11 +260,58 @@ def test_a_wait_pause_waits_for_a_tool_call_in_flight() -> None:
             assert not waiting.done()  # the drain waits for the tool call to return
             gate.set()
             await waiting
-            assert r.statistics().state == "paused"
-            assert engine.statistics().running == 0  # the next turn waits for resume
-            await r.resume()
-            [group] = await task
+            s = r.statistics()
+            assert s.state == "paused" and s.in_flight == 0 and s.finished == 1, s
+            assert engine.statistics().running == 0
+            # the conversation ended during the drain: its collect() returns while paused
+            [group] = await asyncio.wait_for(task, 5)
         assert group.samples[0].turns == (0, 4)
+        assert group.samples[0].finish_reason == "stop"
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("dispatch", ["background", "collect"])
+def test_a_wait_pause_settles_while_many_conversations_are_mid_way(dispatch: str) -> None:
+    # Notebook 10's case: groups whose samples are at different turns (generating,
+    # waiting for a tool, about to send their next turn, finished) when a
+    # WAIT pause lands. It must settle with nothing in flight, every group ended
+    # (in the buffer, or returned to collect()), and resume must go on from there.
+    script = Script(Turn("ab"), Turn("abc"), Turn(done=True))
+
+    async def main() -> None:
+        engine = RecordingEngine(lengths=turn_lengths(2, 3, 4), token_delay=0.002)
+        async with make_rollouter(
+            engine,
+            group_size=4,
+            max_inflight=16,
+            max_policy_lag=None,
+            buffer_capacity=64,
+            conversations=conversations(script),
+        ) as (r, buffer):
+            if dispatch == "background":
+                await r.start()
+                collect = None
+            else:
+                collect = asyncio.create_task(r.collect(4))
+            await until(lambda: r.statistics().in_flight >= 12 and script.steps, "conversations mid-way")
+            await r.pause("wait")
+            await r.wait_paused(timeout=10)
+            s = r.statistics()
+            assert s.state == "paused" and s.in_flight == 0 and s.queued == 0 and s.kept_partial == 0, s
+            assert s.failed == 0 and s.groups_finished == s.groups_dispatched, s
+            assert engine.statistics().running == 0
+            assert_counts_add_up(s)
+            if collect is not None:
+                assert len(await asyncio.wait_for(collect, 5)) == 4  # returns while paused
+            else:
+                assert buffer.size() + buffer.held() == s.groups_dispatched
+            await r.resume()
+            if dispatch == "background":
+                before = s.groups_finished
+                await until(lambda: r.statistics().groups_finished > before, "rollouts to go on after resume")
+                await r.stop()
+        assert script.made == script.closed  # every environment closed, drained or not
 
     asyncio.run(main())
 

@@ -508,22 +508,25 @@ def test_a_group_that_failed_before_collect_was_interrupted_is_reported_at_the_n
     asyncio.run(main())
 
 
-def test_a_wait_pause_says_which_in_flight_samples_never_reached_the_engine() -> None:
-    # A group dispatched just before a WAIT pause has samples that never reached the
-    # engine: the pause does not wait for them, and the figures say they are queued.
+def test_a_wait_pause_finishes_groups_whose_samples_had_not_reached_the_engine() -> None:
+    # A group dispatched just before a WAIT pause has samples that have not reached the
+    # engine yet: the drain lets them go and ends once the group has ended, in the
+    # buffer. It used to report "paused" with them queued for good (issue 42, item 2).
     async def main() -> None:
         engine = RecordingEngine(lengths=3, token_delay=DELAY)
-        async with make_rollouter(engine, group_size=4, max_inflight=8) as (r, _):
+        async with make_rollouter(engine, group_size=4, max_inflight=8) as (r, buffer):
             await r.start()
             while not r.statistics().dispatched:  # one turn of the loop at a time
                 await asyncio.sleep(0)
+            assert r.statistics().in_flight > 0 and engine.statistics().running == 0
             await r.pause("wait")  # before the dispatched samples had a turn to reach the engine
             await r.wait_paused(timeout=5)
             s = r.statistics()
-            assert s.state == "paused" and s.in_flight > 0, s
-            assert s.queued == s.in_flight and engine.statistics().running == 0, s
+            assert s.state == "paused" and s.in_flight == 0 and s.queued == 0, s
+            assert s.groups_finished == s.groups_dispatched > 0, s
+            assert buffer.size() + buffer.held() == s.groups_dispatched
+            assert engine.statistics().running == 0
+            assert_counts_add_up(s)
             await r.resume()
-            await until(lambda: r.statistics().queued == 0, "the queued samples to reach the engine")
-            assert_counts_add_up(r.statistics())
 
     asyncio.run(main())
