@@ -1,9 +1,10 @@
 """Every pause mode against every state the rest of the session can be in.
 
 The states and what each waits for are written down in ``docs/architecture.md``
-("Waits"). Here each combination of pause mode x {buffer full, empty} x {sync,
-async} x {foreground, background training} x {during a weight sync, not} is run for
-real: the pause must take effect, ``wait_paused()`` must return, ``resume()`` must
+("Waits"). Here each combination of pause mode x {single-turn samples, multi-turn
+conversations with tool calls in flight} x {buffer full, empty} x {sync, async} x
+{foreground, background training} x {during a weight sync, not} is run for real: the
+pause must take effect, ``wait_paused()`` must return, ``resume()`` must
 return, and training must go on afterwards. A deadlock shows up as a call that does
 not return within its deadline; the deadlines are generous and only turn a hang
 into a failure.
@@ -13,23 +14,54 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 import rlnb
+from rlnb.envs import Turn
 from tests.helpers import HookedEngine, assert_counts_add_up, wait_until
 
 CAPACITY = 4
 HANG = 20.0  # seconds after which a call that has not returned is taken for a deadlock
 
 
-def small_config(mode: str) -> rlnb.Config:
+class SlowTool:
+    """A tool environment whose every call takes a while (so pauses land during tool
+    calls too) and answers twice before the conversation ends: three policy turns."""
+
+    def reset(self, row: dict[str, Any]) -> None:
+        self.calls = 0
+
+    def step(self, completion: str) -> Turn:
+        time.sleep(TOOL_CALL)
+        self.calls += 1
+        return Turn("=1;", reward=0.5, done=self.calls >= 2)
+
+
+TOOL_CALL = 0.02  # seconds a tool call takes
+# The multi-turn column of the matrix: the addition task with a tool, as notebook 10's.
+TOOLS = rlnb.data.Task(
+    "matrix_tools",
+    alphabet=rlnb.data.get_task("addition").alphabet + ";",
+    make_prompt=rlnb.data.get_task("addition").make_prompt,
+    reward=lambda completion, answer: float(completion.strip() == answer),
+    max_new_tokens=4,
+    env=SlowTool,
+    max_turns=3,
+)
+
+
+def small_config(mode: str, turns: str = "single") -> rlnb.Config:
+    if turns == "multi":
+        rlnb.data.register_task(TOOLS, replace=True)
     return rlnb.Config(
         mode=mode,
         seed=0,
-        model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+        task="matrix_tools" if turns == "multi" else "addition",
+        model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2, max_len=48),
         data=rlnb.DataConfig(num_workers=0),
         rollout=rlnb.RolloutConfig(
             group_size=2, groups_per_step=2, max_inflight=8, max_new_tokens=4, max_policy_lag=None
@@ -90,7 +122,9 @@ def syncs() -> Iterator[tuple[threading.Event, threading.Event]]:
 @pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize("full", [False, True], ids=["empty", "full"])
 @pytest.mark.parametrize("pause_mode", ["abort", "keep", "wait"])
+@pytest.mark.parametrize("turns", ["single", "multi"])
 def test_no_pause_can_deadlock(
+    turns: str,
     pause_mode: str,
     full: bool,
     mode: str,
@@ -99,7 +133,7 @@ def test_no_pause_can_deadlock(
     syncs: tuple[threading.Event, threading.Event],
 ) -> None:
     syncing, release = syncs
-    config = small_config(mode)
+    config = small_config(mode, turns)
     engine = HookedEngine(config)
     with rlnb.Session(config, engine=engine, name="matrix") as sess:
         if full:  # background rollouts fill the buffer, and finished groups wait for room
@@ -132,7 +166,10 @@ def test_no_pause_can_deadlock(
         assert not pausing.is_alive(), f"pause({pause_mode!r}) did not return: a deadlock"
         returns(sess.wait_paused, what="wait_paused()")
         # (a background step may be syncing its weights into the paused engine)
-        assert sess.statistics().rollout.state in ("paused", "syncing")
+        rollout = sess.statistics().rollout
+        assert rollout.state in ("paused", "syncing")
+        if pause_mode == "wait" and rollout.state == "paused":  # a WAIT pause leaves nothing half-done
+            assert rollout.in_flight == rollout.kept_partial == 0, rollout
 
         returns(sess.resume, what="resume()")
         assert sess.statistics().rollout.state in ("running", "syncing")
