@@ -14,6 +14,7 @@ returned, and is refused rather than run late (:func:`refusal`).
 from __future__ import annotations
 
 import contextvars
+import datetime
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -21,13 +22,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rlnb.session import SessionStatistics
 
-__all__ = ["CLICK_GRACE", "page_message", "refusal", "send_as_caused_by", "through_a_subshell"]
+__all__ = ["CLICK_GRACE", "made_at", "page_message", "refusal", "send_as_caused_by", "through_a_subshell"]
 
 CLICK_GRACE = 0.25
 """Seconds. A click from the page handled sooner than this after a blocking call
-returned, on the thread the call ran on, was made while it ran: the kernel delivered
-it late. It is refused, not run (the kernel hands over the clicks it held back within
-milliseconds; a person cannot see the buttons come back on and click one this fast)."""
+returned, on the thread the call ran on, may have been made while it ran: the kernel
+hands over the clicks it held back within milliseconds. It is refused, not run late,
+if the page made it before the call returned (its message's date, the browser's
+clock, says when); a click made after it, however soon, runs. A message with no date
+is taken as made while the call ran."""
 
 
 def _kernel() -> Any:
@@ -66,17 +69,34 @@ def send_as_caused_by(message: dict[str, Any]) -> None:
         parent.set(message)
 
 
-def refusal(method: str, stats: SessionStatistics, *, off: bool, why_off: str) -> str | None:
+def made_at(message: dict[str, Any]) -> float | None:
+    """When the page made ``message``, as a ``time.monotonic()`` reading, from the date
+    in its header (the page's clock); None where it has none."""
+    date = (message.get("header") or {}).get("date")
+    if isinstance(date, str):
+        try:
+            date = datetime.datetime.fromisoformat(date)
+        except ValueError:
+            return None
+    if not isinstance(date, datetime.datetime):
+        return None
+    if date.tzinfo is None:  # Jupyter's dates are UTC
+        date = date.replace(tzinfo=datetime.UTC)
+    return time.monotonic() - (time.time() - date.timestamp())
+
+
+def refusal(method: str, stats: SessionStatistics, *, off: bool, why_off: str, made: float | None = None) -> str | None:
     """Why a click from the page on ``method`` must not run now, or None. ``off``:
     its button is off now (the ticker turned it off after the click was made), for
-    the reason ``why_off``."""
+    the reason ``why_off``. ``made``: when the page made the click (:func:`made_at`)."""
     from rlnb.notebook import _panels
 
     call, last = stats.training.foreground, stats.training.last_foreground
     if call is not None and method not in _panels.beside(call):  # delivered at once, beside the call
         return f"{method}: not run. {call.call} is running in the foreground: one training call at a time."
-    held = call is None and last is not None and last.ended is not None and last.thread_id == threading.get_ident()
-    if held and last is not None and time.monotonic() - (last.ended or 0.0) < CLICK_GRACE:
+    ended = None if call is not None or last is None or last.thread_id != threading.get_ident() else last.ended
+    held = ended is not None and time.monotonic() - ended < CLICK_GRACE and (made is None or made < ended)
+    if held and last is not None:
         return (
             f"{method}: not run. It was clicked while {last.call} held the kernel, which delivered the click "
             "only once the call returned; a click is never run late. Click again if you still want it."

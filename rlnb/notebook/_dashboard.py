@@ -448,7 +448,7 @@ class Dashboard:
         with self._lock:
             if self._closed or method in self._busy:
                 return
-            refused = self._refusal(method, button) if page is not None else None
+            refused = self._refusal(method, button, page) if page is not None else None
             if refused is None:
                 self._busy.add(method)
                 button.disabled, button.description = True, f"{method}…"
@@ -469,8 +469,8 @@ class Dashboard:
         # drawing: a click must never wait for the curves.
         self.tick(wait=False, curves=False)
 
-    def _refusal(self, method: str, button: Any) -> str | None:
-        """Why a click from the page on ``method`` must not run now, or None."""
+    def _refusal(self, method: str, button: Any, page: dict[str, Any]) -> str | None:
+        """Why a click from the page (its message ``page``) on ``method`` must not run now, or None."""
         sess = self._session()
         if sess is None or sess.closed:
             return None  # the call says the session is closed
@@ -478,7 +478,7 @@ class Dashboard:
 
         stats = sess.statistics(raise_errors=False)
         why_off = _panels.controls_notice(stats, live_clicks=self.live_clicks)
-        return _clicks.refusal(method, stats, off=button.disabled, why_off=why_off)
+        return _clicks.refusal(method, stats, off=button.disabled, why_off=why_off, made=_clicks.made_at(page))
 
     def _apply_clicked(self, _button: Any = None) -> None:
         """A click on the settings' Apply: :meth:`apply_settings` with the fields edited
@@ -489,21 +489,23 @@ class Dashboard:
         with self._lock:
             if self._closed or "apply" in self._busy:
                 return
-            refused = self._refusal("apply", button) if page is not None else None
+            refused = self._refusal("apply", button, page) if page is not None else None
             if refused is None:
                 self._busy.add("apply")
                 button.disabled, button.description = True, "apply…"
         if refused is not None:
             self._settings.say(refused, error=True)
             return
+        values: dict[str, Any] | None = None
         try:
             values = self._settings.edited()
             if values:
                 self.apply_settings(**values)
             else:
                 self._settings.say("nothing to apply: no field was edited (the inputs show the values in force)")
-        except ConfigError as exc:  # a value typed that is not one: apply_settings says the rest itself
-            self._settings.say(str(exc), error=True)
+        except ConfigError as exc:
+            if values is None:  # a value typed that is not one; apply_settings says its own
+                self._settings.say(str(exc), error=True)
         except Exception as exc:
             self._settings.say(f"{type(exc).__name__}: {exc}", error=True)
         finally:
@@ -583,8 +585,14 @@ class Dashboard:
             )
         try:
             changes = sess.set(**values)
+        except ConfigError as exc:
+            # the refused values go, or every later Apply would send them again and fail
+            self._settings.refresh(sess.config)
+            back = self._settings.reset(self._settings.refused(values)) if set(values) <= set(self.settings) else ""
+            self._settings.say(str(exc) + back, error=True)
+            raise
         except Exception as exc:
-            self._settings.say(str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}", error=True)
+            self._settings.say(f"{type(exc).__name__}: {exc}", error=True)
             raise
         from rlnb.notebook import _settings
 

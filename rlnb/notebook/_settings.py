@@ -123,6 +123,10 @@ def settings_text(config: Config) -> str:
     return " · ".join(f"{field} {_reprs.setting(value)}" for field, value in zip(LIVE_FIELDS, values, strict=True))
 
 
+def _in_force(config: Config, field: str) -> Any:
+    return getattr(getattr(config, LIVE_FIELDS[field]), field)
+
+
 class SettingsPanel:
     """The settings section's widgets: ``inputs`` (by field), ``button`` (Apply),
     ``message`` (the last outcome) and ``widget`` (the collapsed ``Accordion``
@@ -181,10 +185,37 @@ class SettingsPanel:
     def edited(self) -> dict[str, Any]:
         """The fields whose input differs from the value last shown there, as
         ``Session.set`` takes them. Raises :class:`~rlnb.ConfigError` for text that
-        is not a value of its field."""
+        is not a value of its field, once that input shows the value in force again
+        (left as typed, it would fail every later Apply)."""
         with self._lock:
             typed = {f: box.value for f, box in self.inputs.items() if box.value != self._shown[f]}
-        return {field: parse(field, value) for field, value in typed.items()}
+        values, refused = {}, {}
+        for field, value in typed.items():
+            try:
+                values[field] = parse(field, value)
+            except ConfigError as exc:
+                refused[field] = str(exc)
+        if refused:
+            raise ConfigError(" ".join(refused.values()) + self.reset(refused))
+        return values
+
+    def refused(self, values: dict[str, Any]) -> list[str]:
+        """The fields of ``values`` that the config in force refuses alone (all of them
+        where none does: it refuses them together)."""
+        alone = []
+        for field, value in values.items():
+            try:
+                self.config.with_live(**{field: value})
+            except ConfigError:
+                alone.append(field)
+        return alone or list(values)
+
+    def reset(self, fields: Collection[str]) -> str:
+        """Show the value in force in each of ``fields`` (refused: nothing changed); the
+        sentence that says so."""
+        self.refresh(self.config, force=fields)
+        shown = ", ".join(f"{field} {_reprs.setting(_in_force(self.config, field))}" for field in fields)
+        return f" Nothing was applied; back to the value in force: {shown}."
 
     def refresh(self, config: Config, *, force: Collection[str] = ()) -> None:
         """Show ``config``'s values in every input not being edited (and in the

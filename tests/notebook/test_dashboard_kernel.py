@@ -349,3 +349,30 @@ def test_a_background_runs_console_line_stays_where_it_appeared(open_kernel: Ope
         assert len(shown) <= 1, [m["parent_header"].get("msg_id") for m in shown]  # one line, not one per cell
         ids = {m["content"]["transient"]["display_id"] for m in lines}
         assert len(ids) == 1 and "exit code 0" in lines[-1]["content"]["data"]["text/plain"]
+
+
+def test_a_click_made_after_a_dashboard_action_ended_runs_however_soon(tmp_path: Path, open_kernel: OpenKernel) -> None:
+    """A click queued behind another dashboard action (save, on the page's subshell)
+    is refused only if it was made while that action ran; one made after it ended
+    runs, even a moment later (the page's message says when it was made)."""
+    with open_kernel() as (_, kc):
+        ok(kc, f"import os\nos.chdir({str(tmp_path)!r})")
+        ok(kc, SETUP)
+        opened = opened_widgets(execute(kc, "sess.dashboard()"))
+        subshell = make_subshell(kc)
+        pause, resume, save = (widget(opened, button=name) for name in ("pause", "resume", "save"))
+        message = widget(opened, css="rlnb-message")
+        click(kc, pause, subshell=subshell)
+        read_until(kc, paused_and_on(message, resume), "the pause")
+        click(kc, save, subshell=subshell)
+
+        def saved_and_resume_on(msgs: list[dict[str, Any]]) -> bool:
+            said = states(msgs, message, "value")
+            return any("saved" in v for v in said) and states(msgs, save, "description")[-1:] == ["save"]
+
+        read_until(kc, saved_and_resume_on, "the save")
+        click(kc, resume, subshell=subshell)  # at once: the save has ended
+        after = read_until(kc, lambda msgs: bool(states(msgs, message, "value")), "the resume's answer")
+        assert "resumed" in states(after, message, "value")[-1], states(after, message, "value")
+        assert ok(kc, "print(sess.statistics().rollout.state)").strip() == "running"
+        ok(kc, "sess.close()")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime
 import itertools
 import re
 import threading
@@ -20,7 +21,7 @@ from rlnb.learn import Callback
 from rlnb.learn._foreground import ForegroundCall
 from rlnb.notebook import Dashboard, _clicks, _panels
 from rlnb.notebook._curves import Curves, marks
-from rlnb.notebook._settings import parse
+from rlnb.notebook._settings import parse, shown_value
 from tests.helpers import wait_until
 
 CONFIG = rlnb.Config(
@@ -122,8 +123,15 @@ def test_a_bad_value_is_said_in_the_panel_and_nothing_changes(
     assert "rlnb-error" in dash.settings_message.value and "b00020" in dash.settings_message.value
     assert said(dash).startswith(named), said(dash)
     assert sess.config == CONFIG and sess.changes == []
-    assert dash.settings[field].value == typed  # left as typed, to be put right
+    # the refused value goes (left, it would fail every later Apply); what was typed beside it stays
+    in_force = getattr(getattr(CONFIG, LIVE_FIELDS[field]), field)
+    assert dash.settings[field].value == shown_value(field, in_force)
+    assert "Nothing was applied; back to the value in force" in said(dash), said(dash)
+    assert dash.settings["temperature"].value == 0.5
     assert dash.message.value == ""  # the panel says it, not the dashboard's line
+    dash.apply_button.click()  # the next Apply applies what is left
+    assert said(dash) == "set at step 0: temperature 1 → 0.5 (for groups dispatched from now on)", said(dash)
+    assert [c.field for c in sess.changes] == ["temperature"]
     out = capsys.readouterr()
     assert out.err == "" and out.out == ""
 
@@ -223,6 +231,27 @@ def test_apply_is_off_while_a_foreground_call_holds_the_kernel_unless_clicks_rea
     assert _clicks.refusal("apply", busy, off=False, why_off="") is None
     assert "apply: not run" in (_clicks.refusal("apply", busy, off=True, why_off="off") or "")
     assert "step: not run" in (_clicks.refusal("step", busy, off=False, why_off="") or "")
+
+
+def test_a_click_is_refused_only_if_made_while_the_call_held_the_kernel(sess: rlnb.Session) -> None:
+    """A click handled just after a call on this thread ended was held back by it only
+    if the page made it before the call ended: one made after it runs, however soon."""
+    idle = sess.statistics()
+    now = time.monotonic()
+    save = ForegroundCall("save()", started=now - 0.6, thread="subshell", ended=now - 0.05)
+    save = dataclasses.replace(save, thread_id=threading.get_ident())
+    just_after = dataclasses.replace(idle, training=dataclasses.replace(idle.training, last_foreground=save))
+    held = _clicks.refusal("resume", just_after, off=False, why_off="", made=now - 0.3)
+    assert held is not None and "clicked while save() held the kernel" in held
+    assert _clicks.refusal("resume", just_after, off=False, why_off="", made=now - 0.01) is None
+    # a message with no date: taken as held back, as before
+    assert _clicks.refusal("resume", just_after, off=False, why_off="") is not None
+    # the page's date, as Jupyter's header has it (an aware datetime, or ISO text in UTC)
+    page = {"header": {"date": datetime.datetime.now(datetime.UTC)}}
+    assert abs((_clicks.made_at(page) or 0.0) - time.monotonic()) < 5.0
+    text = {"header": {"date": datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")}}
+    assert abs((_clicks.made_at(text) or 0.0) - time.monotonic()) < 5.0
+    assert _clicks.made_at({"header": {}}) is None
 
 
 def test_the_curves_mark_each_change_at_its_step(sess: rlnb.Session) -> None:
