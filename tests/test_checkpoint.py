@@ -280,3 +280,76 @@ def test_a_hugging_face_models_checkpoint_refuses_a_tokenizer_that_gives_other_i
         rlnb.Session.load(tmp_path / "ckpt", name="hf-vocab", model_path=other)
     with rlnb.Session.load(tmp_path / "ckpt", name="hf-vocab", model_path=tmp_path / "llama") as sess:
         assert sess.version == 0
+
+
+SUMS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10, 20) for b in range(10, 14)]
+
+
+def _sums(name: str, rows: list[dict[str, str]] = SUMS, **options: object) -> rlnb.data.Task:
+    options = {"eval_size": 4, "alphabet": "+0123456789=", **options}
+    task = rlnb.data.Task.from_records(name, rows, reward=lambda completion, answer: 0.0, **options)  # type: ignore[arg-type]
+    return rlnb.data.register_task(task, replace=True)
+
+
+@pytest.mark.parametrize(
+    ("registered", "words"),
+    [
+        ({"rows": SUMS[:30]}, ["trained on 40 records (SHA-256 ", "now has 30 (SHA-256 "]),
+        ({"rows": [*SUMS[:39], {"prompt": "19+13=", "answer": "33"}]}, ["now has 40 other (SHA-256"]),
+        ({"prompt": "answer", "answer": "prompt"}, ["now reads prompt='answer', answer='prompt'"]),
+        ({"eval_size": 8}, ["held out 4 of its records when it was trained, and now holds out 8"]),
+        ({"split_seed": 1}, ["now holds out another 4 (another eval_size or split_seed)"]),
+        ({"generated": True}, ["trained on 40 records, and task 'sums-ckpt' now gives prompts from a make_prompt"]),
+    ],
+    ids=["fewer-records", "one-record-changed", "other-fields", "other-eval-size", "other-split-seed", "generated"],
+)
+def test_a_checkpoint_refuses_to_load_where_its_records_differ(
+    registered: dict[str, object], words: list[str], tmp_path: Path
+) -> None:
+    """A session loaded on other records went on "mid-epoch" on other prompts and scored
+    another held-out set, with no word: a checkpoint records the records' count and
+    hash, the fields read and the split, and refuses to load where they differ."""
+    import dataclasses
+
+    from rlnb.data import addition, register_task
+
+    _sums("sums-ckpt")
+    config = small_config(task="sums-ckpt", data=rlnb.DataConfig(num_workers=0), warmup=rlnb.WarmupConfig())
+    with rlnb.Session(config, name="records-ckpt") as sess:
+        sess.step()
+        sess.save(tmp_path / "ckpt")
+    data = json.loads((tmp_path / "ckpt" / "checkpoint.json").read_text())["data"]
+    assert data["kind"] == "records" and data["records"] == 40 and data["held_out"] == 4
+    if registered.pop("generated", False):
+        register_task(dataclasses.replace(addition, name="sums-ckpt", alphabet="+0123456789="), replace=True)
+    else:
+        _sums("sums-ckpt", **registered)  # type: ignore[arg-type]
+    with pytest.raises(rlnb.CheckpointError) as caught:
+        rlnb.Session.load(tmp_path / "ckpt", name="records-ckpt")
+    assert rlnb.sessions() == []  # refused before anything was built
+    for word in [*words, "register the task as it was made then", "Task.from_records('sums-ckpt', "]:
+        assert word in str(caught.value), caught.value
+
+
+def test_the_same_records_from_a_file_load_and_a_checkpoint_without_a_record_of_its_data_loads(
+    tmp_path: Path,
+) -> None:
+    _sums("sums-file")
+    config = small_config(task="sums-file", data=rlnb.DataConfig(num_workers=0), warmup=rlnb.WarmupConfig())
+    with rlnb.Session(config, name="records-file") as sess:
+        sess.step()
+        sess.save(tmp_path / "ckpt")
+    (tmp_path / "sums.jsonl").write_text("".join(json.dumps(row) + "\n" for row in SUMS))
+    _sums("sums-file", tmp_path / "sums.jsonl")  # type: ignore[arg-type]
+    with rlnb.Session.load(tmp_path / "ckpt", name="records-file") as sess:
+        assert sess.step()["version"] == 2
+    manifest_path = tmp_path / "ckpt" / "checkpoint.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest_path.write_text(json.dumps({**manifest, "data": {"kind": "records", "records": "40"}}))
+    with pytest.raises(rlnb.CheckpointError, match=r"checkpoint.json is damaged: data is \{.*what the session trained"):
+        rlnb.Session.load(tmp_path / "ckpt", name="records-file")
+    del manifest["data"]  # as saved before checkpoints recorded it: nothing to check against
+    manifest_path.write_text(json.dumps(manifest))
+    _sums("sums-file", SUMS[:30])
+    with rlnb.Session.load(tmp_path / "ckpt", name="records-file") as sess:
+        assert sess.version == 1

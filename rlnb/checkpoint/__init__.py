@@ -6,9 +6,11 @@ Layout of ``sess.save(path)``::
                                    (groups with their tokens and log-probs), prompts
                                    given back by an interrupted rollout, Python RNG
                                    state, tracker run id, vocabulary (what each token
-                                   id means), live settings changed (``Session.set``;
-                                   the config holds the values in force), SHA-256 of
-                                   every file below
+                                   id means), data (what it trained on: for a task
+                                   made from records, their count and SHA-256, the
+                                   fields read and the split), live settings changed
+                                   (``Session.set``; the config holds the values in
+                                   force), SHA-256 of every file below
     path/model.safetensors         the policy (with LoRA, only its adapter: the model's
                                    own weights are read from ModelConfig.path)
     path/optimizer.safetensors     AdamW's moments (its hyper-parameters are in the JSON)

@@ -74,6 +74,7 @@ def capture(
         "reward": reward,  # the name of a custom reward in force (its code is not saved)
         "changes": [change.as_dict() for change in trainer.changes],  # live settings changed (Session.set)
         "vocabulary": vocabulary(model_shape(trainer.config, trainer.task)[0]),  # what each token id means
+        "data": trainer.task.fingerprint(),  # what it trained on: for records, their count and hash
     }
     tensors: dict[str, dict[str, Any]] = {
         "model": learner.model_state(),  # with LoRA, the adapter only: the model's own weights never change

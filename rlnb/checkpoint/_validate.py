@@ -88,6 +88,7 @@ def check(manifest: dict[str, Any], tensors: dict[str, dict[str, Any]], root: Pa
         f"the prompt loader's state for the saved config's num_workers={workers}",
     )
     shapes, states, vocab_size = _model_shapes(config, root, manifest.get("vocabulary"))
+    _check_data(manifest.get("data"), config, root)
     _check_buffer(manifest.get("buffer"), config, vocab_size, where)
     if config.learn.kl_coef > 0 and config.model.lora is None:  # a reference model is kept, restored from its file
         expect("reference" in tensors, where, "files", manifest["files"], "a list with reference.safetensors")
@@ -161,6 +162,61 @@ def _check_vocabulary(saved: Any, here: dict[str, Any], config: Config, root: Pa
     raise CheckpointError(
         f"{root}: {what} other token ids than when it was trained ({how}), so the model would read and write "
         f"other text; {fix}, and load again"
+    )
+
+
+# A "data" entry of a task made from records: its keys and the type of each.
+_RECORDS = {"records": int, "sha256": str, "prompt": str, "answer": str, "held_out": int, "split_sha256": str}
+
+
+def _data_ok(saved: Any) -> bool:
+    if not isinstance(saved, dict) or saved.get("kind") not in ("records", "generated"):
+        return False
+    return saved["kind"] == "generated" or all(
+        is_int(saved.get(key)) if kind is int else isinstance(saved.get(key), kind) for key, kind in _RECORDS.items()
+    )
+
+
+def _check_data(saved: Any, config: Config, root: Path) -> None:
+    """The task's data is what the checkpoint trained on (older checkpoints record nothing):
+    other records would go on mid-epoch on other prompts and evaluate on another held-out set."""
+    from rlnb.data import get_task
+
+    if saved is None:
+        return
+    expect(_data_ok(saved), root / MANIFEST, "data", saved, "what the session trained on (Task.fingerprint())")
+    here = get_task(config.task).fingerprint()
+    name = config.task
+    if saved["kind"] != here["kind"]:
+        then = f"{saved['records']} records" if saved["kind"] == "records" else "prompts from its make_prompt"
+        now = f"{here['records']} records" if here["kind"] == "records" else "prompts from a make_prompt"
+        how = f"it was trained on {then}, and task {name!r} now gives {now}"
+    elif saved["kind"] == "generated":
+        return
+    elif (saved["records"], saved["sha256"]) != (here["records"], here["sha256"]):
+        now = f"{here['records']}" if here["records"] != saved["records"] else f"{here['records']} other"
+        how = (
+            f"it was trained on {saved['records']} records (SHA-256 {saved['sha256'][:12]}…), and task {name!r} "
+            f"now has {now} (SHA-256 {here['sha256'][:12]}…)"
+        )
+    elif (saved["prompt"], saved["answer"]) != (here["prompt"], here["answer"]):
+        how = (
+            f"task {name!r} read its records' fields prompt={saved['prompt']!r}, answer={saved['answer']!r} when it "
+            f"was trained, and now reads prompt={here['prompt']!r}, answer={here['answer']!r}"
+        )
+    elif (saved["held_out"], saved["split_sha256"]) != (here["held_out"], here["split_sha256"]):
+        now = f"{here['held_out']}" if here["held_out"] != saved["held_out"] else f"another {here['held_out']}"
+        how = (
+            f"task {name!r} held out {saved['held_out']} of its records when it was trained, and now holds out "
+            f"{now} (another eval_size or split_seed)"
+        )
+    else:
+        return
+    raise CheckpointError(
+        f"{root}: {how}, so the session would go on mid-epoch on other prompts and evaluate on another held-out "
+        f"set; register the task as it was made then (rlnb.data.register_task(rlnb.data.Task.from_records("
+        f"{name!r}, <the same records>, ...), replace=True)) and load again, or train on the new data in a new "
+        "Session"
     )
 
 

@@ -133,9 +133,10 @@ class BadPrompt:
     prompt_id: int
     error: str
 
-    def exception(self, task: str) -> PromptError:
+    def exception(self, task: str, maker: str = "make_prompt") -> PromptError:
+        """The error to raise; ``maker``: what made the prompt (a task made from records has no make_prompt)."""
         return PromptError(
-            f"the {task!r} task's make_prompt raised for prompt {self.prompt_id}: {self.error}; the stream goes on "
+            f"the {task!r} task's {maker} raised for prompt {self.prompt_id}: {self.error}; the stream goes on "
             'with the next prompt (DataConfig(on_bad_prompt="skip") skips such prompts instead)',
             prompt_id=self.prompt_id,
         )
@@ -249,7 +250,13 @@ def _workers_for(task: Task, start_method: str, num_workers: int) -> int:
     finder = _MainFinder()
     try:
         finder.dump(task.prompt_source())
-    except Exception as exc:  # a lambda, or a function defined inside another
+    except Exception as exc:  # a lambda, or a function defined inside another; or a record's value
+        if task.records is not None and (value := task.records.unpicklable()) is not None:
+            raise ConfigError(
+                f"task {task.name!r} cannot be sent to a {start_method!r} prompt-loader worker: {value}; give "
+                "records of data (strings, numbers, lists and dicts), or make its prompts in this process with "
+                "DataConfig(num_workers=0)"
+            ) from exc
         raise ConfigError(
             f"task {task.name!r} cannot be sent to a {start_method!r} prompt-loader worker, which imports "
             f"what it runs ({exc}): {_SENDABLE_FIX}"
@@ -332,6 +339,7 @@ class PromptLoader:
     ) -> None:
         self._closed = False
         self._task_name = task.name
+        self._maker = "make_prompt" if task.records is None else "record reader"
         self._failure: str | None = None  # why every next() fails, once a worker died
         self._procs: dict[int, psutil.Process] = {}  # the workers, as psutil sees them
         self.start_method = multiprocessing_context or multiprocessing.get_start_method()
@@ -391,7 +399,7 @@ class PromptLoader:
                 raise
             raise PromptLoaderError(self._failure) from exc
         if isinstance(item, BadPrompt):
-            raise item.exception(self._task_name)
+            raise item.exception(self._task_name, self._maker)
         return item
 
     def _dead_worker(self) -> str | None:

@@ -180,3 +180,108 @@ def test_a_session_trains_on_chat_messages_with_the_built_in_policy() -> None:
         (group,) = sess.rollout(1)
         assert group.prompt.startswith("add\n")
         assert len(group.prompt_ids) == 1 + len(group.prompt)  # BOS, then a character each, "\n" included
+
+
+# -- the task's own records: copied, and read with errors that name the file and line ------------
+
+
+def test_the_task_keeps_a_copy_of_the_records_so_editing_them_later_changes_nothing() -> None:
+    rows: list[dict[str, Any]] = [{**row, "meta": {"tags": ["a"]}} for row in ROWS]
+    t = task(rows, eval_size=4)
+    before = [t.item(0, i) for i in range(40)], t.eval_set(4)
+    rows[0]["prompt"] = "99+99="  # the caller's dicts, edited after the task was made
+    for row in rows:
+        row["meta"]["tags"].append("edited")
+        del row["answer"]
+    rows.append({"prompt": "1+1=", "answer": "2"})
+    assert ([t.item(0, i) for i in range(40)], t.eval_set(4)) == before  # it used to train on the edits
+    item = t.item(0, 0)  # a reward that changes its row or answer changes only its own copy
+    assert item.row is not None
+    item.row["meta"]["tags"].clear()
+    assert t.item(0, 0).row == {**item.row, "meta": {"tags": ["a"]}}
+
+
+def test_a_pandas_data_frame_gives_its_rows_and_a_polars_or_arrow_table_too() -> None:
+    pandas = pytest.importorskip("pandas")
+    frame = pandas.DataFrame(ROWS)
+    t, expected = task(frame), task()
+    assert [t.item(3, i) for i in range(50)] == [expected.item(3, i) for i in range(50)]  # not its column names
+    assert "a pandas.DataFrame of 40 rows" in repr(t.records)
+    pyarrow = pytest.importorskip("pyarrow")
+    table = task(pyarrow.Table.from_pylist(ROWS))
+    assert [table.item(3, i) for i in range(9)] == [expected.item(3, i) for i in range(9)]
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_files_that_cannot_be_read_name_the_file_the_line_and_the_fix(tmp_path: Path) -> None:
+    lines = b"".join(json.dumps(row).encode() + b"\n" for row in ROWS[:3])
+    latin1 = _write(tmp_path / "latin1.jsonl", lines + '{"prompt": "1+1=", "answer": "2é"}\n'.encode("latin-1"))
+    with pytest.raises(rlnb.ConfigError) as caught:  # was a UnicodeDecodeError with no file or line
+        task(latin1, eval_size=0)
+    for word in ["latin1.jsonl", "line 4 is not UTF-8", "b'\\xe9' at column 32", "iconv -f latin1 -t utf-8"]:
+        assert word in str(caught.value), caught.value
+    bad_json = _write(tmp_path / "rows.json", b'[\n{"prompt": "1+1=",\n "answer": "\xff"}]')
+    with pytest.raises(rlnb.ConfigError, match=r"rows.json'\) is invalid: line 3 is not UTF-8"):
+        task(bad_json, eval_size=0)
+    bom = _write(tmp_path / "bom.jsonl", b"\xef\xbb\xbf" + lines)  # as some editors write: read as it is meant
+    assert len(task(bom, eval_size=0).records.rows) == 3  # type: ignore[union-attr]
+    pytest.importorskip("pyarrow")
+    import pyarrow
+    import pyarrow.parquet
+
+    whole = tmp_path / "whole.parquet"
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(ROWS), whole)
+    half = _write(tmp_path / "half.parquet", whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(rlnb.ConfigError) as caught:  # was pyarrow's ArrowInvalid
+        task(half)
+    assert "half.parquet') is invalid: it is not a parquet file, or it is damaged" in str(caught.value)
+
+
+def test_a_streaming_data_set_or_a_dict_of_splits_is_refused_with_the_fix() -> None:
+    datasets = pytest.importorskip("datasets")
+    dataset = datasets.Dataset.from_list(ROWS)
+    with pytest.raises(rlnb.ConfigError) as caught:  # was TypeError: object of type 'IterableDataset' has no len()
+        task(dataset.to_iterable_dataset())
+    assert "records=IterableDataset) is invalid: a streaming data set may never end" in str(caught.value)
+    assert "records=list(ds.take(10_000))" in str(caught.value)
+    with pytest.raises(rlnb.ConfigError, match=r"a DatasetDict of \['train'\]\) is invalid: .* records=ds\['train'\]"):
+        task(datasets.DatasetDict({"train": dataset}))
+
+
+def _unpicklable_value(completion: str) -> str:
+    return completion
+
+
+def test_a_value_that_cannot_be_copied_or_sent_to_a_worker_names_the_record_and_field() -> None:
+    import threading
+
+    rows = [dict(row) for row in ROWS]
+    rows[7]["lock"] = threading.Lock()
+    with pytest.raises(rlnb.ConfigError, match=r"record 7's 'lock' holds <unlocked _thread.lock .*cannot be copied"):
+        task(rows)
+    rows[7]["lock"] = lambda: None  # copied as it is, but a worker cannot import it
+    t = task(rows)
+    from rlnb.data import PromptLoader
+
+    with pytest.raises(rlnb.ConfigError) as caught:  # it blamed the task's functions, which were fine
+        PromptLoader(t, seed=0, num_workers=1, multiprocessing_context="forkserver")
+    assert "record 7's 'lock' holds <function" in str(caught.value)
+    assert "records of data" in str(caught.value) and "DataConfig(num_workers=0)" in str(caught.value)
+
+
+def test_the_records_digest_is_the_same_in_another_process(start_python: Any) -> None:
+    rows = [{**row, "tags": {"x", "y", "z"}, "when": __import__("datetime").date(2026, 1, 2)} for row in ROWS]
+    here = task(rows).records.digest  # type: ignore[union-attr]
+    script = (
+        "import datetime, json, sys; from rlnb.data import Task;"
+        "rows = [{**r, 'tags': {'x', 'y', 'z'}, 'when': datetime.date(2026, 1, 2)} for r in json.loads(sys.argv[1])];"
+        "print(Task.from_records('sums', rows, reward=lambda c, a: 0.0, eval_size=4).records.digest)"
+    )
+    proc = start_python("-c", script, json.dumps(ROWS), env={**__import__("os").environ, "PYTHONHASHSEED": "7"})
+    out, err = proc.communicate(timeout=60)
+    assert out.strip() == here, err
+    assert task(ROWS[::-1]).records.digest != task(ROWS).records.digest  # type: ignore[union-attr]
