@@ -27,6 +27,8 @@ from rlnb.rewards import Rewards
 from rlnb.session._diagnose import (
     CLIP_FRACTION_HIGH,
     ENTROPY_FLOOR,
+    LAG_QUIET,
+    LEARNED_RISE,
     MIN_TREND_STEPS,
     RECENT_STEPS,
     TREND_STEPS,
@@ -132,11 +134,41 @@ def test_a_growing_kl_suggests_a_larger_kl_coef() -> None:
 
 
 def test_staleness_near_the_policy_lag_is_reported_in_async_mode_only() -> None:
-    history = rising()[:-5] + [step(staleness=1.0) for _ in range(5)]
-    async_config = small_config(mode="async", rollout=rlnb.RolloutConfig(group_size=4, max_policy_lag=1))
+    history = rising()[:-5] + [step(staleness=3.5) for _ in range(5)]
+    async_config = small_config(mode="async", rollout=rlnb.RolloutConfig(group_size=4, max_policy_lag=4))
     finding = by_code(diagnose(history, [], None, async_config), "policy-lag")
-    assert "1 policy versions old" in finding.what and "max_policy_lag 1" in finding.what
+    assert "3.5 policy versions old" in finding.what and "max_policy_lag 4" in finding.what
     assert "policy-lag" not in codes(diagnose(history, [], None, CONFIG))
+
+
+def test_samples_a_version_old_under_the_default_policy_lag_are_not_a_finding() -> None:
+    # max_policy_lag=1, the default the README recommends: one version old is what async mode is
+    history = rising()[:-5] + [step(staleness=1.0) for _ in range(5)]
+    default = small_config(mode="async", rollout=rlnb.RolloutConfig(group_size=4))
+    assert default.rollout.max_policy_lag == LAG_QUIET == 1
+    assert diagnose(history, [], None, default) == []
+
+
+def test_a_run_that_learned_and_levelled_off_is_a_plateau_not_flat() -> None:
+    # as notebook 01's RL: 0.63 to 0.89 in 130 steps, then 20 steps level
+    climb = [step(reward_mean=0.63 + 0.002 * i, accuracy=0.5) for i in range(130)]
+    run = climb + [step(reward_mean=0.89 + 0.001 * (i % 2), accuracy=0.5) for i in range(TREND_STEPS)]
+    found = diagnose(run, [], None, CONFIG)
+    assert codes(found) == {"reward-plateau": "info"}, found
+    plateau = by_code(found, "reward-plateau")
+    assert f"over the run's 150 steps (means of its first and last {TREND_STEPS})" in plateau.what
+    assert "warm-up" not in plateau.fix
+    # a rise smaller than LEARNED_RISE, or a run too short to tell, is still flat
+    small = [step(reward_mean=0.3 + LEARNED_RISE / 2 * (i >= TREND_STEPS)) for i in range(2 * TREND_STEPS)]
+    assert codes(diagnose(small, [], None, CONFIG)) == {"reward-flat": "warning"}
+    assert codes(diagnose(run[-2 * TREND_STEPS + 1 :], [], None, CONFIG)) == {"reward-flat": "warning"}
+
+
+def test_the_session_judges_a_plateau_from_its_whole_run() -> None:
+    with rlnb.Session(CONFIG, name="diagnose-plateau") as sess:
+        climb = [step(reward_mean=0.2 + 0.01 * i) for i in range(60)]
+        sess._trainer.history[:] = climb + [step(reward_mean=0.8) for _ in range(TREND_STEPS)]
+        assert "reward-plateau" in codes(sess.diagnose(track=False))
 
 
 def test_a_slow_reward_is_measured_against_the_step() -> None:
@@ -347,3 +379,21 @@ def test_the_dashboard_shows_the_worst_finding_in_a_banner_not_on_every_tick(mon
         assert dash.diagnosis_all.layout.display is None and dash.diagnosis_all.value.count("rlnb-finding") == 2
         assert 'data-code="paused"' in dash.static_html() and "all 2 findings" in dash.static_html()
         dash.close()
+
+
+def test_the_thresholds_docs_experiment_md_names_are_the_modules_constants() -> None:
+    import rlnb.session._diagnose as module
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "experiment.md").read_text()
+    table = text[text.index("| code | severity |") :].split("\n\n", 1)[0]
+    named = re.findall(r"`([A-Z][A-Z0-9_]+)` = ([0-9.e+-]+)( s| %)?", table)
+    assert len({name for name, _, _ in named}) >= 20, named
+    for name, value, unit in named:
+        expected = getattr(module, name)
+        assert float(value) / (100 if unit == " %" else 1) == pytest.approx(expected), (name, value, expected)
+    # and every finding the module can give has its row
+    codes_in_code = set(re.findall(r'"(?:critical|warning|info)",\s*"([a-z-]+)"', Path(module.__file__).read_text()))
+    codes_in_code |= {"reward-flat", "reward-failing", "zero-variance", "length-cut", "stall", "paused"}
+    codes_in_code -= {"critical", "warning", "info"}
+    rows = set(re.findall(r"^\| `([a-z-]+)` \|", table, re.M))
+    assert codes_in_code <= rows, codes_in_code - rows

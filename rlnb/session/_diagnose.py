@@ -40,6 +40,8 @@ MIN_TREND_STEPS = 10  # with fewer steps no trend is judged
 ZERO_VARIANCE_WARNING = 0.5  # share of recent groups whose samples all got the same reward
 ZERO_VARIANCE_CRITICAL = 0.9
 FLAT_RISE = 0.02  # reward units the fit rises by over its window, at most, for "flat"
+LEARNED_RISE = 0.05  # the last TREND_STEPS' mean reward above the run's first TREND_STEPS' by this: it learned,
+# and a flat trend since is a plateau (info), not a reward that never moved
 FALL_DROP = 0.05  # and falls by, at least, for "falling" (its slope 2 standard errors below 0)
 HIGH_ACCURACY = 0.9  # recent accuracy at which a flat reward or a sure policy is success, not a problem
 ENTROPY_FLOOR = 0.05  # nats per token: below it (and accuracy below HIGH_ACCURACY) entropy collapsed
@@ -48,6 +50,7 @@ CLIP_FRACTION_HIGH = 0.2  # mean share of tokens whose ratio the PPO clip cut
 LENGTH_CUT_WARNING = 0.5  # share of recent completions that stopped at max_new_tokens
 LENGTH_CUT_CRITICAL = 0.9
 LAG_NEAR = 0.8  # mean staleness at or above this share of max_policy_lag (async mode)
+LAG_QUIET = 1  # max_policy_lag at or below it: samples a version old are what async mode is, not a finding
 KL_RISE = 0.05  # nats the KL's fit rises by over its window (its slope 2 standard errors above 0)
 FAILED_SHARE = 0.05  # failed samples of all ended ones at which failures are critical
 SLOW_REWARD_SHARE = 0.5  # a reward's estimated seconds per step, as a share of the median step time
@@ -144,7 +147,7 @@ class DiagnoseCells:
         trainer = self._trainer
         rewards = self._task.rewards if self.reward_name is None else None  # set_reward()'s is not timed
         found = diagnose(
-            trainer.history[-TREND_STEPS:],
+            trainer.history,
             list(trainer.batches)[-RECENT_BATCHES:],
             snapshot,
             self._config,
@@ -437,6 +440,19 @@ def _trends(history: Sequence[Mapping[str, float]], config: Config, accuracy: fl
                     "initial policy (kl_coef), or go back to a checkpoint (sess.changes lists what changed)",
                 )
             )
+        elif rise < FLAT_RISE and (learned := _learned(history)) is not None:
+            before, since, steps = learned
+            found.append(
+                Finding(
+                    "info",
+                    "reward-plateau",
+                    f"the reward rose from {before:.3g} to {since:.3g} over the run's {steps} steps (means of its "
+                    f"first and last {TREND_STEPS}) and has levelled off: {numbers}",
+                    "if that is good enough, stop (sess.evaluate() on held-out prompts tells); to go further: a larger "
+                    f"group_size (now {config.rollout.group_size}) so harder prompts still hold a success and a "
+                    "failure, or more steps",
+                )
+            )
         elif rise < FLAT_RISE:
             high = accuracy is not None and accuracy >= HIGH_ACCURACY
             fix = (
@@ -507,7 +523,7 @@ def _recent(
             )
         )
     staleness, lag = _mean(recent, "staleness"), rollout.max_policy_lag
-    if config.mode == "async" and staleness is not None and lag and staleness >= LAG_NEAR * lag:
+    if config.mode == "async" and staleness is not None and lag and lag > LAG_QUIET and staleness >= LAG_NEAR * lag:
         live = "" if s is None else f"; {s.rollout.groups_live} of {s.rollout.groups_allowed} groups live"
         found.append(
             Finding(
@@ -550,6 +566,16 @@ def _fit(history: Sequence[Mapping[str, float]], key: str) -> tuple[int, float, 
     residual = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, values, strict=True))
     se = math.sqrt(residual / (n - 2) / sxx)
     return n, slope, se, intercept, intercept + slope * (n - 1)
+
+
+def _learned(history: Sequence[Mapping[str, float]]) -> tuple[float, float, int] | None:
+    """``(mean reward of the run's first TREND_STEPS steps, of its last, steps)`` where
+    the last are above the first by :data:`LEARNED_RISE` at least, without overlap; else None."""
+    values = [float(m["reward_mean"]) for m in history if _finite(m.get("reward_mean"))]
+    if len(values) < 2 * TREND_STEPS:
+        return None
+    before, since = stats_.fmean(values[:TREND_STEPS]), stats_.fmean(values[-TREND_STEPS:])
+    return (before, since, len(values)) if since - before >= LEARNED_RISE else None
 
 
 def _seconds(seconds: float) -> str:
