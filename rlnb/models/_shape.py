@@ -57,7 +57,15 @@ def model_shape(config: Config, task: Task) -> tuple[Tokenizer, ModelConfig]:
 
 def check_positions(config: Config, task: Task, tokenizer: Tokenizer) -> None:
     """Raise ConfigError unless ``config``'s model has room for the longest of a sample
-    of the task's prompts (as ``tokenizer`` writes it) and ``max_new_tokens`` more."""
+    of the task's prompts (as ``tokenizer`` writes it) and ``max_new_tokens`` more; a
+    task made from records has every record's prompt measured (they are in memory)."""
+    if task.records is not None:
+        task.records.check_context(
+            lambda prompt: len(tokenizer.encode(prompt, bos=True)),
+            max_len=config.model.max_len,
+            new_tokens=config.rollout.max_new_tokens or task.max_new_tokens,
+            task=task.name,
+        )
     positions = max(len(tokenizer.encode(task.item(config.seed, i).encodable, bos=True)) for i in range(16))
     positions += config.rollout.max_new_tokens or task.max_new_tokens
     if config.model.max_len < positions:

@@ -257,10 +257,19 @@ class GroupRunner:
         episodes, prompt = await self._call_env(_open_episodes, conv.env, _row(item), n, where=where, what="reset")
         try:
             prompt = item.encodable if prompt is None else prompt
-            return episodes, tuple(conv.encode_prompt(prompt, episodes[0].tools))
+            ids = tuple(conv.encode_prompt(prompt, episodes[0].tools))
         except ValueError as exc:
             await self._close_conversations(item, episodes)
             raise RolloutError(f"the environment's prompt for {where} cannot be encoded: {exc}") from None
+        if conv.max_context is not None and len(ids) >= conv.max_context:  # no room for one policy token
+            await self._close_conversations(item, episodes)
+            env = getattr(conv.env, "__qualname__", type(conv.env).__name__)
+            raise RolloutError(
+                f"the environment {env}'s reset gave {where} a prompt of {len(ids)} tokens "
+                f"({short_repr(prompt)}), and the model's context is {conv.max_context} (ModelConfig.max_len): "
+                "no room for the policy to answer; make reset return a shorter prompt, or use a larger max_len"
+            )
+        return episodes, ids
 
     async def _close_conversations(self, item: PromptItem, episodes: list[Episode]) -> None:
         """Close a group's environments on the reward pool, also when the group was
