@@ -285,3 +285,22 @@ def test_the_records_digest_is_the_same_in_another_process(start_python: Any) ->
     out, err = proc.communicate(timeout=60)
     assert out.strip() == here, err
     assert task(ROWS[::-1]).records.digest != task(ROWS).records.digest  # type: ignore[union-attr]
+
+
+def test_the_command_line_says_in_one_line_what_is_wrong_with_a_data_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlnb.cli import main
+
+    lines = "".join(json.dumps(row) + "\n" for row in ROWS)
+    latin1 = _write(tmp_path / "latin1.jsonl", (lines + '{"prompt": "1+1=", "answer": "2é"}\n').encode("latin-1"))
+    long = _write(tmp_path / "long.jsonl", (lines + json.dumps({"prompt": "1+" * 200 + "1=", "answer": "1"})).encode())
+    flags = ["--eval-size", "0.1", "--steps", "1", "--run-dir", str(tmp_path / "run")]
+    for data, words in [
+        (latin1, ["--data: Task.from_records(records=", "line 41 is not UTF-8"]),  # was UnicodeDecodeError's traceback
+        (long, ["record 40 of", "has a prompt of 403 tokens", "use max_len >= 406"]),
+    ]:
+        code = main(["train", "--data", str(data), *flags])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        assert all(word in err for word in words), err
