@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from rlnb._errors import CheckpointError
-from rlnb.runtime import defer_interrupts
+from rlnb.runtime import defer_interrupts, sessions
 
 __all__ = [
     "MODEL_MARKER",
     "as_path",
+    "check_not_in_use",
     "check_owned",
     "clean_leftovers",
     "io_error",
@@ -171,9 +172,10 @@ def save_place(path: Any, what: str, *, call: str, argument: str) -> Path:
     """``path``, the ``argument`` of ``call``, as the directory to save ``what`` to:
     ``~`` expanded, absolute, and a symbolic link followed to the directory it names.
 
-    Raises :class:`CheckpointError` for something that is not a path, a file, and
-    the current directory, one that holds it, or a mount point (a save replaces the
-    directory itself, so it would pull it from under the process or fail)."""
+    Raises :class:`CheckpointError` for something that is not a path, a file, what
+    a live session reads or writes (:func:`check_not_in_use`), and the current
+    directory, one that holds it, or a mount point (a save replaces the directory
+    itself, so it would pull it from under the process or fail)."""
     target = Path(os.path.abspath(as_path(path, call=call, argument=argument)))
     if target.is_symlink():
         target = target.resolve()  # the link stays; the directory it names is saved
@@ -193,7 +195,32 @@ def save_place(path: Any, what: str, *, call: str, argument: str) -> Path:
                 f"cannot save {what} to {target}: {where}, and a save replaces the whole directory; "
                 f"nothing there was changed: choose a directory inside it, e.g. {str(target / 'out')!r}"
             )
+    check_not_in_use(target, what)
     return target
+
+
+def check_not_in_use(target: Path, what: str) -> None:
+    """Refuse to save ``what`` to ``target`` where that would replace or remove what a
+    live session reads or writes: its base model, its records file or its run dir
+    (each session's ``_paths_in_use()``), or a directory that holds one. Inside a
+    run dir is fine (``run/ckpt``): a save replaces only its own directory. Raises
+    :class:`CheckpointError` naming the path, the session and why, before anything is
+    written (rlnb may have written the directory itself: ``tiny_llama`` marks its own)."""
+    real = Path(os.path.realpath(target))
+    for session in sessions():
+        in_use = getattr(session, "_paths_in_use", None)
+        if in_use is None or getattr(session, "closed", False):
+            continue
+        for path, why in in_use():
+            used = Path(os.path.realpath(path))
+            if used != real and real not in used.parents:
+                continue
+            where = "it is" if used == real else f"it holds {used}, which is"
+            raise CheckpointError(
+                f"cannot save {what} to {target}: {where} {why} of the live session {session.name!r}, and a save "
+                "replaces the whole directory; nothing there was changed: choose another directory, e.g. "
+                f"{str(target.with_name(target.name + '-saved'))!r}"
+            )
 
 
 def _cwd() -> Path | None:

@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,7 +137,9 @@ def test_save_pretrained_never_removes_a_file_it_did_not_write(
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "id_ed25519").write_text("a private key")
     monkeypatch.setenv("HOME", str(home))
-    (llama / "NOTES.md").write_text("what this model is for")  # the model's own folder, with the user's notes
+    mine = tmp_path / "models" / "mine"  # a model rlnb saved, with the user's notes
+    shutil.copytree(llama, mine)
+    (mine / "NOTES.md").write_text("what this model is for")
     (tmp_path / "empty").mkdir()
     before = files_under(tmp_path)
     config = CONFIG.replace(model=rlnb.ModelConfig(path=str(llama), max_len=32))
@@ -144,7 +147,7 @@ def test_save_pretrained_never_removes_a_file_it_did_not_write(
         refused: list[tuple[str | Path, str]] = [
             (project, "it is a non-empty directory that holds no model rlnb saved"),
             ("~", "holds no model rlnb saved"),
-            (llama, "it holds a model rlnb saved, but also 'NOTES.md', which a save would lose"),
+            (mine, "it holds a model rlnb saved, but also 'NOTES.md', which a save would lose"),
         ]
         for where, words in refused:
             with pytest.raises(rlnb.CheckpointError, match=re.escape(words)) as info:
@@ -159,6 +162,54 @@ def test_save_pretrained_never_removes_a_file_it_did_not_write(
             sess.save_pretrained(tmp_path)
     assert files_under(tmp_path) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "home", "models", "project"]  # no staging left
+
+
+def test_no_save_replaces_what_a_live_session_reads_or_writes(tmp_path: Path, llama: Path) -> None:
+    """Its base model (rlnb wrote it, with a marker: it used to be replaced by the
+    adapter, and the run's checkpoint no longer loaded), a directory holding it, its
+    run dir; refused by every save before anything is written. Inside the run dir is fine."""
+    from rlnb.models import HFPolicy, tiny_llama
+
+    before = files_under(llama)
+    run_dir = tmp_path / "run"
+    config = CONFIG.replace(
+        model=rlnb.ModelConfig(path=str(llama), max_len=32, lora=rlnb.LoraConfig(r=4, alpha=8)),
+        track=rlnb.TrackConfig(backends=("jsonl",), run_dir=str(run_dir)),
+    )
+    base = re.escape(
+        f"cannot save the model to {llama}: it is the base model (ModelConfig.path) of the live session 'lora'"
+    )
+    with rlnb.Session(config, name="lora") as sess:
+        sess.step()
+        checkpoint = sess.save(run_dir / "ckpt")  # inside its run dir: a directory of its own
+        for save in (
+            lambda: sess.save_pretrained(llama, adapter_only=True),
+            lambda: sess.save_pretrained(llama),
+            lambda: HFPolicy.save_pretrained(sess.policy, llama, adapter_only=True),  # type: ignore[arg-type]
+            lambda: tiny_llama(llama, seed=1),
+        ):
+            with pytest.raises(rlnb.CheckpointError, match=base + ".*nothing there was changed"):
+                save()
+        with pytest.raises(rlnb.CheckpointError, match=re.escape(f"it holds {llama}, which is the base model")):
+            sess.save_pretrained(llama.parent)
+        with pytest.raises(
+            rlnb.CheckpointError, match=re.escape(f"{run_dir}: it is the run dir (TrackConfig.run_dir)")
+        ):
+            sess.save(run_dir)
+        with pytest.raises(rlnb.CheckpointError, match="it is the base model"):
+            sess.tokenizer.save_pretrained(llama)
+        with rlnb.Session(small_config(), name="other") as other:  # another session's inputs are as safe
+            with pytest.raises(rlnb.CheckpointError, match=re.escape(f"{run_dir}: it is the run dir") + ".*'lora'"):
+                other.save(run_dir)
+        for flag in ("yes", 1, None):
+            with pytest.raises(rlnb.ConfigError, match=re.escape(f"save_pretrained(adapter_only={flag!r}) is invalid")):
+                sess.save_pretrained(tmp_path / "adapter", adapter_only=flag)  # type: ignore[arg-type]
+        assert not (tmp_path / "adapter").exists()
+        sess.save_pretrained(tmp_path / "adapter", adapter_only=True)
+    assert files_under(llama) == before
+    with rlnb.Session.load(checkpoint, name="lora") as loaded:  # the base model the adapter needs is there
+        assert loaded.step()["version"] == 2
+    tiny_llama(llama, seed=1)  # no live session reads it now: rlnb's own model, replaced
 
 
 def test_save_pretrained_replaces_only_a_model_it_wrote_unchanged(tmp_path: Path, llama: Path) -> None:
@@ -323,7 +374,7 @@ def test_a_full_disk_while_safetensors_or_transformers_write_is_a_checkpoint_err
     with rlnb.Session(config, name="export-full") as sess:
         out = sess.save_pretrained(tmp_path / "export")
         before = files_under(out)
-        monkeypatch.setattr(HFPolicy, "save_pretrained", full)
+        monkeypatch.setattr(HFPolicy, "write_pretrained", full)
         with pytest.raises(rlnb.CheckpointError) as info:
             sess.save_pretrained(out)
     assert str(info.value).startswith(f"cannot save the model to {out}: [Errno 28] No space left on device")

@@ -399,3 +399,176 @@ def test_logprobs_are_the_current_policys_for_each_completion_token() -> None:
             len(s.token_ids) for s in sess.batches[-1].groups[0].samples
         ]
         assert sess.logprobs([]) == [] and sess.version == 1
+
+
+# -- issue 42: a fork never replaces a session, its run dir is its own --------------------------
+
+
+def test_a_fork_never_replaces_a_live_session_not_even_its_own_earlier_fork() -> None:
+    """It used to close an unrelated session of that name, even one training in the background."""
+    with (
+        rlnb.Session(small_config(mode="async"), name="other") as other,
+        rlnb.Session(small_config(), name="parent") as parent,
+    ):
+        parent.step()
+        other.start()
+        try:
+            with pytest.raises(rlnb.ConfigError, match=r"a live session is called 'other' .* pick another name"):
+                parent.fork("other")
+            assert not other.closed and other.training
+        finally:
+            other.stop()
+        with parent.fork("a") as first:
+            with pytest.raises(rlnb.ConfigError, match=r"fork\(name='a'\) is invalid: a live session is called 'a'"):
+                parent.fork("a")
+            assert not first.closed and first.step()["version"] == 2
+        with parent.fork("a") as again:  # once closed, the name is free
+            assert again.version == 1
+        assert set(rlnb.sessions()) == {other, parent}
+
+
+def test_each_fork_writes_to_a_run_dir_of_its_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ "x y" and "x?y" shared one directory and interleaved their metrics; an existing
+    directory of another run, or a live session's, is left to it and the next free one taken."""
+    run = tmp_path / "run"
+    track = rlnb.TrackConfig(backends=("jsonl",), run_dir=str(run))
+    (tmp_path / "run-old").mkdir()
+    (tmp_path / "run-old" / "metrics.jsonl").write_text('{"event": "start", "run_id": "earlier"}\n')
+    own = rlnb.TrackConfig(backends=("jsonl",), run_dir=str(tmp_path / "run-b"))
+    with (
+        rlnb.Session(small_config(track=own), name="b-elsewhere") as elsewhere,
+        rlnb.Session(small_config(track=track), name="parent") as parent,
+    ):
+        parent.step()
+        forks = [parent.fork(name) for name in ("x y", "x?y", "old", "b")]
+        try:
+            dirs = [Path(str(f.config.track.run_dir)) for f in forks]
+            for f in forks:
+                f.step()
+        finally:
+            for f in forks:
+                f.close()
+        assert elsewhere.config.track.run_dir == str(tmp_path / "run-b")
+    assert len(set(dirs)) == 4 and all(d.parent == tmp_path and d.name.startswith("run-") for d in dirs)
+    assert dirs[2:] == [tmp_path / "run-old-2", tmp_path / "run-b-2"]
+    out = capsys.readouterr().out
+    assert (
+        f"fork 'old' writes its run to {tmp_path / 'run-old-2'} ({tmp_path / 'run-old'} holds another run's files)"
+        in out
+    )
+    assert f"({tmp_path / 'run-b'} is a live session's run dir)" in out
+    for d in dirs:
+        records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        assert [r["event"] for r in records if "event" in r] == ["start", "finish"]  # one run each
+    assert (tmp_path / "run-old" / "metrics.jsonl").read_text() == '{"event": "start", "run_id": "earlier"}\n'
+
+
+# -- issue 42: what-if, rescore, logprobs and explore read only what they can ---------------------
+
+
+def test_a_batch_of_another_task_or_vocabulary_is_refused_naming_both_sessions() -> None:
+    """It was read with this session's vocabulary: numbers for other tokens, or an IndexError."""
+    pytest.importorskip("ipywidgets")
+    calculator = small_config(task="calculator", model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2, max_len=48))
+    with (
+        rlnb.Session(small_config(), name="adds") as adds,
+        rlnb.Session(small_config(task="reverse"), name="reverses") as reverses,
+        rlnb.Session(calculator, name="multiplies") as multiplies,
+    ):
+        adds.step()
+        reverses.step()
+        theirs = adds.batches[-1]
+        assert theirs.origin is not None and (theirs.origin.session, theirs.origin.task) == ("adds", "addition")
+        said = r"it was kept by session 'adds' on task 'addition' \(seed 0\), and this is session 'reverses' on task"
+        for call, ask in (
+            ("what_if", lambda: reverses.what_if(theirs, lr=1e-3)),
+            ("rescore", lambda: reverses.rescore(theirs, reward=lambda c, a: 1.0)),
+            ("logprobs", lambda: reverses.logprobs(theirs)),
+            ("explore", lambda: reverses.explore(theirs)),
+        ):
+            with pytest.raises(rlnb.ConfigError, match=rf"{call}\(.*\) is invalid: {said}.* another vocabulary"):
+                ask()
+        with pytest.raises(rlnb.ConfigError, match="outside this session's vocabulary of 15 ids"):
+            adds.logprobs(multiplies.rollout(1))  # groups another tokenizer made (an IndexError before)
+        # A fork has its parent's task, seed and vocabulary: its parent's batches read as its own.
+        with adds.fork("adds-b") as fork:
+            assert fork.rescore(theirs, reward=lambda c, a: 1.0)["rewards"] == [[1.0] * 4] * 4
+            assert fork.logprobs(theirs) and fork.what_if(theirs).step == 1
+    with (
+        rlnb.Session(small_config(seed=1), name="seed-1") as one,
+        rlnb.Session(small_config(seed=2), name="seed-2") as two,
+    ):
+        one.step()
+        with pytest.raises(rlnb.ConfigError, match="drawn with another seed, so its prompt ids name other prompts"):
+            two.rescore(one.batches[-1], reward=lambda c, a: 1.0)
+
+
+class _Talk:
+    """An environment that answers every first turn and closes the second, with rewards."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    def reset(self, row: Any) -> None:
+        return None
+
+    def step(self, completion: str) -> Any:
+        from rlnb.envs import Turn
+
+        self.turns += 1
+        return Turn("1+1", reward=0.5) if self.turns == 1 else Turn(None, reward=1.0, done=True)
+
+
+def _length_and_env(completion: str, answer: object, env_reward: float | None = None) -> float:
+    return len(completion) + 10 * (env_reward or 0.0)
+
+
+def test_rescore_of_conversations_scores_the_last_turn_with_the_environments_reward() -> None:
+    """It scored the whole transcript without env_reward: [10, 5, 9, 7] for the recorded [8, 6, 8, 6]."""
+    addition = get_task("addition")
+    task = register_task(
+        rlnb.data.Task(
+            "talks",
+            alphabet=addition.alphabet,
+            make_prompt=addition.make_prompt,
+            reward=_length_and_env,
+            max_new_tokens=4,
+            env=_Talk,
+            max_turns=2,
+        ),
+        replace=True,
+    )
+    config = small_config(task="talks", model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2, max_len=48))
+    with rlnb.Session(config, name="talks") as sess:
+        sess.step()
+        batch = sess.batches[-1]
+        assert all(s.is_conversation and s.env_reward == 0.5 for g in batch.groups for s in g.samples)
+        again = sess.rescore(reward=task.rewards.functions[0].fn)
+        assert again["rewards"] == again["recorded_rewards"]
+        assert [a for g in again["advantages"] for a in g] == pytest.approx(
+            [a for g in again["recorded_advantages"] for a in g]
+        )
+
+
+def test_rescore_names_a_reward_that_fails_and_the_sample() -> None:
+    """A NaN was a private ``BadValue: nan``."""
+
+    def not_a_number(completion: str, answer: object) -> float:
+        return float("nan")
+
+    def broken(completion: str, answer: object) -> float:
+        raise KeyError("score")
+
+    with rlnb.Session(small_config(), name="rescore-bad") as sess:
+        sess.step()
+        with pytest.raises(
+            rlnb.RolloutError,
+            match=r"rescore\(\): the reward function 'not_a_number' returned nan for group 0, sample 0: prompt \d+ "
+            r".*a reward must be a finite number.*or None when it does not apply",
+        ):
+            sess.rescore(reward=[lambda c, a: 1.0, not_a_number], reward_weights=[0.0, 1.0])
+        with pytest.raises(
+            rlnb.RolloutError, match=r"rescore\(\): a reward function raised KeyError\('score'\) for group 0"
+        ) as info:
+            sess.rescore(reward=broken)
+        assert isinstance(info.value.__cause__, KeyError)

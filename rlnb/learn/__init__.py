@@ -7,9 +7,10 @@ from rlnb.learn._loss import LossTerms, grpo_advantages, policy_loss
 from rlnb.learn._progress import progress_bar
 from rlnb.learn._trainer import Callback, Trainer, TrainingStatistics
 from rlnb.learn._warmup import Warmup
-from rlnb.learn._whatif import KeptBatch, WhatIf, advantages_of, what_if
+from rlnb.learn._whatif import BatchOrigin, KeptBatch, WhatIf, advantages_of, what_if
 
 __all__ = [
+    "BatchOrigin",
     "Callback",
     "KeptBatch",
     "LearnConfig",

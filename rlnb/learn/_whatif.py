@@ -10,7 +10,9 @@ learner, its version and the process's random state are left as they were.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import html
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,7 +23,7 @@ from rlnb.config import LearnConfig
 from rlnb.learn._learner import Learner, TrainBatch
 from rlnb.learn._loss import grpo_advantages
 
-__all__ = ["KeptBatch", "WhatIf", "advantages_of", "what_if"]
+__all__ = ["BatchOrigin", "KeptBatch", "WhatIf", "advantages_of", "vocabulary_digest", "what_if"]
 
 # The metrics a what-if compares, in the order it shows them: the step's own (taken
 # before its update, so lr does not move them), then what the update did to the policy
@@ -49,25 +51,73 @@ def advantages_of(rewards: Sequence[Sequence[float]], *, scale: bool) -> tuple[t
     )
 
 
+def vocabulary_digest(tokenizer: Any) -> str:
+    """The SHA-256 of what ``tokenizer``'s ids mean: its tokens in id order (a Hugging
+    Face tokenizer's own tokens; for rlnb's character tokenizer, each id's text), as a
+    checkpoint records them."""
+    ids = list(range(tokenizer.vocab_size))
+    hf = getattr(tokenizer, "tokenizer", None)
+    tokens = [str(t) for t in hf.convert_ids_to_tokens(ids)] if hf is not None else [tokenizer.decode([i]) for i in ids]
+    return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchOrigin:
+    """What made a kept batch, and so what its numbers mean: the ``session`` (its
+    name), the ``task`` whose prompts it holds (its name), the ``seed`` they were
+    drawn with (a prompt id means a prompt only with it), and ``vocabulary``, the
+    :func:`vocabulary_digest` of the tokenizer its token ids belong to."""
+
+    session: str
+    task: str
+    seed: int
+    vocabulary: str
+
+    def __str__(self) -> str:
+        return f"session {self.session!r} on task {self.task!r} (seed {self.seed})"
+
+    def mismatch(self, here: BatchOrigin) -> str | None:
+        """Why a batch of this origin cannot be read by the session ``here`` (its token
+        ids mean other tokens, or its prompt ids other prompts), or None where it can."""
+        if self.vocabulary != here.vocabulary:
+            return "its token ids belong to another vocabulary, so they would be read as other tokens"
+        if self.task != here.task:
+            return "it holds another task's prompts"
+        if self.seed != here.seed:
+            return "its prompts were drawn with another seed, so its prompt ids name other prompts"
+        return None
+
+
 @dataclasses.dataclass(frozen=True)
 class KeptBatch:
     """A batch the learner trained on, as it was: ``step`` is the policy version its
     update made; ``groups`` hold every sample's token ids, behaviour log-probs,
     policy versions and rewards (each function's in ``Sample.rewards``);
     ``advantages`` the GRPO advantages it was trained with (per group, per sample);
-    ``metrics`` the step's record; ``config`` the learner settings in force."""
+    ``metrics`` the step's record; ``config`` the learner settings in force;
+    ``origin`` the session, task and vocabulary that made it (:class:`BatchOrigin`;
+    set by the session before anyone sees the batch, None on one made by hand)."""
 
     step: int
     groups: tuple[Group, ...]
     advantages: tuple[tuple[float, ...], ...]
     metrics: Mapping[str, float]
     config: LearnConfig
+    origin: BatchOrigin | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
     def of(cls, groups: Sequence[Group], metrics: Mapping[str, float], config: LearnConfig) -> KeptBatch:
         rewards = [[float(s.reward or 0.0) for s in g.samples] for g in groups]
         advantages = advantages_of(rewards, scale=config.scale_advantages)
         return cls(int(metrics["version"]), tuple(groups), advantages, dict(metrics), config)
+
+    def stamped(self, origin: BatchOrigin) -> KeptBatch:
+        """This batch, its :attr:`origin` set to ``origin`` if it had none (once, in
+        place: the trainer that made it knows no tokenizer, the session that keeps it
+        does, and stamps it before handing it out)."""
+        if self.origin is None:
+            object.__setattr__(self, "origin", origin)  # the same value, whichever thread sets it first
+        return self
 
     @property
     def rewards(self) -> tuple[tuple[float, ...], ...]:

@@ -17,6 +17,7 @@ transformers is imported only when a model is loaded or built.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 
 from rlnb._errors import ConfigError
-from rlnb._files import write_model_dir
+from rlnb._files import as_path, check_not_in_use, write_model_dir
 from rlnb._samples import messages_text
 
 if TYPE_CHECKING:
@@ -363,18 +364,40 @@ class HFPolicy(nn.Module):
         """Number of trainable numbers (tied weights counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def save_pretrained(self, directory: str | os.PathLike[str], *, adapter_only: bool = False) -> None:
-        """The model's ``save_pretrained`` (safetensors and config.json); with LoRA, the
-        model with merged weights, or with ``adapter_only`` peft's adapter
-        (adapter_config.json and adapter_model.safetensors, which
-        ``peft.PeftModel.from_pretrained(base_model, directory)`` loads)."""
+    def save_pretrained(self, directory: str | os.PathLike[str], *, adapter_only: bool = False) -> Path:
+        """Write the model as the directory ``directory``: its ``save_pretrained``
+        (safetensors and config.json); with LoRA, the model with merged weights, or
+        with ``adapter_only`` peft's adapter (adapter_config.json and
+        adapter_model.safetensors, which ``peft.PeftModel.from_pretrained(base_model,
+        directory)`` loads). Written as ``Session.save_pretrained`` writes (new, empty
+        or a model rlnb saved, and never what a live session reads, such as its base
+        model: :class:`~rlnb.CheckpointError` otherwise). Returns it, absolute.
+        :class:`~rlnb.ConfigError` for an ``adapter_only`` that is not a bool,
+        ``ValueError`` for ``adapter_only=True`` without an adapter."""
+        if not isinstance(adapter_only, bool):
+            raise ConfigError(
+                f"HFPolicy.save_pretrained(adapter_only={adapter_only!r}) is invalid: pass True (the LoRA adapter "
+                "alone) or False (the whole model)"
+            )
+        if adapter_only and self.__dict__["_peft"] is None:
+            raise ValueError("HFPolicy.save_pretrained(adapter_only=True): the model has no LoRA adapter")
+        return write_model_dir(
+            directory,
+            functools.partial(self.write_pretrained, adapter_only=adapter_only),
+            call="HFPolicy.save_pretrained",
+            argument="directory",
+        )
+
+    def write_pretrained(self, staging: Path, *, adapter_only: bool = False) -> None:
+        """Write :meth:`save_pretrained`'s files into ``staging``, a save's new directory
+        (``rlnb._files.write_dir`` checks the target and swaps it in)."""
         if adapter_only:
             peft_model = self.__dict__["_peft"]
             if peft_model is None:
                 raise ValueError("HFPolicy.save_pretrained(adapter_only=True): the model has no LoRA adapter")
-            peft_model.save_pretrained(directory, safe_serialization=True)
+            peft_model.save_pretrained(staging, safe_serialization=True)
             return
-        self.serving_copy().model.save_pretrained(directory, safe_serialization=True)
+        self.serving_copy().model.save_pretrained(staging, safe_serialization=True)
 
 
 class HFTokenizer:
@@ -447,7 +470,12 @@ class HFTokenizer:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
-        self.tokenizer.save_pretrained(directory)
+        """The tokenizer's files into ``directory`` (beside what is there, as Hugging
+        Face writes them), never into what a live session reads, such as its base
+        model (:class:`~rlnb.CheckpointError`, before anything is written)."""
+        target = Path(os.path.abspath(as_path(directory, call="HFTokenizer.save_pretrained", argument="directory")))
+        check_not_in_use(target, "the tokenizer")
+        self.tokenizer.save_pretrained(target)
 
 
 def _quiet_transformers() -> Any:

@@ -12,20 +12,28 @@ the tracker and a checkpoint's, and ``config`` shows the values in force.
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import dataclasses
+import hashlib
+import os
 import re
 import threading
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlnb._errors import ConfigError, public_call
-from rlnb.config import Change, Config, LearnConfig, config_to_dict
+from rlnb._errors import ConfigError, RolloutError, public_call
+from rlnb._reprs import short_repr
+from rlnb.config import Change, Config, LearnConfig, ModelConfig, config_to_dict
+from rlnb.runtime import lookup_session, sessions
 from rlnb.session import _assembly as parts
 
 if TYPE_CHECKING:
+    from rlnb._samples import Group, Sample
     from rlnb.data import Task
     from rlnb.learn import KeptBatch, Trainer, WhatIf
+    from rlnb.learn._whatif import BatchOrigin
     from rlnb.rollout import Rollouter
     from rlnb.runtime import AsyncBridge
     from rlnb.session._session import Session
@@ -44,6 +52,7 @@ class ExperimentCells:
     _config: Config
     _task: Task
     _tokenizer: Any
+    _model: ModelConfig
     _name: str
     _prompts: Any
     _settings_lock: threading.Lock
@@ -135,6 +144,21 @@ class ExperimentCells:
             self._bridge.run(rollouter.set_reward_fn(*parts.reward_functions(rewards)))
         self._config = trainer.config = config
 
+    # -- what it reads and writes --------------------------------------------------------
+
+    def _paths_in_use(self) -> list[tuple[Path, str]]:
+        """What this session reads or writes while it lives, with what each is: no save
+        may replace them or a directory holding them (``rlnb._files.check_not_in_use``)."""
+        used = []
+        if self._config.model.path is not None:
+            used.append((Path(self._config.model.path), "the base model (ModelConfig.path)"))
+        if self._config.track.run_dir is not None:
+            used.append((Path(self._config.track.run_dir), "the run dir (TrackConfig.run_dir)"))
+        records = getattr(self._task, "records", None)
+        if (path := _records_file(records)) is not None:
+            used.append((path, f"the records file of task {self._task.name!r}"))
+        return used
+
     # -- fork -------------------------------------------------------------------------
 
     @public_call("nothing was made; this session is as it was", waits_for_rollouts=True)
@@ -148,9 +172,17 @@ class ExperimentCells:
         Generations in flight are finished into the buffer first (nothing is lost, as
         in :meth:`save`). The fork builds its own engine, loader and tracker from the
         config (an ``engine=`` object given to this session is not shared); with a
-        run dir, its tracker writes to ``<run_dir>-<name>``. Callbacks are not
-        copied; a reward from :meth:`set_reward` is. Each session trains and closes
-        on its own. Raises :class:`~rlnb.ConfigError` for a bad name or change, and
+        run dir, its tracker writes to ``<run_dir>-<name>`` (``name`` with each
+        character other than letters, digits, ``_``, ``.`` and ``-`` made ``_`` and,
+        where any was, a hash of ``name`` added, so two names never share a
+        directory); where that directory already holds another run's files, or is a
+        live session's run dir, the first free ``<run_dir>-<name>-2``, ``-3``... is
+        taken instead, and a line says so. Callbacks are not copied; a reward from
+        :meth:`set_reward` is. Each session trains and closes on its own.
+
+        A fork never replaces a session: ``name`` must not be a live session's
+        (unlike ``Session(name=...)``, which closes the one its cell made before).
+        Raises :class:`~rlnb.ConfigError` for a bad or live name or a bad change, and
         ``RuntimeError`` while this session trains in the background (``stop()`` it
         first), before anything is made."""
         from rlnb import checkpoint
@@ -161,9 +193,15 @@ class ExperimentCells:
                 f"fork(name={name!r}) is invalid: give the new session a name of its own, e.g. "
                 f"fork({self._name + '-b'!r}) (its name must differ from this session's, {self._name!r})"
             )
+        if (live := lookup_session(name)) is not None and not live.closed:
+            raise ConfigError(
+                f"fork(name={name!r}) is invalid: a live session is called {name!r} ({live!r}), and a fork never "
+                f"replaces one: pick another name, e.g. fork({_free_name(name)!r}), or close it first "
+                "(rlnb.sessions() lists the live ones)"
+            )
         config, diff = self._live_config(changes, call="fork")
         if (run_dir := config.track.run_dir) is not None:
-            sibling = Path(run_dir).with_name(f"{Path(run_dir).name}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}")
+            sibling = _fork_run_dir(Path(run_dir), name)
             config = config.replace(track=dataclasses.replace(config.track, run_dir=str(sibling), run_id=None))
         trainer = self._trainer
         with trainer.quiesced("fork()"):
@@ -197,31 +235,82 @@ class ExperimentCells:
     def batches(self) -> list[KeptBatch]:
         """The last ``LearnConfig.keep_batches`` batches trained on, oldest first, frozen
         (:class:`~rlnb.learn.KeptBatch`): token ids, behaviour log-probs, versions,
-        rewards by function, advantages, and the step's metrics."""
-        return list(self._trainer.batches)
+        rewards by function, advantages, the step's metrics, and their ``origin``
+        (this session, its task and vocabulary)."""
+        origin = self._batch_origin()
+        return [b.stamped(origin) for b in self._trainer.batches]
+
+    def _batch_origin(self) -> BatchOrigin:
+        """What makes this session's batches; made once (the digest reads every token)."""
+        origin: BatchOrigin | None = self.__dict__.get("_origin")
+        if origin is None:
+            from rlnb.learn._whatif import BatchOrigin, vocabulary_digest
+
+            digest = vocabulary_digest(self._tokenizer)
+            origin = self.__dict__["_origin"] = BatchOrigin(self._name, self._task.name, self._config.seed, digest)
+        return origin
 
     def _kept(self, batch: KeptBatch | int | None, call: str) -> KeptBatch:
         kept = self._trainer.batches
-        if not kept:
-            why = "LearnConfig.keep_batches is 0" if not kept.maxlen else "no step has been trained yet"
-            raise RuntimeError(f"{call}(): there is no kept batch to ask of ({why})")
-        if batch is None:
-            return kept[-1]
-        if isinstance(batch, bool):
-            raise TypeError(f"{call}(batch={batch!r}): pass one of sess.batches, an index into them, or None")
-        if isinstance(batch, int):
+        if batch is None or (isinstance(batch, int) and not isinstance(batch, bool)):
+            if not kept:
+                why = "LearnConfig.keep_batches is 0" if not kept.maxlen else "no step has been trained yet"
+                raise RuntimeError(f"{call}(): there is no kept batch to ask of ({why})")
+            if batch is None:
+                return kept[-1].stamped(self._batch_origin())
             try:
-                return list(kept)[batch]
+                return list(kept)[batch].stamped(self._batch_origin())
             except IndexError:
                 raise IndexError(
                     f"{call}(batch={batch}): {len(kept)} batches are kept (sess.batches); use an index in "
                     f"[{-len(kept)}, {len(kept)})"
                 ) from None
-        if not hasattr(batch, "groups") or not hasattr(batch, "metrics"):
+        if isinstance(batch, bool) or not hasattr(batch, "groups") or not hasattr(batch, "metrics"):
             raise TypeError(
                 f"{call}(batch={batch!r}): pass one of sess.batches, an index into them, or None (the last)"
             )
+        self._check_readable(batch, call)
         return batch
+
+    def _check_readable(self, batch: Any, call: str, argument: str = "batch") -> None:
+        """Raise ConfigError unless this session can read ``batch`` (a kept batch, a
+        group or groups): one kept by a session of another task, seed or vocabulary
+        (its :class:`~rlnb.learn.KeptBatch` ``origin`` says), or holding a token id
+        outside this model's vocabulary, would be read as other tokens or prompts."""
+        from rlnb._samples import Group
+        from rlnb.learn._whatif import BatchOrigin
+
+        if any(b is batch for b in self._trainer.batches):
+            batch.stamped(self._batch_origin())
+            return  # one of its own
+        origin = getattr(batch, "origin", None)
+        here = self._batch_origin()
+        if isinstance(origin, BatchOrigin) and (why := origin.mismatch(here)) is not None:
+            raise ConfigError(
+                f"{call}({argument}={short_repr(batch)}) is invalid: it was kept by {origin}, and this is {here}: "
+                f"{why}; pass one of this session's batches (sess.batches), or ask session {origin.session!r}"
+            )
+        groups = [batch] if isinstance(batch, Group) else getattr(batch, "groups", batch)
+        if isinstance(groups, str) or not hasattr(groups, "__iter__"):
+            return  # not groups: the caller says what it takes
+        limit = self._id_limit()
+        for g, group in enumerate(groups):
+            for s, sample in enumerate(getattr(group, "samples", ())):
+                ids = (*getattr(group, "prompt_ids", ()), *getattr(sample, "token_ids", ()))
+                bad = next((i for i in ids if not 0 <= i < limit), None)
+                if bad is not None:
+                    raise ConfigError(
+                        f"{call}(): group {g}, sample {s} holds token id {bad}, outside this session's vocabulary "
+                        f"of {limit} ids: it was made with another tokenizer; pass groups this session made "
+                        "(sess.batches, sess.rollout(4))"
+                    )
+
+    def _id_limit(self) -> int:
+        """How many token ids this session's model reads (its embedding's rows)."""
+        policy: Any = self._trainer.learner.policy
+        embeddings = getattr(getattr(policy, "model", None), "get_input_embeddings", None)
+        rows = embeddings().num_embeddings if embeddings is not None else self._model.vocab_size or 0
+        return max(int(rows), int(self._tokenizer.vocab_size))
 
     @public_call("nothing was changed")
     def what_if(self, batch: KeptBatch | int | None = None, **changes: Any) -> WhatIf:
@@ -234,7 +323,12 @@ class ExperimentCells:
         entropy...). The session is not changed: its weights, optimiser, version and
         random state are as they were, so its next step is the same as without the
         question. Works while it trains in the background (the twins are taken
-        between two steps)."""
+        between two steps).
+
+        A batch kept by another session is read where it has this session's task,
+        seed and vocabulary (a fork's parent's, say); one of another task, seed or
+        vocabulary is refused with :class:`~rlnb.ConfigError` naming both sessions
+        (its token ids would be read as other tokens)."""
         from rlnb.learn import what_if
 
         self._check()
@@ -266,8 +360,12 @@ class ExperimentCells:
         group, of one list per sample, as long as its ``token_ids``. Beside a sample's
         behaviour log-probs (``Sample.logprobs``, the engine's as it sampled) they give
         the importance ratio of each token. Taken between two steps (also while
-        training runs in the background); the session is not changed."""
+        training runs in the background); the session is not changed. Raises
+        :class:`~rlnb.ConfigError` for a batch kept by a session of another task,
+        seed or vocabulary, or groups holding a token id this model does not have
+        (see :meth:`what_if`)."""
         self._check()
+        self._check_readable(groups, "logprobs", "groups")
         chosen = list(getattr(groups, "groups", groups))
         if not chosen:
             return []
@@ -295,7 +393,17 @@ class ExperimentCells:
         ``Task(reward=...)`` takes, with ``reward_weights``). Returns ``{"rewards":
         ..., "advantages": ..., "recorded_rewards": ..., "recorded_advantages": ...}``,
         each a list per group of a value per sample. Nothing in the session changes;
-        the reward runs on this thread."""
+        the reward runs on this thread.
+
+        Each sample is scored as its rollout scored it: a conversation's function gets
+        its last policy turn and ``env_reward=`` the environment's reward (a batched
+        function the group's samples' text, as in the rollout), so the task's own
+        rewards give the recorded ones. A batch of another session is read where it
+        has this session's task, seed and vocabulary (see :meth:`what_if`). Raises
+        :class:`~rlnb.RolloutError` naming the function, the sample and the fix where a
+        reward raises (chained) or returns something other than a finite number, and
+        :class:`~rlnb.ConfigError` where a group's prompt is not the task's prompt of
+        its id."""
         from rlnb.learn import advantages_of
         from rlnb.rewards import Rewards
 
@@ -303,25 +411,115 @@ class ExperimentCells:
         kept = self._kept(batch, "rescore")
         rewards = Rewards.of(reward, reward_weights, field="rescore")
         scale = self._trainer.learner.config.scale_advantages
+        seed = self._config.seed if kept.origin is None else kept.origin.seed
         values: list[list[float]] = []
-        for group in kept.groups:
-            item = self._task.item(self._config.seed, group.prompt_id)
-            scored = [rewards.score(s.completion, item.answer, prompt=item.prompt, row=item.row) for s in group.samples]
-            if rewards.has_batched:
-                scored = rewards.score_group(
-                    [s.parts for s in scored],
-                    [s.completion for s in group.samples],
-                    [item.answer] * len(group.samples),
-                    [item.prompt] * len(group.samples),
-                    [item.row] * len(group.samples),
+        for g, group in enumerate(kept.groups):
+            item = self._task.item(seed, group.prompt_id)
+            if item.prompt != group.prompt:
+                raise ConfigError(
+                    f"rescore(): group {g} holds the prompt {short_repr(group.prompt)}, but task "
+                    f"{self._task.name!r} gives prompt {group.prompt_id} as {short_repr(item.prompt)}, so its answer "
+                    "would be another prompt's; rescore batches this session kept (sess.batches)"
                 )
-            values.append([s.total for s in scored])
+            values.append(self._rescore_group(rewards, item, group, g))
         return {
             "rewards": values,
             "advantages": [list(a) for a in advantages_of(values, scale=scale)],
             "recorded_rewards": [list(r) for r in kept.rewards],
             "recorded_advantages": [list(a) for a in kept.advantages],
         }
+
+    def _rescore_group(self, rewards: Any, item: Any, group: Group, g: int) -> list[float]:
+        """``group``'s rewards under ``rewards``, each sample scored as the rollout scored
+        it (``rollout/_group.py``'s ``_run_sample``, the session's reward functions)."""
+        from rlnb.rewards import BadValue
+
+        texts = [self._scored_text(s) for s in group.samples]
+        prompt = f"prompt {group.prompt_id} ({short_repr(item.prompt)})"
+        where = f"group {g}: {prompt}"
+        try:
+            scored = []
+            for s, (sample, text) in enumerate(zip(group.samples, texts, strict=True)):
+                where = f"group {g}, sample {s}: {prompt}, completion {short_repr(text)}"
+                scored.append(
+                    rewards.score(text, item.answer, prompt=item.prompt, row=item.row, env_reward=sample.env_reward)
+                )
+            if rewards.has_batched:
+                n = len(group.samples)
+                where = f"group {g}: {prompt}, its {n} completions"
+                scored = rewards.score_group(
+                    [s.parts for s in scored],
+                    [s.completion for s in group.samples],  # as the rollout's group scoring gives them
+                    [item.answer] * n,
+                    [item.prompt] * n,
+                    [item.row] * n,
+                    [s.env_reward for s in group.samples],
+                )
+        except BadValue as bad:
+            which = "the reward function" if bad.function is None else f"the reward function {bad.function!r}"
+            may_skip = "" if bad.function is None else ", or None when it does not apply to the sample"
+            raise RolloutError(
+                f"rescore(): {which} returned {bad.value} for {where}; a reward must be a finite number within "
+                f"float32's range, |r| <= 3.4e38 (int, float, bool or a numpy/torch scalar){may_skip}"
+            ) from None
+        except Exception as exc:
+            raise RolloutError(f"rescore(): a reward function raised {exc!r} for {where}") from exc
+        return [s.total for s in scored]
+
+    def _scored_text(self, sample: Sample) -> str:
+        """The text the rollout gave ``sample``'s reward: its completion, or for a
+        conversation its last policy turn (the tokens from the last turn's start,
+        up to any the environment spoke)."""
+        if len(sample.turns) == 1 and not sample.is_conversation:
+            return sample.completion
+        start = sample.turns[-1]
+        end = next((i for i in range(start, len(sample.token_ids)) if not sample.mask[i]), len(sample.token_ids))
+        return str(self._tokenizer.decode(list(sample.token_ids[start:end])))
+
+
+def _records_file(records: Any) -> Path | None:
+    """The file a task's records were read from, if they were (``Records.source`` is
+    its path's repr then)."""
+    path = getattr(records, "path", None)
+    if path is None:
+        source = getattr(records, "source", None)
+        if isinstance(source, str) and source[:1] in "'\"" and source:
+            with contextlib.suppress(ValueError, SyntaxError):
+                path = ast.literal_eval(source)
+    if not isinstance(path, str | os.PathLike) or not os.path.isfile(path):
+        return None
+    return Path(path)
+
+
+def _free_name(name: str) -> str:
+    """``name`` with the first suffix ``-2``, ``-3``... that no live session has."""
+    taken = {s.name for s in sessions()}
+    return next(f"{name}-{n}" for n in range(2, len(taken) + 3) if f"{name}-{n}" not in taken)
+
+
+def _fork_run_dir(run_dir: Path, name: str) -> Path:
+    """The run dir of a fork called ``name`` of a session whose run dir is ``run_dir``:
+    ``<run_dir>-<name>``, made safe as a file name (other characters become ``_``, and
+    a hash of ``name`` keeps two names apart: "x y" and "x?y" differ), or where that is
+    a live session's or holds files, the first free ``-2``, ``-3``... after it (said
+    on stdout: a notice, as a replaced session's)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    if safe != name or len(safe) > 64:
+        safe = f"{safe[:48]}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+    wanted = run_dir.with_name(f"{run_dir.name}-{safe}")
+    live = {os.path.realpath(s.config.track.run_dir) for s in sessions() if s.config.track.run_dir is not None}
+    candidate, n = wanted, 1
+    while (
+        os.path.realpath(candidate) in live
+        or (candidate.is_dir() and any(candidate.iterdir()))
+        or (os.path.lexists(candidate) and not candidate.is_dir())
+    ):
+        n += 1
+        candidate = wanted.with_name(f"{wanted.name}-{n}")
+    if candidate != wanted:
+        why = "is a live session's run dir" if os.path.realpath(wanted) in live else "holds another run's files"
+        print(f"rlnb: fork {name!r} writes its run to {candidate} ({wanted} {why})")
+    return candidate
 
 
 def _fields(config: LearnConfig) -> dict[str, Any]:

@@ -70,12 +70,20 @@ class TrainingCells:
         a model saved so and nothing else, unchanged: that is replaced whole (a kill at
         any moment leaves the old or the new one). Any other non-empty directory (a
         project folder, a model from elsewhere, the current one) is refused, so a file
-        rlnb did not write is never removed. Returns it, absolute. Raises
-        :class:`~rlnb.CheckpointError` naming the path and the cause (a full disk too)."""
+        rlnb did not write is never removed; so is what a live session reads or writes
+        (its base model, records file or run dir, or a directory holding one), even
+        where rlnb wrote it. Returns it, absolute. Raises
+        :class:`~rlnb.CheckpointError` naming the path and the cause (a full disk too),
+        and :class:`~rlnb.ConfigError` for an ``adapter_only`` that is not a bool."""
         self._check()
+        if not isinstance(adapter_only, bool):
+            raise ConfigError(
+                f"save_pretrained(adapter_only={adapter_only!r}) is invalid: pass True (the LoRA adapter alone) or "
+                "False (the whole model)"
+            )
         self._trainer.check_idle("save_pretrained()")
         policy: Any = self._trainer.learner.policy
-        if not hasattr(policy, "save_pretrained"):
+        if not hasattr(policy, "write_pretrained"):
             raise ConfigError(
                 "save_pretrained() writes a Hugging Face model, and this session trains the built-in policy: "
                 "use save() (a checkpoint), or train a Hugging Face model with ModelConfig(path=...)"
@@ -89,11 +97,8 @@ class TrainingCells:
             )
 
         def fill(staging: Path) -> None:
-            if adapter_only:
-                policy.save_pretrained(staging, adapter_only=True)
-            else:
-                policy.save_pretrained(staging)
-            self._tokenizer.save_pretrained(staging)
+            policy.write_pretrained(staging, adapter_only=adapter_only)
+            self._tokenizer.tokenizer.save_pretrained(staging)  # transformers' own: into the new directory
 
         return write_model_dir(directory, fill, call="Session.save_pretrained", argument="directory")
 
