@@ -4,29 +4,35 @@ tasks), and the names both sides read (tracker backends, wandb modes, the seed l
 
 Every error is a :class:`~rlnb.ConfigError` that names the field and the fix, so a
 string given for a number is a ``ConfigError`` too, never a ``TypeError`` from a
-comparison.
+comparison. A numpy scalar or a 0-d torch tensor counts as the number it holds
+(:func:`plain` turns it into one); a bool is never a number.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Any, TypeGuard
 
 from rlnb._errors import ConfigError
 
 __all__ = [
+    "REWARD_WEIGHT_MAX",
+    "SAMPLES_PER_STEP_MAX",
     "SEED_LIMIT",
     "TRACKER_BACKENDS",
     "WANDB_MODES",
     "check_buffer",
     "check_int",
     "check_number",
+    "check_reward_weights",
     "check_sampling",
     "check_seed",
     "check_tracking",
     "is_int",
     "is_number",
+    "plain",
     "require",
 ]
 
@@ -36,6 +42,12 @@ TRACKER_BACKENDS = ("console", "jsonl", "wandb", "plot")
 WANDB_MODES = ("offline", "online", "disabled")
 # Seeds are ints below this: numpy's seeding (through vLLM's) takes 32 bits, torch's 64.
 SEED_LIMIT = 2**32
+# A reward weight's size: each reward is at most 3.4e38 (float32's range), so a weighted
+# sum of any number of them stays far inside float64's (1.8e308); a larger weight is a slip.
+REWARD_WEIGHT_MAX = 1e6
+# Samples a step may roll out and train on (group_size x groups_per_step): 4 to 8 times
+# the largest published GRPO batches; more holds the kernel for hours before any error.
+SAMPLES_PER_STEP_MAX = 2**16
 
 
 def require(ok: bool, field: str, value: Any, fix: str) -> None:
@@ -44,13 +56,26 @@ def require(ok: bool, field: str, value: Any, fix: str) -> None:
         raise ConfigError(f"{field}={value!r} is invalid: {fix}")
 
 
+def plain(value: Any) -> Any:
+    """The Python scalar a numpy scalar (or 0-d array) or a 0-d torch tensor holds
+    (``np.int64(4)`` -> 4, ``np.bool_(True)`` -> True); anything else as it is."""
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        return value.item()
+    torch = sys.modules.get("torch")  # a tensor exists only where torch was imported
+    if torch is not None and isinstance(value, torch.Tensor) and value.dim() == 0:
+        return value.item()
+    return value
+
+
 def is_int(value: Any) -> TypeGuard[int]:
-    """An int, and not a bool."""
+    """An int (or a numpy or 0-d torch integer), and not a bool."""
+    value = plain(value)
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def is_number(value: Any) -> bool:
-    """A finite int or float, and not a bool."""
+    """A finite int or float (or a numpy or 0-d torch one), and not a bool."""
+    value = plain(value)
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -58,6 +83,7 @@ def check_int(field: str, value: Any, *, minimum: int = 0, optional: bool = Fals
     """``value`` is an int >= ``minimum`` (or None when ``optional``)."""
     if optional and value is None:
         return
+    value = plain(value)
     fix = f"use {'None or ' if optional else ''}an int >= {minimum}"
     require(
         is_int(value) and value >= minimum, field, value, fix + (f", e.g. {example}" if example is not None else "")
@@ -75,6 +101,7 @@ def check_number(
     fix: str,
 ) -> None:
     """``value`` is a finite number within the given bounds; ``fix`` says what to use."""
+    value = plain(value)
     ok = (
         is_number(value)
         and (gt is None or value > gt)
@@ -85,9 +112,31 @@ def check_number(
     require(ok, field, value, fix)
 
 
+def check_reward_weights(field: str, weights: Any, example: str) -> None:
+    """``weights`` is a non-empty list or tuple of finite numbers within
+    ±:data:`REWARD_WEIGHT_MAX`; ``example`` is a good value, e.g. "reward_weights=(1.0, 0.5)"."""
+    require(
+        isinstance(weights, list | tuple) and len(weights) > 0,
+        field,
+        weights,
+        f"give one number per reward function, e.g. {example}",
+    )
+    for w in weights:
+        require(
+            is_number(w), field, weights, f"use one finite number per reward function ({w!r} is not), e.g. {example}"
+        )
+        require(
+            abs(plain(w)) <= REWARD_WEIGHT_MAX,
+            field,
+            weights,
+            f"{w!r} is beyond ±{REWARD_WEIGHT_MAX:g}: a reward may be up to 3.4e38, and its weighted sum must stay "
+            f"finite; scale the reward function instead, e.g. {example}",
+        )
+
+
 def check_seed(field: str, value: Any) -> None:
     """``value`` is a seed every generator it reaches takes: an int >= 0 and < :data:`SEED_LIMIT`."""
-    require(is_int(value) and 0 <= value < SEED_LIMIT, field, value, "use an int >= 0 and < 2**32, e.g. seed=0")
+    require(is_int(value) and 0 <= plain(value) < SEED_LIMIT, field, value, "use an int >= 0 and < 2**32, e.g. seed=0")
 
 
 def check_sampling(owner: str, temperature: Any, top_p: Any, top_k: Any) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import math
 import os
 import re
 import time
@@ -20,13 +19,16 @@ from typing import Any, TypeVar
 
 from rlnb import _reprs
 from rlnb._checks import (
+    SAMPLES_PER_STEP_MAX,
     check_buffer,
     check_int,
     check_number,
+    check_reward_weights,
     check_sampling,
     check_seed,
     check_tracking,
     is_int,
+    plain,
     require,
 )
 from rlnb._errors import ConfigError
@@ -42,7 +44,10 @@ def _keywords(**renames: str) -> Callable[[type[_C]], type[_C]]:
     """A config that refuses a keyword it does not have with a ConfigError naming the
     nearest field, and whose fields ``old=new`` were renamed: the old keyword gives
     the new name (checkpoints of older versions are migrated by
-    :func:`rlnb.checkpoint.config_from_dict` through ``RENAMED``). For ``rlnb.config``'s classes."""
+    :func:`rlnb.checkpoint.config_from_dict` through ``RENAMED``). A numpy scalar or
+    0-d torch tensor given for a field (or in a list or tuple) is kept as the Python
+    number it holds, so configs compare, print and save as plain data. For
+    ``rlnb.config``'s classes."""
 
     def decorate(cls: type[_C]) -> type[_C]:
         init = cls.__init__
@@ -59,7 +64,7 @@ def _keywords(**renames: str) -> Callable[[type[_C]], type[_C]]:
                     near = difflib.get_close_matches(key, fields, n=1)
                     hint = f"did you mean {near[0]}=...? " if near else ""
                     raise ConfigError(f"{cls.__name__} has no field {key!r}: {hint}its fields are {', '.join(fields)}")
-            init(self, *args, **kwargs)
+            init(self, *map(_plain_field, args), **{k: _plain_field(v) for k, v in kwargs.items()})
 
         cls.__init__ = __init__  # type: ignore[method-assign]
         if renames:
@@ -71,6 +76,13 @@ def _keywords(**renames: str) -> Callable[[type[_C]], type[_C]]:
 
 # class name -> {old field: new field}, for configs saved by older versions
 RENAMED: dict[str, dict[str, str]] = {}
+
+
+def _plain_field(value: Any) -> Any:
+    """``value`` with numpy and 0-d torch scalars (its own, or a list's or tuple's) as Python numbers."""
+    if isinstance(value, list | tuple):
+        return type(value)(plain(v) for v in value)
+    return plain(value)
 
 
 __all__ = [
@@ -485,18 +497,9 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if isinstance(self.reward_weights, list):  # as JSON, or a user, gives it
             object.__setattr__(self, "reward_weights", tuple(self.reward_weights))
-        weights = self.reward_weights
-        require(
-            weights is None
-            or (
-                isinstance(weights, tuple)
-                and len(weights) > 0
-                and all(isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) for w in weights)
-            ),
-            "RolloutConfig.reward_weights",
-            weights,
-            "use None (the task's own) or one finite number per reward function, e.g. reward_weights=(1.0, 0.5)",
-        )
+        if self.reward_weights is not None:
+            example = "None (the task's own) or reward_weights=(1.0, 0.5)"
+            check_reward_weights("RolloutConfig.reward_weights", self.reward_weights, example)
         require(
             is_int(self.group_size) and self.group_size >= 2,
             "RolloutConfig.group_size",
@@ -505,6 +508,14 @@ class RolloutConfig:
         )
         for field in ("max_inflight", "groups_per_step", "reward_workers"):
             check_int(f"RolloutConfig.{field}", getattr(self, field), minimum=1)
+        samples = self.group_size * self.groups_per_step
+        require(
+            samples <= SAMPLES_PER_STEP_MAX,
+            "RolloutConfig.groups_per_step",
+            self.groups_per_step,
+            f"with group_size={self.group_size} a step would roll out {samples:,} samples, more than "
+            f"{SAMPLES_PER_STEP_MAX:,}; use groups_per_step <= {SAMPLES_PER_STEP_MAX // self.group_size:,}",
+        )
         require(
             self.max_inflight >= self.group_size,
             "RolloutConfig.max_inflight",
@@ -800,17 +811,40 @@ class Config:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
 
+    def _check_fixed_bounds(self, changes: dict[str, Any]) -> None:
+        """The live settings bounded by settings a running session cannot change: refused
+        with a fix that only a live change makes (or a new session)."""
+        size, per_step = changes.get("group_size"), changes.get("groups_per_step")
+        inflight, capacity = self.rollout.max_inflight, self.buffer.capacity
+        new_session = "needs a new session: rlnb.Session(config.replace(...))"
+        require(
+            not (is_int(size) and plain(size) > inflight),
+            "RolloutConfig.group_size",
+            size,
+            f"a group is dispatched whole, and this session generates at most RolloutConfig.max_inflight="
+            f"{inflight} samples at once; use group_size <= {inflight} (a larger max_inflight {new_session})",
+        )
+        require(
+            not (self.mode == "async" and is_int(per_step) and plain(per_step) > capacity),
+            "RolloutConfig.groups_per_step",
+            per_step,
+            f"an async step takes its batch from the buffer, which holds at most BufferConfig.capacity={capacity} "
+            f"groups; use groups_per_step <= {capacity} (a larger capacity {new_session})",
+        )
+
     def with_live(self, **changes: Any) -> tuple[Config, list[tuple[str, Any, Any]]]:
         """A copy with the live settings ``changes`` (:data:`LIVE_FIELDS`, by field name:
         ``lr=1e-3``, ``temperature=0.7``) applied and validated, and the ``(field, old,
         new)`` of each value that differs. :class:`ConfigError` for a field that is not
-        live (naming the live ones) or a value the config refuses, before anything changes."""
+        live (naming the live ones) or a value the config refuses, before anything changes;
+        where the bound is a setting that is not live, the error says so."""
         parts: dict[str, dict[str, Any]] = {}
         for field, value in changes.items():
             part = LIVE_FIELDS.get(field)
             if part is None:
                 raise ConfigError(_not_live(field))
             parts.setdefault(part, {})[field] = value
+        self._check_fixed_bounds(changes)
         replaced = {part: dataclasses.replace(getattr(self, part), **values) for part, values in parts.items()}
         config = dataclasses.replace(self, **replaced)
         diff = []

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 import rlnb
+from rlnb.config import config_from_dict, config_to_dict
 
 
 @pytest.mark.parametrize(
@@ -85,3 +87,57 @@ def test_the_model_shape_has_one_name() -> None:
     with pytest.raises(rlnb.ConfigError, match=r"ModelConfig.vocab_size=4 is invalid: task 'addition' needs"):
         rlnb.Session(rlnb.Config(model=rlnb.ModelConfig(vocab_size=4)), name="too-small")
     assert rlnb.sessions() == []
+
+
+# -- numbers as numpy and torch give them, and the bounds a live change meets --------------
+
+
+def test_numpy_and_torch_scalars_are_the_numbers_they_hold_and_are_kept_as_python_numbers() -> None:
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    cfg = rlnb.Config(
+        seed=np.int64(3),
+        learn=rlnb.LearnConfig(lr=np.float32(0.5), betas=(np.float64(0.9), torch.tensor(0.5))),
+        rollout=rlnb.RolloutConfig(group_size=np.int64(4), temperature=torch.tensor(0.75), reward_weights=None),
+    )
+    assert (cfg.seed, cfg.learn.lr, cfg.learn.betas, cfg.rollout.group_size) == (3, 0.5, (0.9, 0.5), 4)
+    assert type(cfg.seed) is int and type(cfg.learn.lr) is float and type(cfg.rollout.group_size) is int
+    assert type(cfg.rollout.temperature) is float and all(type(b) is float for b in cfg.learn.betas)
+    live, diff = cfg.with_live(lr=np.float32(0.25), groups_per_step=np.int64(8), reward_weights=[np.float32(2)])
+    assert diff == [("lr", 0.5, 0.25), ("groups_per_step", 16, 8), ("reward_weights", None, (2.0,))]
+    assert (
+        type(live.rollout.groups_per_step) is int
+        and config_from_dict(json.loads(json.dumps(config_to_dict(live)))) == live
+    )
+    for bad in (np.bool_(True), torch.tensor(True), True):  # a bool stays refused
+        with pytest.raises(rlnb.ConfigError, match=r"LearnConfig\.lr="):
+            cfg.with_live(lr=bad)
+    with pytest.raises(rlnb.ConfigError, match=r"RolloutConfig\.group_size="):
+        cfg.with_live(group_size=np.float32(4.0))  # a float is not an int, as 4.0 is not
+
+
+def test_reward_weights_that_could_overflow_a_weighted_sum_are_refused() -> None:
+    with pytest.raises(rlnb.ConfigError) as info:
+        rlnb.Config().with_live(reward_weights=[1e300])
+    assert str(info.value).startswith("RolloutConfig.reward_weights=(1e+300,) is invalid: 1e+300 is beyond ±1e+06")
+    assert "reward_weights=(1.0, 0.5)" in str(info.value)
+    assert rlnb.RolloutConfig(reward_weights=(-1e6, 1e6)).reward_weights == (-1e6, 1e6)  # the bound itself
+
+
+def test_a_live_group_size_past_max_inflight_offers_what_set_can_change() -> None:
+    with pytest.raises(rlnb.ConfigError) as info:
+        rlnb.Config().with_live(group_size=200)
+    message = str(info.value)
+    assert message.startswith("RolloutConfig.group_size=200 is invalid:") and "use group_size <= 128" in message
+    assert "a larger max_inflight needs a new session" in message
+
+
+def test_groups_per_step_is_bounded_in_both_modes_and_by_the_buffer_in_async_mode() -> None:
+    with pytest.raises(rlnb.ConfigError) as info:
+        rlnb.Config().with_live(groups_per_step=10**6)
+    assert "RolloutConfig.groups_per_step=1000000 is invalid" in str(info.value)
+    assert "8,000,000 samples, more than 65,536; use groups_per_step <= 8,192" in str(info.value)
+    assert rlnb.RolloutConfig(group_size=2, groups_per_step=2**15).groups_per_step == 2**15
+    with pytest.raises(rlnb.ConfigError) as info:
+        rlnb.Config(mode="async").with_live(groups_per_step=2000)
+    assert "use groups_per_step <= 1024 (a larger capacity needs a new session" in str(info.value)
