@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from rlnb._checks import check_int, require
+from rlnb._checks import check_int, check_reward_weights, plain, require
 from rlnb._errors import ConfigError
 from rlnb._samples import PromptItem
 from rlnb.data._records import EVAL_ID_OFFSET, Generated, PromptSource, Records
@@ -125,8 +125,9 @@ class Task:
         reward, reward_weights: one reward function or a list, and their weights (see
             :mod:`rlnb.rewards`); None only with ``env``.
         env, max_turns: an environment factory and its most policy turns, as in :class:`Task`.
-        eval_size: records held out, never trained on, for ``Session.evaluate()``: a
-            number, or a fraction of the records (e.g. 0.1); drawn with ``split_seed``.
+        eval_size: records held out, never trained on, for ``Session.evaluate()``: an
+            int is a count (0: none, and ``evaluate()`` then refuses), a float a fraction
+            of the records in (0, 1) (e.g. 0.1; 1.0 is refused); drawn with ``split_seed``.
         alphabet: for the built-in tokenizer; None takes the records' own characters.
         max_new_tokens: None: the longest answer's length in characters, plus one.
 
@@ -136,6 +137,13 @@ class Task:
         outside ``alphabet``, a file that is not UTF-8 JSON or parquet, naming its line,
         a streaming data set, a value that cannot be copied, ...) before anything starts.
         """
+        eval_size, split_seed = plain(eval_size), plain(split_seed)
+        if isinstance(eval_size, float) and not 0 < eval_size < 1:
+            raise ConfigError(
+                f"Task.from_records(eval_size={eval_size!r}) is invalid: a float is a fraction between 0 and 1 "
+                "(both excluded) of the records, e.g. eval_size=0.1; a number of records is an int, "
+                "e.g. eval_size=200 (0 for none)"
+            )
         data = Records.load(name, records, prompt=prompt, answer=answer, eval_size=eval_size, split_seed=split_seed)
         if alphabet is None:
             alphabet = "".join(sorted(data.characters())) or " "
@@ -180,6 +188,8 @@ class Task:
             )
         if self.env is not None:
             check_factory(self.env, "Task.env")
+        for field in ("max_turns", "max_new_tokens"):  # a numpy or torch int is kept as a Python one
+            object.__setattr__(self, field, plain(getattr(self, field)))
         check_int("Task.max_turns", self.max_turns, minimum=1, example="max_turns=3")
         require(
             self.env is not None or self.max_turns == 1,
@@ -194,6 +204,11 @@ class Task:
             "give a reward function, e.g. reward=lambda completion, answer: float(completion == answer) "
             "(None is for a task with env=, scored by its environment)",
         )
+        weights = self.reward_weights
+        if isinstance(weights, list | tuple):  # each a Python number, within the bound that keeps sums finite
+            weights = tuple(map(plain, weights)) if isinstance(weights, tuple) else list(map(plain, weights))
+            object.__setattr__(self, "reward_weights", weights)
+            check_reward_weights("Task.reward_weights", weights, "reward_weights=[1.0, 0.5]")
         self.rewards  # checks reward and reward_weights  # noqa: B018
         check_int("Task.max_new_tokens", self.max_new_tokens, minimum=1, example="the longest answer's length + 1")
         require(isinstance(self.about, str), "Task.about", self.about, "use a string, e.g. about='x*7 of two digits'")
@@ -233,8 +248,14 @@ class Task:
 
     def eval_set(self, n: int, *, seed: int = 12345) -> list[PromptItem]:
         """``n`` held-out prompts, the same for the same seed. A task made from records
-        gives its held-out records (at most ``n``, in a fixed order; ``seed`` is not used)."""
+        gives its held-out records (at most ``n``, in a fixed order; ``seed`` is not used);
+        ConfigError if it holds out none."""
         if self.records is not None:
+            if not self.records.held_out_rows:
+                raise ConfigError(
+                    f"task {self.name!r} holds out no records (Task.from_records(eval_size=0)), so there is nothing "
+                    "to evaluate on: make the task with eval_size > 0, e.g. eval_size=0.1 or eval_size=200"
+                )
             return self.records.held_out(n)
         assert self.make_prompt is not None
         rng = random.Random(f"{self.name}:eval:{seed}")
