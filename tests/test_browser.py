@@ -398,3 +398,102 @@ def test_the_dashboard_tells_the_truth_through_a_full_buffer_pause_a_foreground_
         assert error_outputs(page) == []
         page.locator(".rlnb-dashboard").first.scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOTS / "truth-closed.png"))
+
+
+FACE = [
+    """import rlnb
+
+config = rlnb.Config(
+    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
+    data=rlnb.DataConfig(num_workers=0),
+)
+sess = rlnb.Session(config, name="face")
+sess.set_reward(lambda completion, answer: 0.0)  # every group alike: findings with long fixes
+sess.dashboard()""",
+    "sess.train(12, progress=False)",
+    "sess.close()",
+]
+
+
+def click_once_on(page: Page, method: str) -> None:
+    """Click the dashboard's button for ``method`` the moment it is on (no pause first)."""
+    button = page.locator(".rlnb-dashboard button", has_text=re.compile(rf"^\W*{method}\s*$")).first
+    button.wait_for(state="visible")
+    while button.is_disabled():
+        page.wait_for_timeout(20)
+    button.click()
+
+
+def test_the_banner_wraps_a_refused_apply_goes_back_and_a_click_after_save_runs(
+    tmp_path: Path, open_lab: OpenLab, open_browser: OpenBrowser
+) -> None:
+    """At 1280 px with the file browser open (a dashboard ~850 px wide): the findings
+    banner wraps inside the dashboard, its fix readable; Apply with lr -1 is refused,
+    says so and puts lr back, so the next Apply works; a resume clicked the moment
+    save() has ended runs (only a click made while a call ran is refused)."""
+    notebooks = tmp_path / "notebooks"
+    write_notebook(notebooks / "face.ipynb", FACE)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with open_lab(notebooks) as url, open_browser(height=1000) as page:
+        open_notebook(page, url, "face.ipynb")
+        open_file_browser(page)
+        run_cell(page, 0)
+        wait_for_idle(page)
+        run_cell(page, 1)
+        wait_for_idle(page, timeout=120)
+        assert error_outputs(page) == []
+        banner = ".rlnb-dashboard .rlnb-finding-top"
+        wait_for(page, "s => document.querySelector(s)?.dataset.severity === 'critical'", banner)
+        board = page.locator(".rlnb-dashboard").first
+        board.scroll_into_view_if_needed()
+        sizes = page.evaluate(
+            """s => {
+                const board = document.querySelector('.rlnb-dashboard').getBoundingClientRect();
+                const top = document.querySelector(s);
+                const fix = top.querySelector('span').getBoundingClientRect();
+                const banner = top.getBoundingClientRect();
+                return {board: [board.left, board.right], banner: [banner.left, banner.right, banner.height],
+                        fix: [fix.left, fix.right, fix.bottom], clipped: top.scrollWidth > top.clientWidth + 1};
+            }""",
+            banner,
+        )
+        print(f"\nbanner {sizes}")
+        page.screenshot(path=str(SCREENSHOTS / "face-banner.png"))
+        assert sizes["banner"][1] <= sizes["board"][1] + 1, sizes  # not wider than the dashboard
+        assert sizes["fix"][1] <= sizes["board"][1] + 1 and not sizes["clipped"], sizes  # the fix is all there
+        assert sizes["banner"][2] > 30, sizes  # on more than one line
+
+        # Apply with a value the config refuses: said, and lr is back to the value in force
+        settings = board.locator(".rlnb-settings").first
+        settings.locator(".jupyter-widget-Collapse-header").first.click()
+        lr = settings.locator(".rlnb-setting-lr input").first
+        temperature = settings.locator(".rlnb-setting-temperature input").first
+        lr.wait_for(state="visible")
+        lr.fill("-1")
+        lr.press("Tab")
+        click_once_on(page, "apply")
+        said = ".rlnb-dashboard .rlnb-settings-message"
+        wait_for(page, "s => document.querySelector(s)?.innerText.includes('lr=-1')", said)
+        assert page.locator(f"{said} .rlnb-error").count() == 1
+        assert "back to the value in force: lr 0.0001" in page.locator(said).first.inner_text()
+        wait_for(page, "s => document.querySelector(s)?.value === '0.0001'", ".rlnb-dashboard .rlnb-setting-lr input")
+        temperature.fill("0.7")
+        temperature.press("Tab")
+        click_once_on(page, "apply")
+        wait_for(page, "s => document.querySelector(s)?.innerText.includes('temperature 1 → 0.7')", said)
+        assert page.locator(f"{said} .rlnb-error").count() == 0
+        board.screenshot(path=str(SCREENSHOTS / "face-apply.png"))
+
+        # save, then resume the moment save has ended: it runs
+        message = ".rlnb-dashboard .rlnb-message"
+        press(page, "pause")
+        wait_for(page, "s => document.querySelector(s)?.dataset.state === 'paused'", ".rlnb-dashboard .rlnb-state-word")
+        press(page, "save")
+        wait_for(page, "s => document.querySelector(s)?.innerText.includes('saved to')", message)
+        click_once_on(page, "resume")
+        wait_for(page, "s => !document.querySelector(s)?.innerText.includes('saved to')", message)
+        assert "resumed" in page.locator(message).first.inner_text(), page.locator(message).first.inner_text()
+        run_cell(page, 2)
+        wait_for_idle(page)
+        assert error_outputs(page) == []

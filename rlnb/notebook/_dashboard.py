@@ -13,7 +13,7 @@ once a click has shown it), pause, resume and the settings' Apply stay on. A cli
 the kernel held back until the call returned is refused rather than run late (see
 ``_clicks``).
 
-A banner at the top says the most severe finding of ``sess.diagnose()`` in a line
+A banner at the top says the most severe finding of ``sess.diagnose()``, wrapped to its width
 (at most every ``DIAGNOSE_INTERVAL`` s, never per tick), and its toggle shows them all.
 
 A collapsed "settings" section holds an input per live setting and an Apply button
@@ -105,7 +105,7 @@ class Dashboard:
     - ``notice``: why buttons are off, when they are (``HTML``);
     - ``message``: the last action's result or error (``HTML``);
     - ``state``, ``gauges``, ``curves``, ``rollouts``: the panels (``HTML`` each);
-    - ``diagnosis``: the most severe finding of ``sess.diagnose()`` in a line (``HTML``),
+    - ``diagnosis``: the most severe finding of ``sess.diagnose()`` (``HTML``, wrapped),
       ``diagnosis_toggle`` (a ``ToggleButton``) shows ``diagnosis_all``, every finding;
       ``findings``: the last :class:`~rlnb.session.Findings` (None before the first);
     - ``settings``: an input by live setting (:data:`rlnb.config.LIVE_FIELDS`: a
@@ -219,13 +219,15 @@ class Dashboard:
         self._explorer_box = w.VBox([self.explorer_message])
         self.explorer_panel = w.Accordion(children=[self._explorer_box], titles=("explorer",), selected_index=None)
         self.explorer_panel.observe(self._explorer_toggled, names="selected_index")
-        self.diagnosis = w.HTML(layout=w.Layout(flex="1 1 auto", min_width="0"))
+        self.diagnosis = w.HTML(layout=w.Layout(flex="1 1 0%", min_width="0"))
         self.diagnosis_toggle = w.ToggleButton(
             description="all findings", tooltip="sess.diagnose(): every finding", layout=w.Layout(display="none")
         )
         self.diagnosis_all = w.HTML(layout=w.Layout(display="none"))
         self.diagnosis_toggle.observe(self._diagnosis_toggled, names="value")
-        self._diagnosis_row = w.HBox([self.diagnosis, self.diagnosis_toggle], layout=w.Layout(align_items="center"))
+        # as wide as the dashboard and no wider: the banner wraps inside it
+        row = w.Layout(align_items="center", width="100%", max_width="100%")
+        self._diagnosis_row = w.HBox([self.diagnosis, self.diagnosis_toggle], layout=row)
         board = [controls, self.notice, self.message, panels, self.curves, self.settings_panel]
         board += [self.explorer_panel, self.rollouts]
         board[:0] = [self._diagnosis_row, self.diagnosis_all]  # the findings banner on top

@@ -267,13 +267,15 @@ def _table(rows: Sequence[tuple[str, str]]) -> str:
 # -- the findings banner ------------------------------------------------------------------
 
 _SEVERITY_COLOURS = {"critical": "#b00020", "warning": "#b26a00", "info": "#666666"}
-_BANNER = f"{_COMPACT};white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+# wrapped, never cut: a finding's fix is the part that matters, and it comes last
+_BANNER = f"{_COMPACT};white-space:normal;overflow-wrap:anywhere;max-width:100%"
 
 
 def diagnosis_html(findings: Sequence[Any]) -> str:
     """The most severe of ``findings`` (``Session.diagnose()``'s, most severe first) as
-    a one-line banner: its severity in its colour, its code, what was seen and the fix,
-    cut to the line (the whole text is its tooltip). None: a muted line that says so."""
+    a banner: its severity in its colour, its code, what was seen and the fix, wrapped
+    to the dashboard's width (the whole text is its tooltip too). None: a muted line
+    that says so."""
     if not findings:
         return (
             f'<div class="rlnb-finding-top" data-severity="none" style="{_BANNER};{_MUTED}">'
