@@ -455,7 +455,13 @@ def test_wait_is_a_foreground_call_with_a_progress_bar(capsys: pytest.CaptureFix
     with rlnb.Session(CONFIG, name="dash-wait") as sess:
         dash = sess.dashboard()
         shown: list[Any] = []
-        sess.callbacks.append(_OnStep(2, lambda: shown.append(sess.statistics(raise_errors=False).training)))
+
+        def in_wait() -> None:  # step 2 may end before the main thread has called wait(): wait for it
+            waiting = lambda: (f := sess.statistics(raise_errors=False).training.foreground) and f.call == "wait()"  # noqa: E731
+            wait_until(lambda: bool(waiting()), "wait() to begin")
+            shown.append(sess.statistics(raise_errors=False).training)
+
+        sess.callbacks.append(_OnStep(2, in_wait))
         capsys.readouterr()
         sess.start(steps=4)
         sess.wait()
