@@ -26,7 +26,7 @@ from rlnb._errors import ConfigError
 if TYPE_CHECKING:
     from rlnb.config import LoraConfig
 
-__all__ = ["add_lora", "check_targets", "import_peft", "merged_state_dict", "unadapted_copy"]
+__all__ = ["add_lora", "check_rank", "check_targets", "import_peft", "merged_state_dict", "unadapted_copy"]
 
 # A state-dict key of an adapter tensor: some part of it is peft's "lora_..." module.
 _ADAPTER_KEY = re.compile(r"(^|\.)lora_")
@@ -62,13 +62,57 @@ def check_targets(model: nn.Module, lora: LoraConfig, where: str) -> None:
         )
 
 
+def _targeted(model: nn.Module, lora: LoraConfig) -> dict[str, tuple[int, int]]:
+    """The weight shapes of the layers ``lora`` adapts, by name: the linear ones
+    (``nn.Linear``, GPT-2's ``Conv1D``) but the output head for "all-linear", as peft
+    means it; those its names match otherwise."""
+    targets = lora.target_modules
+    output = getattr(model, "get_output_embeddings", None)
+    head = output() if callable(output) else None
+    found = {}
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not name or not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            continue
+        if targets == "all-linear":
+            linear = isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+            if not linear or module is head:
+                continue
+        elif not any(name == t or name.endswith(f".{t}") for t in targets):
+            continue
+        found[name] = (int(weight.shape[0]), int(weight.shape[1]))
+    return found
+
+
+def check_rank(model: nn.Module, lora: LoraConfig, where: str) -> None:
+    """``lora.r`` is at most the smaller side of every layer it adapts: ``B @ A`` of a
+    layer of ``in x out`` has rank min(in, out) at most, so a larger r adds parameters
+    (memory, time) and nothing else. :class:`~rlnb.ConfigError` naming the layer and
+    the model's size otherwise. Reads only shapes: a model on the meta device will do."""
+    layers = _targeted(model, lora)
+    if not layers:
+        return
+    name, (rows, cols) = min(layers.items(), key=lambda item: min(item[1]))
+    side = min(rows, cols)
+    if lora.r > side:
+        hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+        size = f"hidden size {hidden}, " if hidden is not None else ""
+        raise ConfigError(
+            f"LoraConfig.r={lora.r} is invalid for the model in {where!r} ({size}its adapted layer {name!r} is "
+            f"{rows} x {cols}): an adapter's B @ A has rank min(in, out) = {side} at most, so a larger r only adds "
+            f"memory and time; use r <= {side}, e.g. r=8"
+        )
+
+
 def add_lora(model: nn.Module, lora: LoraConfig, where: str, *, seed: int = 0) -> Any:
     """Put a LoRA adapter (``lora``) into ``model`` in place and freeze the rest of it;
     returns peft's ``PeftModel`` around it (for saving the adapter and switching it off).
     ``A`` starts random from ``seed`` (torch's global generator is left as it was), ``B``
-    at zero. :class:`~rlnb.ConfigError` for targets the model lacks or peft cannot adapt."""
+    at zero. :class:`~rlnb.ConfigError` for targets the model lacks or peft cannot adapt,
+    or a rank larger than the layers it adapts."""
     peft = import_peft()
     check_targets(model, lora, where)
+    check_rank(model, lora, where)
     targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
     config = peft.LoraConfig(
         r=lora.r,
