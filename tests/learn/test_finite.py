@@ -7,14 +7,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import random
 from typing import Any
 
 import pytest
 import torch
 
 import rlnb
+from rlnb.data import Task, register_task
 from rlnb.learn import LearnConfig, Learner, grpo_advantages
 from rlnb.models import CharTokenizer, TinyPolicy
+from tests.helpers import small_config
 
 TOK = CharTokenizer("0123456789+=")
 BIG = 3e38  # within the rewards' check, |r| <= 3.4e38: two of them overflow float32
@@ -164,3 +167,23 @@ def test_a_group_of_ordinary_rewards_beside_one_of_huge_rewards_keeps_its_float3
     alone = grpo_advantages(torch.tensor([[1.0, 0.0, 0.4, 0.1]]))
     beside = grpo_advantages(torch.tensor([[1.0, 0.0, 0.4, 0.1], [BIG, BIG, BIG, -BIG]], dtype=torch.float64))
     assert torch.equal(beside[0].float(), alone[0]) and torch.isfinite(beside).all()
+
+
+def huge(completion: str, answer: str) -> float:
+    """±3e38: every reward within the check, any two alike overflow float32's sum."""
+    return BIG if len(completion) % 2 else -BIG
+
+
+def test_a_session_rewarded_near_float32s_limit_trains_five_steps_to_finite_weights() -> None:
+    register_task(Task("huge-rewards", "0123456789+=", _addition, huge, max_new_tokens=4), replace=True)
+    with rlnb.Session(small_config(task="huge-rewards", seed=1), name="huge-rewards") as sess:
+        history = [sess.step() for _ in range(5)]
+        assert all(math.isfinite(m[k]) for m in history for k in ("loss", "grad_norm", "reward_mean", "reward_std"))
+        assert any(m["reward_std"] > 1e38 for m in history)  # the rewards were as large as promised
+        assert all(torch.isfinite(p).all() for p in sess.policy.parameters())
+        assert 0.0 <= sess.evaluate(8) <= 1.0
+
+
+def _addition(rng: random.Random) -> tuple[str, str]:
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    return f"{a}+{b}=", str(a + b)
