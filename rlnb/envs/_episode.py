@@ -3,13 +3,16 @@
 The rollout calls an episode's methods on its reward pool (user code never runs on
 the event loop). An environment's ``async def`` methods run on an event loop of the
 episode's own, made at the first one and closed with the episode, so an environment
-may keep an async client across its turns.
+may keep an async client across its turns. Each runs as a task that the call's
+timeout cancels (:mod:`rlnb.rewards._isolation`); ``close`` waits for a call still
+unwinding, and leaves the closing to a call that never returns, when it does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,8 +20,13 @@ from rlnb._errors import ConfigError
 from rlnb._reprs import short_repr
 from rlnb.envs._protocol import Observation, Turn
 from rlnb.rewards import BadValue, reward_value
+from rlnb.rewards._isolation import cancellable
 
 __all__ = ["EnvError", "Episode", "check_factory"]
+
+# How long close() waits for a method call still running (a cancelled one unwinds in
+# milliseconds) before it leaves the closing to that call.
+CLOSE_WAIT_S = 1.0
 
 
 class EnvError(Exception):
@@ -58,9 +66,16 @@ def _check_observation(value: Any, where: str) -> Observation:
     )
 
 
+class EpisodeGroup:
+    """What the episodes of one group share (:attr:`Episode.group`)."""
+
+    __slots__ = ("__weakref__",)
+
+
 class Episode:
-    """The environment ``factory()`` makes, for one conversation. Not thread-safe:
-    one call at a time, from any thread (the rollout awaits each before the next)."""
+    """The environment ``factory()`` makes, for one conversation. One call at a time,
+    from any thread (the rollout awaits each before the next); :meth:`close` may come
+    while a call that timed out still runs."""
 
     def __init__(self, factory: Callable[[], Any]) -> None:
         env = factory()
@@ -74,7 +89,19 @@ class Episode:
         self.name = type(env).__name__
         self.turns = 0
         self.reward: float | None = None  # the sum of the turns' rewards, None while none gave one
+        # What the episodes of one group share (set by the rollout): a timeout of one's
+        # step fails the others' later steps at once.
+        self.group: EpisodeGroup | None = None
         self._runner: asyncio.Runner | None = None
+        self._lock = threading.RLock()  # held by a method call, and by close
+        self._close_pending = False  # close() found a call still running: the call closes when it returns
+
+    @staticmethod
+    def new_group(episodes: Sequence[Episode]) -> None:
+        """Mark ``episodes`` as one group's (:attr:`group`)."""
+        group = EpisodeGroup()
+        for episode in episodes:
+            episode.group = group
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:
@@ -83,12 +110,23 @@ class Episode:
         return list(tools) if tools else None
 
     def _call(self, method: str, *args: Any) -> Any:
-        value = getattr(self.env, method)(*args)
-        if inspect.isawaitable(value):
-            if self._runner is None:
-                self._runner = asyncio.Runner()
-            value = self._runner.run(_awaited(value))
-        return value
+        with self._lock:
+            try:
+                if self.env is None:
+                    raise EnvError(f"{self.name}.{method}() was called after the episode closed")
+                return self._await(getattr(self.env, method)(*args))
+            finally:
+                if self._close_pending:
+                    self._close_now()
+
+    def _await(self, value: Any) -> Any:
+        """``value``, awaited on the episode's loop if it is awaitable (cancelled when the
+        reward pool stops the call: :class:`~rlnb.rewards._isolation.Cancelled`)."""
+        if not inspect.isawaitable(value):
+            return value
+        if self._runner is None:
+            self._runner = asyncio.Runner()
+        return self._runner.run(cancellable(value))
 
     def reset(self, row: Mapping[str, Any]) -> Observation:
         """The conversation's first prompt (None: the task's own)."""
@@ -119,21 +157,25 @@ class Episode:
 
     def close(self) -> None:
         """Close the environment (if it has ``close()``) and the episode's event loop.
-        Idempotent; the loop is closed even when the environment's close raises."""
+        Idempotent; the loop is closed even when the environment's close raises.
+        Blocks up to :data:`CLOSE_WAIT_S` for a method call still running (one that
+        timed out); if it still runs then, it closes the episode when it returns."""
+        self._close_pending = True  # first: a call that returns meanwhile closes it
+        if not self._lock.acquire(timeout=CLOSE_WAIT_S):
+            return
+        try:
+            self._close_now()
+        finally:
+            self._lock.release()
+
+    def _close_now(self) -> None:
+        self._close_pending = False
         env, self.env = self.env, None
         try:
             close = getattr(env, "close", None)
             if callable(close):
-                value = close()
-                if inspect.isawaitable(value):
-                    if self._runner is None:
-                        self._runner = asyncio.Runner()
-                    self._runner.run(_awaited(value))
+                self._await(close())
         finally:
             runner, self._runner = self._runner, None
             if runner is not None:
                 runner.close()
-
-
-async def _awaited(value: Any) -> Any:
-    return await value

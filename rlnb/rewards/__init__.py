@@ -7,12 +7,16 @@ does not apply to a sample. The sample's reward is the weighted sum of the value
 that are not None, and each function's mean and standard deviation per step go into
 the session's history as ``reward/<name>`` and ``reward/<name>/std``. A function
 marked :func:`batched` is called once per group, with lists (reward models, judges).
+A function marked :func:`isolated` runs in a worker process that its timeout
+(``RolloutConfig.reward_timeout``) kills, even when it holds the GIL or never returns.
 
 Ready functions: :func:`exact_match`, :func:`math_answer` (needs ``rlnb[math]``),
-:func:`regex_format` and :func:`length_penalty`.
+:func:`regex_format` and :func:`length_penalty`; the two that parse model output,
+``math_answer`` and ``regex_format``, are isolated.
 """
 
-from rlnb.rewards._combine import BadValue, Rewards, Scored, batched, per_function, reward_value
+from rlnb.rewards._combine import BadValue, Rewards, Scored, batched, per_function, raised_by, reward_value
+from rlnb.rewards._isolation import isolated
 from rlnb.rewards._ready import exact_match, length_penalty, math_answer, regex_format
 
 __all__ = [
@@ -21,9 +25,11 @@ __all__ = [
     "Scored",
     "batched",
     "exact_match",
+    "isolated",
     "length_penalty",
     "math_answer",
     "per_function",
+    "raised_by",
     "regex_format",
     "reward_value",
 ]

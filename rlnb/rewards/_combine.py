@@ -5,7 +5,8 @@ A task's ``reward`` is one function or a list of them. Each is called as
 when its signature takes them (and ``env_reward=``, a conversation's environment
 reward, :mod:`rlnb.envs`); it returns a number, or None when it does not apply
 to the sample (that function then does not count for it, as TRL's multi-task
-rewards). An ``async def`` function is run to its end on the reward thread. The
+rewards). An ``async def`` function is run to its end on the reward thread, as a
+task that the call's timeout cancels (:mod:`rlnb.rewards._isolation`). The
 sample's reward is the weighted sum of the values that are not None (0.0 when every
 function said None), and each function's value is kept under its name.
 
@@ -21,7 +22,6 @@ of the function that :meth:`Rewards.with_weights` makes.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import dataclasses
@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 from rlnb._errors import ConfigError
 from rlnb._reprs import clip, short_repr
 from rlnb._samples import Sample
+from rlnb.rewards._isolation import run_coroutine
 
 __all__ = [
     "FLOAT32_MAX",
@@ -46,6 +47,7 @@ __all__ = [
     "Timing",
     "batched",
     "per_function",
+    "raised_by",
     "reward_value",
 ]
 
@@ -54,6 +56,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 _KEYWORDS = ("prompt", "row", "env_reward")
 _BATCHED_KEYWORDS = ("prompts", "rows", "env_rewards")
 _MARK = "__rlnb_batched__"
+_RAISED_BY = "__rlnb_reward_function__"  # set on an exception a function of several raised
 TIMED_CALLS = 256  # the last calls of each function whose durations timings() reads
 
 
@@ -202,10 +205,14 @@ class RewardFunction:
         try:
             value = self.fn(completion, answer, **{k: given[k] for k in self.keywords})
             if self.is_async:
-                value = asyncio.run(value)  # on the reward thread, which runs no loop of its own
+                value = run_coroutine(value)  # on the reward thread, which runs no loop of its own
             return value
         except Exception as exc:
             error = exc
+            if getattr(exc, _RAISED_BY, None) is None:  # the innermost function that raised it is the one to name
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(exc, _RAISED_BY, self.name)
+                    exc.add_note(f"(raised by the reward function {self.name!r})")
             raise
         finally:
             self.record.add(time.perf_counter() - started, error)
@@ -216,6 +223,12 @@ class RewardFunction:
         except BadValue as bad:
             self.record.fail(f"returned {bad.value}, not a number")
             raise BadValue(bad.value, self.name) from None
+
+
+def raised_by(exc: BaseException) -> str | None:
+    """The name of the reward function (of a :class:`Rewards`) that raised ``exc``, if one did."""
+    name = getattr(exc, _RAISED_BY, None)
+    return name if isinstance(name, str) else None
 
 
 def _takes_keyword(signature: inspect.Signature, name: str) -> bool:
@@ -340,7 +353,9 @@ class Rewards:
             if not f.is_batched:
                 continue
             env = list(env_rewards) if env_rewards is not None else [None] * len(parts)
-            values = f(list(completions), list(answers), prompts=list(prompts), rows=list(rows), env_rewards=env)
+            values = _as_list(
+                f(list(completions), list(answers), prompts=list(prompts), rows=list(rows), env_rewards=env)
+            )
             if isinstance(values, str | bytes) or not isinstance(values, Sequence) or len(values) != len(parts):
                 raise BadValue(f"{short_repr(values)}, not a list of {len(parts)} values (one per completion)", f.name)
             for part, value in zip(parts, values, strict=True):
@@ -351,6 +366,16 @@ class Rewards:
         ordered = {f.name: parts[f.name] for f in self.functions if f.name in parts}
         total = sum(f.weight * value for f in self.functions if (value := ordered.get(f.name)) is not None)
         return Scored(float(total), ordered)
+
+
+def _as_list(values: Any) -> Any:
+    """A 1-D numpy array or torch tensor as a list of its numbers; anything else as it is."""
+    if getattr(values, "ndim", None) == 1 and callable(getattr(values, "tolist", None)):
+        with contextlib.suppress(Exception):
+            listed = values.tolist()
+            if isinstance(listed, list):
+                return listed
+    return values
 
 
 def per_function(samples: Iterable[Sample]) -> dict[str, float]:
@@ -375,10 +400,18 @@ def per_function(samples: Iterable[Sample]) -> dict[str, float]:
 
 
 def _unique(names: list[str]) -> list[str]:
-    """``names`` with a repeated one numbered from its second use: f, f_2, f_3."""
-    seen: dict[str, int] = {}
+    """``names`` made unique: each name's first use keeps it, a repeat gets the first
+    ``name_2``, ``name_3``, ... that no function has or is given (f, f, f_2 -> f, f_3, f_2)."""
+    taken = set(names)
+    seen: set[str] = set()
     out = []
     for name in names:
-        seen[name] = seen.get(name, 0) + 1
-        out.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+        if name in seen:
+            n = 2
+            while f"{name}_{n}" in taken:
+                n += 1
+            name = f"{name}_{n}"
+            taken.add(name)
+        seen.add(name)
+        out.append(name)
     return out

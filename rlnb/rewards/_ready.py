@@ -1,6 +1,10 @@
 """Ready-made reward functions: an exact answer, a math answer, a format, a length limit.
 
-Each is called as ``fn(completion, answer) -> float`` on a reward thread. Its
+Each is called as ``fn(completion, answer) -> float`` on a reward thread. The two
+that parse model output, :func:`math_answer` and the test of :func:`regex_format`,
+are :func:`~rlnb.rewards.isolated`: in a rollout they run in a worker process that
+``RolloutConfig.reward_timeout`` kills, since a pathological expression or a
+backtracking pattern holds the GIL (every other thread stops) for as long as it runs. Its
 ``__name__`` names its metric (``reward/<name>`` in the history); the callables that
 :func:`regex_format` and :func:`length_penalty` return are instances of top-level
 classes with a short repr, so a task that holds them can be pickled and copied.
@@ -19,6 +23,8 @@ from typing import Any
 
 from rlnb._checks import is_int, is_number
 from rlnb._errors import ConfigError
+from rlnb.rewards._combine import FLOAT32_MAX
+from rlnb.rewards._isolation import isolated
 
 __all__ = ["exact_match", "length_penalty", "math_answer", "regex_format"]
 
@@ -78,6 +84,7 @@ def _answer_text(answer: Any) -> str:
     return str(answer)
 
 
+@isolated
 def math_answer(completion: str, answer: Any) -> float:
     """1.0 when the completion's final answer equals ``answer`` mathematically, else 0.0.
 
@@ -90,8 +97,11 @@ def math_answer(completion: str, answer: Any) -> float:
     such as "yes"; use :func:`exact_match` for those).
 
     Runs without math-verify's own timeouts: they use ``signal.alarm``, which works
-    only on the main thread, and rewards run on worker threads. A pathological
-    expression is bounded by ``RolloutConfig.reward_timeout`` instead.
+    only on the main thread. In a rollout it runs in a worker process instead
+    (:func:`~rlnb.rewards.isolated`), killed at ``RolloutConfig.reward_timeout``, so a
+    pathological expression (``\boxed{2^{2^{40}}}``) fails its sample after the
+    timeout and freezes nothing; called directly (in a cell) it runs in the caller,
+    unbounded.
 
     Raises :class:`~rlnb.ConfigError` when math-verify is not installed.
     """
@@ -131,12 +141,24 @@ class _RegexFormat:
         return self.name or "regex_format"
 
     def __call__(self, completion: str, answer: Any) -> float:
-        return 1.0 if re.fullmatch(self.pattern, completion.strip(), self.flags) else 0.0
+        return 1.0 if _fullmatch(self.pattern, self.flags, completion.strip()) else 0.0
 
     def __repr__(self) -> str:
         flags = f", flags={re.RegexFlag(self.flags)!s}" if self.flags else ""
         name = f", name={self.name!r}" if self.name else ""
         return f"regex_format({self.pattern!r}{flags}{name})"
+
+
+@isolated
+def _fullmatch(pattern: str, flags: int, text: str) -> bool:
+    """Whether ``text`` matches ``pattern`` whole: in a worker process in a rollout, since
+    a backtracking pattern holds the GIL for as long as it runs."""
+    return re.fullmatch(pattern, text, flags) is not None
+
+
+_RE_FLAGS = 0
+for _flag in re.RegexFlag:
+    _RE_FLAGS |= _flag.value
 
 
 def regex_format(pattern: str, *, flags: int = 0, name: str | None = None) -> _RegexFormat:
@@ -148,13 +170,17 @@ def regex_format(pattern: str, *, flags: int = 0, name: str | None = None) -> _R
 
         regex_format(r"<think>.*</think>\\s*<answer>.*</answer>", flags=re.DOTALL, name="format")
 
+    In a rollout the match runs in a worker process that ``RolloutConfig.reward_timeout``
+    kills: a pattern that backtracks (``r"(a+)+b"`` on a long run of a's) fails its
+    sample after the timeout instead of freezing the session.
+
     Raises :class:`~rlnb.ConfigError` at once for a pattern that does not compile
-    (naming the regex error), flags that are not an int, or a name that is not a
-    metric name.
+    (naming the regex error), flags that are not a combination of ``re`` flags, or a
+    name that is not a metric name.
     """
     _require(isinstance(pattern, str), "regex_format", "pattern", pattern, r"use a string, e.g. pattern=r'\d+'")
     _require(
-        is_int(flags) and flags >= 0,
+        is_int(flags) and flags >= 0 and not flags & ~_RE_FLAGS,
         "regex_format",
         "flags",
         flags,
@@ -163,7 +189,7 @@ def regex_format(pattern: str, *, flags: int = 0, name: str | None = None) -> _R
     _check_name("regex_format", name)
     try:
         re.compile(pattern, flags)
-    except (re.error, ValueError) as exc:
+    except (re.error, ValueError, OverflowError) as exc:
         raise ConfigError(
             f"regex_format(pattern={pattern!r}) is invalid: it does not compile ({exc}); fix the regular expression"
         ) from None
@@ -191,9 +217,9 @@ class _LengthPenalty:
         if excess <= 0:
             return 0.0
         penalty = excess * (self.per_char if self.per_char is not None else 1 / self.limit)
-        if self.max_penalty is not None:
-            penalty = min(penalty, self.max_penalty)
-        return -float(penalty)
+        # Without a cap, a long completion times a large per_char could pass float32's
+        # range (or reach inf): the learner's numbers must stay finite.
+        return -min(float(penalty), FLOAT32_MAX if self.max_penalty is None else self.max_penalty)
 
     def __repr__(self) -> str:
         options = [f"{self.limit}"]
@@ -216,27 +242,30 @@ def length_penalty(
     linearly from 0 at ``limit`` characters to -1.0 at twice the limit and stays
     there: ``length_penalty(100)`` gives 0.0 for 80 characters, -0.5 for 150 and -1.0
     for 300. ``max_penalty=None`` removes the cap. The length is the completion's
-    own, whitespace included. Its ``__name__`` is ``name`` or "length_penalty".
+    own, whitespace included; without a cap the penalty stops at float32's largest
+    number, 3.4e38, so it stays finite. Its ``__name__`` is ``name`` or "length_penalty".
     Combine it with a correctness reward, weighted, e.g. ``Task(reward=[math_answer,
     length_penalty(400)], reward_weights=[1.0, 0.2])``.
 
     Raises :class:`~rlnb.ConfigError` naming the argument when ``limit`` is not an int
-    >= 1, or ``per_char`` or ``max_penalty`` is not None or a number > 0.
+    >= 1, or ``per_char`` or ``max_penalty`` is not None or a number > 0 and at most
+    3.4e38 (float32's range, which the learner computes in).
     """
     _require(is_int(limit) and limit >= 1, "length_penalty", "limit", limit, "use an int >= 1 (characters), e.g. 400")
     _require(
-        per_char is None or (is_number(per_char) and per_char > 0),
+        per_char is None or (is_number(per_char) and 0 < per_char <= FLOAT32_MAX),
         "length_penalty",
         "per_char",
         per_char,
-        f"use None (1 / limit) or a number > 0, the penalty per character past the limit, e.g. {1 / limit:g}",
+        f"use None (1 / limit) or a number > 0 and <= 3.4e38, the penalty per character past the limit, "
+        f"e.g. {1 / limit:g}",
     )
     _require(
-        max_penalty is None or (is_number(max_penalty) and max_penalty > 0),
+        max_penalty is None or (is_number(max_penalty) and 0 < max_penalty <= FLOAT32_MAX),
         "length_penalty",
         "max_penalty",
         max_penalty,
-        "use None (no cap) or a number > 0, the largest penalty, e.g. 1.0",
+        "use None (no cap) or a number > 0 and <= 3.4e38, the largest penalty, e.g. 1.0",
     )
     _check_name("length_penalty", name)
     return _LengthPenalty(

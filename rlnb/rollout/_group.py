@@ -29,7 +29,7 @@ from rlnb._samples import Group, PromptItem, Sample
 from rlnb.buffer import ReplayBuffer
 from rlnb.engines import Engine, GenerateRequest, GenerateResult, SamplingParams
 from rlnb.envs import EnvError, Episode, Turn
-from rlnb.rewards import BadValue, Scored, reward_value
+from rlnb.rewards import BadValue, Scored, raised_by, reward_value
 from rlnb.rollout._accounting import Counters, Ticket, is_cancellation
 from rlnb.rollout._reward import CallTimedOut, PoolFull, RewardPool, RunningCall
 from rlnb.rollout._state import StateMachine
@@ -590,7 +590,9 @@ class GroupRunner:
         where = f"prompt {item.prompt_id} ({short_repr(item.prompt)}), the group's {len(samples)} completions"
         self._counts.generating += 1  # as a sample's reward: a WAIT drain waits for it
         try:
-            scored: list[Scored] = await self._call_reward(group_reward_fn, item, samples, where=where)
+            scored: list[Scored] = await self._call_reward(
+                group_reward_fn, item, samples, where=where, key=group_reward_fn, group=item
+            )
         except RolloutError as exc:
             return [exc]
         finally:
@@ -604,26 +606,37 @@ class GroupRunner:
         """``reward_fn(item, completion)`` as a Scored, run on a worker thread.
 
         A function that raises is retried up to ``max_retries`` times. Raises
-        RolloutError naming the prompt and completion when it still raises (chained),
-        runs past ``reward_timeout`` (not retried: a hung call would only hang again,
-        on one more thread), or returns anything but a finite number (not retried: a
-        bug, not bad luck); ClosedError once closed. A conversation's last turn is
+        RolloutError naming the prompt and completion (and the function, of several)
+        when it still raises (chained), runs past ``reward_timeout`` (not retried: a
+        hung call would only hang again), or returns anything but a finite number (not
+        retried: a bug, not bad luck); ClosedError once closed. Once a call times out,
+        the calls of the same function queued behind it and the later calls of
+        ``item``'s group fail at once: the group is failed already, and each would only
+        wait out its own timeout, one after another. A conversation's last turn is
         scored with ``env_reward=`` its environment's reward."""
         where = f"prompt {item.prompt_id} ({short_repr(item.prompt)}), completion {short_repr(completion)}"
         extra = (env["env_reward"],) if "env_reward" in env else ()
-        scored: Scored = await self._call_reward(_scored, self.reward_fn, item, completion, *extra, where=where)
+        fn = self.reward_fn
+        scored: Scored = await self._call_reward(_scored, fn, item, completion, *extra, where=where, key=fn, group=item)
         return scored
 
     async def _call_env(self, fn: Callable[..., Any], /, *args: Any, where: str, what: str) -> Any:
         """``fn(*args)``, an environment's method, on a reward thread with the reward
         timeout; not retried (an environment has state). RolloutError, chained, when
-        it raises or runs past the timeout; ClosedError once closed."""
+        it raises or runs past the timeout (an ``async def`` method is cancelled); a
+        step's timeout fails at once the steps queued behind it and the later steps of
+        its group's environments. ClosedError once closed."""
+        episode = getattr(fn, "__self__", None)
+        group = episode.group if what == "step" and isinstance(episode, Episode) else None
+        key = (what, self._conversations.env) if group is not None and self._conversations is not None else None
         try:
-            return await self._rewards.call(fn, *args, timeout=self._reward_timeout)
+            value = await self._rewards.call(fn, *args, timeout=self._reward_timeout, key=key, group=group, label=where)
         except CallTimedOut as late:
+            if late.earlier:
+                raise RolloutError(f"the environment's {what} was not called for {where}: {late.fate()}") from None
             raise RolloutError(
-                f"the environment's {what} did not return within reward_timeout={self._reward_timeout} s for {where} "
-                f"(its thread {late.thread} ends when the call returns)"
+                f"the environment's {what} did not return within reward_timeout={self._reward_timeout} s "
+                f"for {where} ({late.fate()})"
             ) from None
         except PoolFull as full:
             raise RolloutError(
@@ -636,13 +649,18 @@ class GroupRunner:
             raise RolloutError(f"{exc} (for {where})") from None
         except Exception as exc:
             raise RolloutError(f"the environment's {what} raised {exc!r} for {where}") from exc
+        if what == "reset":  # a group's environments: a timeout of one's step fails the others' at once
+            Episode.new_group(value[0])
+        return value
 
-    async def _call_reward(self, fn: Callable[..., Any], /, *args: Any, where: str) -> Any:
+    async def _call_reward(self, fn: Callable[..., Any], /, *args: Any, where: str, key: Any, group: Any) -> Any:
         """``fn(*args)`` on a reward thread, retried and its failures explained as :meth:`reward` says."""
         attempt = 0
         while True:
             try:
-                return await self._rewards.call(fn, *args, timeout=self._reward_timeout)
+                return await self._rewards.call(
+                    fn, *args, timeout=self._reward_timeout, key=key, group=group, label=where
+                )
             except BadValue as bad:
                 which = "the reward function" if bad.function is None else f"the reward function {bad.function!r}"
                 may_skip = "" if bad.function is None else ", or None when it does not apply to the sample"
@@ -652,9 +670,11 @@ class GroupRunner:
                     f"(int, float, bool or a numpy/torch scalar){may_skip}"
                 ) from None
             except CallTimedOut as late:
+                if late.earlier:
+                    raise RolloutError(f"the reward function was not called for {where}: {late.fate()}") from None
                 raise RolloutError(
                     f"the reward function did not return within reward_timeout={self._reward_timeout} s for {where}; "
-                    f"not retried (its thread {late.thread} ends when the call returns)"
+                    f"not retried ({late.fate()})"
                 ) from None
             except PoolFull as full:
                 raise RolloutError(
@@ -669,5 +689,7 @@ class GroupRunner:
             except Exception as exc:
                 attempt += 1
                 if attempt > self._max_retries:
-                    raise RolloutError(f"the reward function raised {exc!r} {attempt} times for {where}") from exc
+                    name = raised_by(exc)
+                    which = "the reward function" if name is None else f"the reward function {name!r}"
+                    raise RolloutError(f"{which} raised {exc!r} {attempt} times for {where}") from exc
                 self._counts.retries += 1

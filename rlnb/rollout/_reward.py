@@ -2,9 +2,15 @@
 
 A reward function is user code. On the loop, a slow one would hold up dispatch,
 pause and every other call, and a hung one the whole session; here it runs on a
-worker thread ``rlnb-reward-N``. A thread cannot be stopped, so a call that runs
-past its timeout (or whose caller is cancelled) is abandoned: its thread ends
-whenever the call returns, and another thread takes over the queue at once.
+worker thread ``rlnb-reward-N``. A call that runs past its timeout (or whose caller
+is cancelled) is abandoned and stopped (:mod:`rlnb.rewards._isolation`): an
+isolated function's worker process is killed, an ``async def`` one's task is
+cancelled; a plain function cannot be stopped, and its thread ends whenever the
+call returns. Either way another thread takes over the queue at once.
+
+A timeout fails more than its own call: the calls with the same ``key`` (the same
+function) queued behind it, and every later call of the same ``group``, fail at
+once, since each would only wait out a timeout of its own, one after another.
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ import dataclasses
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from rlnb._errors import ClosedError, running_user_code
+from rlnb.rewards._isolation import Scope, Workers, scope_of
 
 __all__ = ["CallTimedOut", "PoolFull", "RewardPool", "RunningCall"]
 
@@ -35,15 +43,35 @@ MAX_ABANDONED = 64
 # reward thread a second later, while one that trains keeps its thread from step to
 # step (a learner step takes well under a second), so the thread gauge holds still.
 _IDLE_EXIT_S = 1.0
+# What close() waits, past its timeout, for the calls it stopped to return.
+_STOPPED_RETURN_S = 0.5
 _thread_ids = itertools.count(1)
 
 
 class CallTimedOut(Exception):
-    """The call ran past its timeout and was abandoned on its ``thread``."""
+    """The call ran past its timeout and was stopped, or abandoned on its ``thread``;
+    ``earlier``: it never ran, since a call with its key or group timed out first."""
 
-    def __init__(self, thread: str) -> None:
+    def __init__(self, thread: str, *, stopped: bool = False, earlier: str | None = None) -> None:
         super().__init__(thread)
         self.thread = thread
+        self.stopped = stopped  # its process was killed or its task cancelled: no thread is left in it
+        # It never ran: a call of its key or group timed out first (that call's label).
+        self.earlier = earlier
+
+    def fate(self) -> str:
+        """What became of the call, for an error's message."""
+        if self.earlier is not None:
+            return (
+                f"the call for {self.earlier} ran past the timeout first (from the same group, or queued "
+                "before this one), and this one would only have waited out a timeout of its own"
+            )
+        if self.stopped:
+            return "it was stopped: its worker process killed, or its task cancelled"
+        return (
+            f"its thread {self.thread} ends when the call returns; mark a function that may never return "
+            "rlnb.rewards.isolated to have it killed at the timeout"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,10 +91,23 @@ class PoolFull(Exception):
 
 
 class _Call:
-    __slots__ = ("abandoned", "args", "finished", "fn", "future", "ident", "started", "thread", "timer")
+    __slots__ = (
+        "abandoned", "args", "finished", "fn", "future", "group", "ident", "key", "label", "scope", "started",
+        "thread", "timer",
+    )  # fmt: skip
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], future: asyncio.Future[Any]) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        future: asyncio.Future[Any],
+        key: Any,
+        group: Any,
+        label: str,
+    ) -> None:
         self.fn, self.args, self.future = fn, args, future
+        self.key, self.group, self.label = key, group, label
+        self.scope: Scope | None = None  # how to stop it, once a worker took it
         self.started: float | None = None  # time.monotonic() when a worker took it
         self.thread = ""  # the worker's name
         self.ident: int | None = None  # and its thread id
@@ -98,14 +139,29 @@ class RewardPool:
         self._starting = 0  # of those, started but not yet waiting
         self._abandoned = 0  # threads still running an abandoned call
         self._running: set[_Call] = set()  # calls a worker runs now, abandoned ones too
+        # Groups a call of which timed out (by identity, held weakly): their later calls fail at once.
+        self._timed_out_groups: dict[int, tuple[weakref.ref[Any], str]] = {}  # and the label of the call
+        self._processes = Workers(max_idle=max_workers)  # for isolated functions (rlnb.rewards.isolated)
         self._closed = False
 
-    async def call(self, fn: Callable[..., Any], /, *args: Any, timeout: float | None) -> Any:
+    async def call(
+        self,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        timeout: float | None,
+        key: Any = None,
+        group: Any = None,
+        label: str = "",
+    ) -> Any:
         """``fn(*args)`` on a worker thread; raises what it raises. Raises ``CallTimedOut``
         once it has run ``timeout`` seconds (counted from its start, not from its
-        wait for a worker); ``PoolFull``; ClosedError once closed."""
+        wait for a worker or a worker process), and at once when a call with the same
+        ``key`` (hashable) timed out while this one was queued, or a call of the same
+        ``group`` (any object that takes a weak reference) timed out before (its
+        ``earlier`` is that call's ``label``); ``PoolFull``; ClosedError once closed."""
         loop = asyncio.get_running_loop()
-        call = _Call(fn, args, loop.create_future())
+        call = _Call(fn, args, loop.create_future(), key, group, label)
         self._submit(call)
         if timeout is not None:
             call.timer = loop.call_later(timeout, self._expire, call, timeout)
@@ -131,7 +187,9 @@ class RewardPool:
         """Fail queued calls with ClosedError, let idle workers go, and wait up to
         ``timeout`` s in all for calls in progress to return (a fast reward a close
         caught half-way ends in microseconds). A call still running after that is
-        abandoned: its daemon thread ends when the call returns. Idempotent; thread-safe."""
+        stopped (its worker process killed, its task cancelled), or abandoned: a plain
+        function's daemon thread ends when the call returns. Every worker process is
+        killed and reaped. Idempotent; thread-safe."""
         with self._cond:
             if self._closed:
                 return
@@ -145,11 +203,21 @@ class RewardPool:
         deadline = time.monotonic() + timeout
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        with self._cond:
+            late = [call.scope for call in self._running if call.scope is not None]
+        for scope in late:
+            scope.stop()
+        deadline = time.monotonic() + _STOPPED_RETURN_S
+        for thread in threads:  # a stopped call returns in milliseconds
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._processes.close()
 
     def _submit(self, call: _Call) -> None:
         with self._cond:
             if self._closed:
                 raise ClosedError("the rollouter is closed")
+            if call.group is not None and (first := self._group_timed_out(call.group)) is not None:
+                raise CallTimedOut("", earlier=first)
             if self._abandoned >= self._max_abandoned:
                 raise PoolFull(self._abandoned)
             self._queue.append(call)
@@ -166,17 +234,46 @@ class RewardPool:
             thread.start()
 
     def _expire(self, call: _Call, timeout: float) -> None:
-        """The call's timer (on the loop): fail it if it has run ``timeout`` s, else look again later."""
+        """The call's timer (on the loop): fail it if it has run ``timeout`` s, else look
+        again later; with it, the queued calls of its key and the later calls of its group."""
         with self._cond:
             if call.finished or call.abandoned:
                 return
-            left = timeout if call.started is None else call.started + timeout - time.monotonic()
+            started = call.started if call.scope is None else call.scope.started
+            left = timeout if started is None else started + timeout - time.monotonic()
+            behind: list[_Call] = []
             if left <= 0:
                 self._abandon_locked(call)
-        if left > 0:  # it waited for a worker: its time counts from its start
+                behind = self._timed_out_locked(call)
+        if left > 0:  # it waited for a worker (or a worker process): its time counts from its start
             call.timer = asyncio.get_running_loop().call_later(left, self._expire, call, timeout)
-        elif not call.future.done():
-            call.future.set_exception(CallTimedOut(call.thread))
+            return
+        if not call.future.done():
+            call.future.set_exception(
+                CallTimedOut(call.thread, stopped=call.scope is not None and call.scope.interrupted)
+            )
+        for other in behind:
+            if not other.future.done():
+                other.future.set_exception(CallTimedOut(call.thread, earlier=call.label))
+
+    def _timed_out_locked(self, call: _Call) -> list[_Call]:
+        """Note that ``call`` timed out, and withdraw the queued calls it dooms (holding the lock)."""
+        if call.group is not None:
+            self._timed_out_groups = {k: v for k, v in self._timed_out_groups.items() if v[0]() is not None}
+            self._timed_out_groups[id(call.group)] = (weakref.ref(call.group), call.label)
+        doomed = [
+            c
+            for c in self._queue
+            if (call.key is not None and c.key == call.key) or (call.group is not None and c.group is call.group)
+        ]
+        for c in doomed:
+            self._abandon_locked(c)
+        return doomed
+
+    def _group_timed_out(self, group: Any) -> str | None:
+        """The label of the call of ``group`` that timed out, if one did."""
+        ref, label = self._timed_out_groups.get(id(group), (None, ""))
+        return label if ref is not None and ref() is group else None
 
     def _abandon(self, call: _Call) -> None:
         with self._cond:
@@ -188,10 +285,12 @@ class RewardPool:
         call.abandoned = True
         if call.started is None:
             self._queue.remove(call)
-        else:  # its thread is stuck in it until it returns: another takes over the queue
+        else:  # its thread is in it until it returns (at once if it can be stopped): another takes over the queue
             self._workers -= 1
             self._abandoned += 1
             self._grow()
+            if call.scope is not None:
+                call.scope.stop()
 
     def _work(self) -> None:
         me, starting = threading.current_thread(), True
@@ -206,9 +305,10 @@ class RewardPool:
                     self._threads.discard(me)
                     return
                 call.started, call.thread, call.ident = time.monotonic(), me.name, me.ident
+                call.scope = Scope(self._processes, call.started)
                 self._busy.add(me)
                 self._running.add(call)
-            with running_user_code("a reward function"):
+            with running_user_code("a reward function"), scope_of(call.scope):
                 ok, value = _invoke(call)
             with self._cond:
                 call.finished = True

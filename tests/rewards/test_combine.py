@@ -170,3 +170,48 @@ def test_a_batched_function_must_give_one_value_per_completion() -> None:
     with rlnb.Session(small_config(task=t.name), name="short-judge") as sess:
         with pytest.raises(rlnb.RolloutError, match=r"the reward function 'short' returned \[1\.0\], not a list of 4"):
             sess.rollout(1)
+
+
+def f(completion: str, answer: Any) -> float:
+    return 1.0
+
+
+def f_2(completion: str, answer: Any) -> float:
+    return 0.5
+
+
+def test_repeated_names_are_made_unique_without_taking_another_functions_name() -> None:
+    rewards = Rewards.of([f, f, f_2], None)
+    assert len(set(rewards.names)) == 3 and rewards.names[0] == "f" and rewards.names[2] == "f_2"
+    scored = rewards.score("c", "a")
+    assert scored.total == 2.5 and sorted(scored.parts.values()) == [0.5, 1.0, 1.0]  # before: f_2 twice, 2.0
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_a_batched_function_may_return_a_1d_array_or_tensor(kind: str) -> None:
+    import numpy as np
+    import torch
+
+    @rlnb.rewards.batched
+    def judge(completions: list[str], answers: list[str]) -> Any:
+        values = [0.25 * i for i in range(len(completions))]
+        return np.array(values) if kind == "numpy" else torch.tensor(values)
+
+    rewards = Rewards.of([judge], None)
+    scored = rewards.score_group([{}] * 4, ["a", "b", "c", "d"], ["x"] * 4, ["p"] * 4, [None] * 4)
+    assert [s.total for s in scored] == [0.0, 0.25, 0.5, 0.75]
+    wrong = np.zeros((2, 2)) if kind == "numpy" else torch.zeros(3)
+    judge2 = rlnb.rewards.batched(lambda completions, answers: wrong)
+    with pytest.raises(BadValue, match="not a list of 4 values"):
+        Rewards.of([judge2], None).score_group([{}] * 4, ["a"] * 4, ["x"] * 4, ["p"] * 4, [None] * 4)
+
+
+def test_of_several_functions_the_one_that_raises_is_named() -> None:
+    def broken(completion: str, answer: Any) -> float:
+        raise KeyError("answer")
+
+    register_task(Task.from_records("names-raiser", ROWS, reward=[right, broken], eval_size=0), replace=True)
+    config = small_config(task="names-raiser", rollout=rlnb.RolloutConfig(max_retries=0))
+    with rlnb.Session(config, name="names-raiser") as sess:
+        with pytest.raises(rlnb.RolloutError, match=r"the reward function 'broken' raised KeyError"):
+            sess.rollout(1)

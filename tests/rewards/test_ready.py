@@ -142,6 +142,7 @@ def test_regex_format_is_named_for_its_metric_and_shows_its_pattern() -> None:
         ({"pattern": b"\\d+"}, r"regex_format\(pattern=b'.*use a string"),
         ({"pattern": "x", "flags": "s"}, r"regex_format\(flags='s'\) is invalid: use re flags"),
         ({"pattern": "x", "flags": -1}, r"regex_format\(flags=-1\)"),
+        ({"pattern": "x", "flags": 1 << 40}, r"regex_format\(flags=1099511627776\) is invalid: use re flags"),
         ({"pattern": "x", "name": ""}, r"regex_format\(name=''\) is invalid"),
         ({"pattern": "x", "name": "reward/format"}, r"regex_format\(name='reward/format'\) is invalid: .* without"),
     ],
@@ -183,6 +184,8 @@ def test_length_penalty_is_named_for_its_metric_and_shows_its_settings() -> None
         ((100,), {"per_char": -0.1}, "per_char=-0.1"),
         ((100,), {"per_char": 0}, "per_char=0"),
         ((100,), {"per_char": float("nan")}, "per_char=nan"),
+        ((100,), {"per_char": 1e308}, "per_char=1e+308"),
+        ((100,), {"max_penalty": 1e300}, "max_penalty=1e+300"),
         ((100,), {"max_penalty": -1.0}, "max_penalty=-1.0"),
         ((100,), {"max_penalty": "1"}, "max_penalty='1'"),
         ((100,), {"name": "too long"}, "name='too long'"),
@@ -211,3 +214,8 @@ def test_ready_rewards_pickle_copy_and_take_completion_and_answer(fn: Callable[[
         assert repr(clone) == repr(fn)
         if fn is not math_answer or importlib.util.find_spec("math_verify") is not None:
             assert clone("12345", "12345") == fn("12345", "12345")
+
+
+def test_length_penalty_without_a_cap_stays_finite_in_float32() -> None:
+    huge = length_penalty(1, per_char=3e38, max_penalty=None)
+    assert huge("x" * 100, None) == -3.4028234663852886e38

@@ -140,20 +140,24 @@ def test_a_hung_reward_fails_its_sample_naming_the_prompt_and_later_rewards_stil
                 sess.rollout(1, timeout=30)
             message = str(info.value)
             assert f"prompt {FIRST.prompt_id} ({FIRST.prompt!r})" in message
-            assert "did not return within reward_timeout=0.3 s" in message and "not retried" in message
-            assert len(calls) == 2  # one call per sample: a timeout is not retried
+            assert ("did not return within reward_timeout=0.3 s" in message and "not retried" in message) or (
+                "ran past the timeout first" in message
+            )
+            # One call in all: a timeout is not retried, and the group's other sample,
+            # queued behind it, fails at once instead of waiting out a timeout of its own.
+            assert len(calls) == 1
             stats = sess.statistics().rollout
             assert (stats.failed, stats.groups_failed, stats.retries) == (2, 1, 0)
             assert_counts_add_up(stats)
 
-            # The hung calls still run on their threads (nothing can stop a thread), but
-            # they hold up no later reward.
-            assert len(reward_threads()) >= 2
+            # The hung call still runs on its thread (nothing can stop a thread), but
+            # it holds up no later reward.
+            assert len(reward_threads()) >= 1
             sess.set_reward(lambda completion, answer: 0.5)
             [group] = sess.rollout(1, timeout=30)
             assert [s.reward for s in group.samples] == [0.5, 0.5]
             # Closing does not wait for them either; they end when their calls return.
-        assert sess.closed and len(reward_threads()) >= 2
+        assert sess.closed and len(reward_threads()) >= 1
     finally:
         release.set()
     wait_until(lambda: not reward_threads(), "the released calls' threads to end")
