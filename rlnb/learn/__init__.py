@@ -7,7 +7,7 @@ from rlnb.learn._loss import LossTerms, grpo_advantages, policy_loss
 from rlnb.learn._progress import progress_bar
 from rlnb.learn._trainer import Callback, Trainer, TrainingStatistics
 from rlnb.learn._warmup import Warmup
-from rlnb.learn._whatif import BatchOrigin, KeptBatch, WhatIf, advantages_of, what_if
+from rlnb.learn._whatif import BatchOrigin, KeptBatch, WhatIf, advantages_of, vocabulary_digest, what_if
 
 __all__ = [
     "BatchOrigin",
@@ -26,5 +26,6 @@ __all__ = [
     "grpo_advantages",
     "policy_loss",
     "progress_bar",
+    "vocabulary_digest",
     "what_if",
 ]

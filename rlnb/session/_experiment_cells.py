@@ -32,8 +32,7 @@ from rlnb.session import _assembly as parts
 if TYPE_CHECKING:
     from rlnb._samples import Group, Sample
     from rlnb.data import Task
-    from rlnb.learn import KeptBatch, Trainer, WhatIf
-    from rlnb.learn._whatif import BatchOrigin
+    from rlnb.learn import BatchOrigin, KeptBatch, Trainer, WhatIf
     from rlnb.rollout import Rollouter
     from rlnb.runtime import AsyncBridge
     from rlnb.session._session import Session
@@ -244,7 +243,7 @@ class ExperimentCells:
         """What makes this session's batches; made once (the digest reads every token)."""
         origin: BatchOrigin | None = self.__dict__.get("_origin")
         if origin is None:
-            from rlnb.learn._whatif import BatchOrigin, vocabulary_digest
+            from rlnb.learn import BatchOrigin, vocabulary_digest
 
             digest = vocabulary_digest(self._tokenizer)
             origin = self.__dict__["_origin"] = BatchOrigin(self._name, self._task.name, self._config.seed, digest)
@@ -278,7 +277,7 @@ class ExperimentCells:
         (its :class:`~rlnb.learn.KeptBatch` ``origin`` says), or holding a token id
         outside this model's vocabulary, would be read as other tokens or prompts."""
         from rlnb._samples import Group
-        from rlnb.learn._whatif import BatchOrigin
+        from rlnb.learn import BatchOrigin
 
         if any(b is batch for b in self._trainer.batches):
             batch.stamped(self._batch_origin())
