@@ -19,8 +19,7 @@ from typing import Any
 from rlnb._errors import ConfigError
 from rlnb._reprs import short_repr
 from rlnb.envs._protocol import Observation, Turn
-from rlnb.rewards import BadValue, reward_value
-from rlnb.rewards._isolation import cancellable
+from rlnb.rewards import BadValue, cancellable, reward_value
 
 __all__ = ["EnvError", "Episode", "check_factory"]
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlnb._errors import ClosedError, running_user_code
-from rlnb.rewards._isolation import Scope, Workers, scope_of
+from rlnb.rewards import Scope, Workers, scope_of
 
 __all__ = ["CallTimedOut", "PoolFull", "RewardPool", "RunningCall"]
 
