@@ -458,11 +458,18 @@ class Comparison:
 
     def _run(self) -> None:
         try:
+            seen: Hashable = None
+            changed = time.monotonic()
             while True:
                 live, key = self._poll()
+                if key != seen:
+                    seen, changed = key, time.monotonic()
                 if key != self._drawn:
-                    # the last frame comes at most REDRAW_INTERVAL after the one before
-                    due = self._next_draw if live else min(self._next_draw, self._last_draw + REDRAW_INTERVAL)
+                    # The last frame comes at most REDRAW_INTERVAL after the one before once
+                    # every session is closed, or once no run has grown for REDRAW_INTERVAL
+                    # (they ended, their sessions still open): not at the paced rate.
+                    settled = not live or time.monotonic() - changed >= REDRAW_INTERVAL
+                    due = min(self._next_draw, self._last_draw + REDRAW_INTERVAL) if settled else self._next_draw
                     wait = due - time.monotonic()
                     if not live and wait > 0 and self._stop.wait(wait):
                         return  # closed meanwhile: close() shows the last image
@@ -479,7 +486,8 @@ class Comparison:
     # -- display and close ---------------------------------------------------------------
 
     def _static_bundle(self) -> dict[str, str]:
-        png = self._png or self._render()
+        """The image with every step read now (the last drawn one if nothing came since)."""
+        png = self._png if self._png and self._poll()[1] == self._drawn else self._render()
         return {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": repr(self)}
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:

@@ -473,3 +473,31 @@ def test_a_failure_on_the_ticker_surfaces_at_the_next_call(fast: None) -> None:
         assert isinstance(caught.value.__cause__, OSError)
         sess.fail = False
         comparison.figure()  # raised once
+
+
+def test_runs_that_ended_with_their_sessions_open_get_their_last_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A draw paced at many times its cost (a loaded machine) must not leave the image
+    at an earlier step once the runs have ended: notebook 09's branches reached 100
+    while the image stayed near 82."""
+    monkeypatch.setattr(_compare, "POLL_INTERVAL", 0.01)
+    monkeypatch.setattr(_compare, "REDRAW_INTERVAL", 0.2)
+    monkeypatch.setattr(_compare, "_TIME_SHARE", 10_000)  # the paced redraw: never, in this test
+    sess = FakeSession("ended", [0.1])
+    with rlnb.compare(sess) as comparison:
+        widget = comparison.widget
+        first = bytes(widget.value)
+        sess.train(0.5)  # the run's last step; its session stays open
+        wait_until(lambda: bytes(widget.value) != first, "the last frame once the run stopped growing")
+        assert bytes(widget.value) == comparison._png and comparison.redraws == 2
+
+
+def test_close_shows_every_step_read_now_not_the_last_frame_drawn(shown: list[Any]) -> None:
+    sess = FakeSession("late", [0.1])
+    with rlnb.compare(sess) as comparison:  # at the default pace: no redraw for 2 s
+        comparison._ipython_display_()
+        ((bundle, updates),) = shown
+        sess.train(0.5)
+        comparison.close()
+        (update,) = updates
+        assert update["image/png"] != bundle["image/png"]  # with the last step in it
+        assert comparison.redraws == 2
