@@ -920,6 +920,10 @@ class Change:
     def __str__(self) -> str:
         return f"step {self.step}: {self.field} {_reprs.setting(self.old)} -> {_reprs.setting(self.new)}"
 
+    def __repr__(self) -> str:  # the time as a person reads it, not seconds since the epoch
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.time))
+        return f"Change(step={self.step}, field={self.field!r}, old={self.old!r}, new={self.new!r}, time='{when}')"
+
 
 # Config's fields that are configs of their own, and their classes.
 PARTS: dict[str, type] = {

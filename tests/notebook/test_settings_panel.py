@@ -309,3 +309,11 @@ def test_closing_the_session_leaves_the_final_settings_and_closes_every_widget()
     assert "set at step 0: top_p 1 → 0.9" in static  # the last change applied here
     for widget in panel:
         assert widget.comm is None and widget.layout.comm is None
+
+
+def test_a_change_echoes_its_time_as_a_person_reads_it() -> None:
+    from rlnb.config import Change
+
+    change = Change(20, "lr", 1e-4, 4e-4, time=time.mktime((2026, 12, 6, 9, 30, 5, 0, 0, -1)))
+    assert repr(change) == "Change(step=20, field='lr', old=0.0001, new=0.0004, time='2026-12-06 09:30:05')"
+    assert str(change) == "step 20: lr 0.0001 -> 0.0004"
