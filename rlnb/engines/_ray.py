@@ -435,7 +435,7 @@ class RayEngine:
             with contextlib.suppress(Exception):
                 self._ray.wait([a.close.remote() for a in live], num_returns=len(live), timeout=timeout or 10.0)
         for slot in self._slots:
-            slot.state = "dead"
+            slot.state = "dead" if slot.state == "dead" else "closed"  # closed on purpose: not a death
             try:
                 self._ray.kill(slot.actor)
             except Exception:  # already gone
