@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,10 +66,32 @@ def _row(item: PromptItem) -> dict[str, Any]:
     return {"prompt": item.prompt, "answer": item.answer, "prompt_id": item.prompt_id, **(item.row or {})}
 
 
-def _open_episodes(factory: Callable[[], Any], row: dict[str, Any], n: int) -> tuple[list[Episode], Any]:
+class _Opening:
+    """The environments one group is opening on a reward thread, for a caller that may
+    stop waiting (cancelled, or past the timeout) while they are made: whichever of the
+    two comes last closes them, so none is left open."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.episodes: list[Episode] = []
+        self.done = False  # the thread has made (and reset) them all, or failed
+        self.abandoned = False  # the caller stopped waiting
+
+    def give_up(self) -> list[Episode]:
+        """The caller stops waiting: the environments it must close itself (those the
+        thread finished making); the thread closes any it makes from now on."""
+        with self.lock:
+            self.abandoned = True
+            return list(self.episodes) if self.done else []
+
+
+def _open_episodes(
+    factory: Callable[[], Any], row: dict[str, Any], n: int, opening: _Opening
+) -> tuple[list[Episode], Any]:
     """``n`` environments from ``factory``, each reset with ``row``, and the prompt they
-    gave (None: the task's). Closes those made before raising (on a reward thread)."""
-    episodes: list[Episode] = []
+    gave (None: the task's). Closes those made before raising, and all of them when
+    ``opening`` was given up meanwhile (on a reward thread)."""
+    episodes = opening.episodes
     try:
         prompts = []
         for _ in range(n):
@@ -80,10 +103,17 @@ def _open_episodes(factory: Callable[[], Any], row: dict[str, Any], n: int) -> t
                 f"({short_repr(prompts[0])} and {short_repr(next(p for p in prompts if p != prompts[0]))}): "
                 "a group's samples share the row, so take any randomness from it (e.g. seed with row['prompt_id'])"
             )
-        return episodes, prompts[0]
     except BaseException:
+        with opening.lock:
+            opening.done = True
         _close_episodes(episodes)
         raise
+    with opening.lock:
+        opening.done = True
+        abandoned = opening.abandoned
+    if abandoned:  # nobody takes them: close them here
+        _close_episodes(episodes)
+    return list(episodes), prompts[0]
 
 
 def _close_episodes(episodes: list[Episode]) -> None:
@@ -254,7 +284,15 @@ class GroupRunner:
         conv = self._conversations
         assert conv is not None
         where = f"prompt {item.prompt_id} ({short_repr(item.prompt)})"
-        episodes, prompt = await self._call_env(_open_episodes, conv.env, _row(item), n, where=where, what="reset")
+        opening = _Opening()
+        try:
+            episodes, prompt = await self._call_env(
+                _open_episodes, conv.env, _row(item), n, opening, where=where, what="reset"
+            )
+        except BaseException:  # cancelled, or it ran past the timeout: the environments made are closed
+            if made := opening.give_up():
+                await self._close_conversations(item, made)
+            raise
         try:
             prompt = item.encodable if prompt is None else prompt
             ids = tuple(conv.encode_prompt(prompt, episodes[0].tools))
@@ -273,13 +311,26 @@ class GroupRunner:
 
     async def _close_conversations(self, item: PromptItem, episodes: list[Episode]) -> None:
         """Close a group's environments on the reward pool, also when the group was
-        cancelled; a failure to close is reported to ``tasks``, the group stands."""
+        cancelled; a failure to close is reported to ``tasks``, the group stands. A
+        cancel that lands while they close (the session closes) lets the close end
+        first (it is bounded by the reward timeout), then is raised."""
+        closing = asyncio.ensure_future(
+            self._call_env(_close_episodes, episodes, where=f"prompt {item.prompt_id}", what="close")
+        )
+        cancelled = False
+        while not closing.done():
+            try:
+                await asyncio.shield(closing)
+            except asyncio.CancelledError:
+                cancelled = True
         try:
-            await self._call_env(_close_episodes, episodes, where=f"prompt {item.prompt_id}", what="close")
+            closing.result()
         except RolloutError as exc:
             self._tasks.report(exc)
-        except (asyncio.CancelledError, ClosedError):  # the session closes: the pool runs nothing more
+        except (asyncio.CancelledError, ClosedError):  # the pool was closed: it runs nothing more
             pass
+        if cancelled:
+            raise asyncio.CancelledError
 
     def _end_group(
         self,

@@ -409,3 +409,66 @@ def test_closing_during_a_tool_call_closes_every_environment() -> None:
         await until(lambda: script.closed == script.made == 2, "both environments closed")
 
     asyncio.run(main())
+
+
+class Held:
+    """Environments whose ``reset`` (or ``close``) waits for ``gate``: a group cancelled
+    while they are made (or closed) must still close every one."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.made = self.closed = 0
+        self.lock = threading.Lock()
+
+    def __call__(self) -> Any:
+        held = self
+        with self.lock:
+            self.made += 1
+
+        class Env:
+            def reset(self, row: dict[str, Any]) -> None:
+                if held.where == "reset":
+                    held.entered.set()
+                    assert held.gate.wait(10), "the test never opened the gate"
+
+            def step(self, completion: str) -> Turn:
+                return Turn(done=True)
+
+            def close(self) -> None:
+                if held.where == "close" and not held.entered.is_set():  # the first: the others queue behind it
+                    held.entered.set()
+                    assert held.gate.wait(10), "the test never opened the gate"
+                with held.lock:
+                    held.closed += 1
+
+        return Env()
+
+
+@pytest.mark.parametrize("where", ["reset", "close"])
+def test_a_group_cancelled_while_its_environments_open_or_close_closes_them_all(where: str) -> None:
+    # Cancelled (Ctrl-C, stop, close) while a reset ran on the reward pool, a group
+    # used to drop the environments the reset made; cancelled while its close waited
+    # for the pool's thread, it dropped the close. Either way every one made is closed.
+    held = Held(where)
+    groups = 1 if where == "reset" else 2
+
+    async def main() -> None:
+        engine = RecordingEngine(lengths=turn_lengths(2))
+        async with make_rollouter(engine, group_size=2, max_inflight=2 * groups, conversations=conversations(held)) as (
+            r,
+            _,
+        ):
+            task = asyncio.create_task(r.collect(groups))
+            await until(held.entered.is_set, f"the environment's {where}")
+            task.cancel()
+            await asyncio.sleep(0.01)
+            held.gate.set()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        await until(lambda: held.closed == held.made == 2 * groups, "every environment closed")
+
+    asyncio.run(main())
