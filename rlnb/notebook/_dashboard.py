@@ -591,7 +591,7 @@ class Dashboard:
             # the refused values go, or every later Apply would send them again and fail
             self._settings.refresh(sess.config)
             back = self._settings.reset(self._settings.refused(values)) if set(values) <= set(self.settings) else ""
-            self._settings.say(str(exc) + back, error=True)
+            self._settings.say(str(exc).rstrip(".") + back if back else str(exc), error=True)
             raise
         except Exception as exc:
             self._settings.say(f"{type(exc).__name__}: {exc}", error=True)

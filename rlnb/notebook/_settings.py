@@ -196,7 +196,7 @@ class SettingsPanel:
             except ConfigError as exc:
                 refused[field] = str(exc)
         if refused:
-            raise ConfigError(" ".join(refused.values()) + self.reset(refused))
+            raise ConfigError("; ".join(m.rstrip(".") for m in refused.values()) + self.reset(refused))
         return values
 
     def refused(self, values: dict[str, Any]) -> list[str]:
@@ -212,10 +212,10 @@ class SettingsPanel:
 
     def reset(self, fields: Collection[str]) -> str:
         """Show the value in force in each of ``fields`` (refused: nothing changed); the
-        sentence that says so."""
+        sentence that says so, to end an error's message with."""
         self.refresh(self.config, force=fields)
         shown = ", ".join(f"{field} {_reprs.setting(_in_force(self.config, field))}" for field in fields)
-        return f" Nothing was applied; back to the value in force: {shown}."
+        return f". Nothing was applied; back to the value in force: {shown}."
 
     def refresh(self, config: Config, *, force: Collection[str] = ()) -> None:
         """Show ``config``'s values in every input not being edited (and in the
