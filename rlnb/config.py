@@ -478,6 +478,13 @@ class RolloutConfig:
         order they finished. A reward that waits (a judge model behind an API, a
         sandbox) gains by more, up to one per sample in flight; a pure-Python
         reward gains nothing (the GIL), and it must be thread-safe.
+    env_workers: calls of a task's environments (``Task.env``: ``reset``, ``step``,
+        ``close``, the tool calls) that may run at once, on threads ``rlnb-env-N``
+        of their own. Each sample has an environment of its own, so their order
+        changes nothing a sync-mode run trains on; a tool that waits (a sandbox, an
+        API) gains by more, up to one per sample in flight. 1: one at a time (a
+        3 s tool then makes 128 samples in flight take minutes a turn; the
+        rollouts' ``env_calls_queued`` counts the calls waiting for a thread).
     """
 
     group_size: int = 8
@@ -492,6 +499,7 @@ class RolloutConfig:
     max_retries: int = 2
     reward_timeout: float | None = 10.0
     reward_workers: int = 1
+    env_workers: int = 8
     reward_weights: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -506,7 +514,7 @@ class RolloutConfig:
             self.group_size,
             "use an int >= 2: a sample's advantage is its reward against its group's, so a group of one learns nothing",
         )
-        for field in ("max_inflight", "groups_per_step", "reward_workers"):
+        for field in ("max_inflight", "groups_per_step", "reward_workers", "env_workers"):
             check_int(f"RolloutConfig.{field}", getattr(self, field), minimum=1)
         samples = self.group_size * self.groups_per_step
         require(

@@ -44,6 +44,9 @@ class RolloutStatistics:
     describes the last one. ``old_settings_in_flight`` counts the samples of groups
     not yet ended that were dispatched before the last change of the sampling
     settings or the group size (``Session.set``): they keep the settings they started with.
+    ``reward_calls_queued`` and ``env_calls_queued`` count the reward and environment
+    calls waiting for a free thread (``RolloutConfig.reward_workers``/``env_workers``):
+    more than a few, step after step, is what makes rollouts slow.
     """
 
     state: str
@@ -69,6 +72,8 @@ class RolloutStatistics:
     bad_prompts: int = 0
     last_bad_prompt: str | None = None
     old_settings_in_flight: int = 0
+    reward_calls_queued: int = 0
+    env_calls_queued: int = 0
 
 
 @dataclasses.dataclass
@@ -110,6 +115,7 @@ class Counters:
         lag_budget: tuple[int, int | None],
         last_resume_to_dispatch_ms: float | None,
         old_settings_in_flight: int = 0,
+        queued_calls: tuple[int, int] = (0, 0),
     ) -> RolloutStatistics:
         return RolloutStatistics(
             state=state,
@@ -135,6 +141,8 @@ class Counters:
             bad_prompts=self.bad_prompts,
             last_bad_prompt=self.last_bad_prompt,
             old_settings_in_flight=old_settings_in_flight,
+            reward_calls_queued=queued_calls[0],
+            env_calls_queued=queued_calls[1],
         )
 
 

@@ -52,13 +52,16 @@ class Conversations:
     tools)`` gives a prompt's ids (``tools``: the environment's schemas, for a chat
     template); ``encode_observation(observation)`` an observation's (ValueError for
     what the tokenizer cannot encode); ``max_context``: the most prompt and
-    conversation tokens the model takes (None: no limit here)."""
+    conversation tokens the model takes (None: no limit here); ``workers``: the
+    environments' calls that may run at once (threads ``rlnb-env-N``, beside the
+    reward's)."""
 
     env: Callable[[], Any]
     max_turns: int
     encode_prompt: Callable[[Any, list[dict[str, Any]] | None], list[int]]
     encode_observation: Callable[[Any], list[int]]
     max_context: int | None = None
+    workers: int = 8
 
 
 def _row(item: PromptItem) -> dict[str, Any]:
@@ -206,18 +209,30 @@ class GroupRunner:
         self._max_retries = max_retries
         self._reward_timeout = reward_timeout
         self._rewards = RewardPool(max_workers=reward_workers)
+        # Each sample has an environment of its own, so their calls need no order: a
+        # pool of their own, so that slow tools neither queue behind one another one
+        # at a time nor hold up the rewards (which keep their order).
+        self._envs = None if conversations is None else RewardPool(max_workers=conversations.workers, name="env")
         self._seed = seed
 
     def close(self) -> None:
-        """Shut the reward pool: queued reward calls fail as cancelled, idle threads
-        end, and a call in progress gets up to a second (no more than
-        ``reward_timeout``) to return; after that its thread ends when it returns.
-        Idempotent; call it after the groups are cancelled."""
-        self._rewards.close(timeout=min(1.0, self._reward_timeout or 1.0))
+        """Shut the reward and environment pools: queued calls fail as cancelled, idle
+        threads end, and a call in progress gets up to a second (no more than
+        ``reward_timeout``) to return; after that it is stopped or abandoned (see
+        :meth:`RewardPool.close`). Idempotent; call it after the groups are cancelled."""
+        timeout = min(1.0, self._reward_timeout or 1.0)
+        self._rewards.close(timeout=timeout)
+        if self._envs is not None:
+            self._envs.close(timeout=timeout)
 
     def reward_calls(self) -> list[RunningCall]:
-        """Reward calls running now, the longest-running first."""
-        return self._rewards.running()
+        """Reward and environment calls running now, the longest-running first."""
+        calls = self._rewards.running() + ([] if self._envs is None else self._envs.running())
+        return sorted(calls, key=lambda call: -call.seconds)
+
+    def queued_calls(self) -> tuple[int, int]:
+        """``(rewards, environments)``: calls waiting for a free thread of their pool."""
+        return self._rewards.queued(), 0 if self._envs is None else self._envs.queued()
 
     def configure(self, group_size: int, sampling: SamplingParams) -> None:
         """Groups started from now on have ``group_size`` samples drawn with ``sampling``;
@@ -672,8 +687,8 @@ class GroupRunner:
         return scored
 
     async def _call_env(self, fn: Callable[..., Any], /, *args: Any, where: str, what: str) -> Any:
-        """``fn(*args)``, an environment's method, on a reward thread with the reward
-        timeout; not retried (an environment has state). RolloutError, chained, when
+        """``fn(*args)``, an environment's method, on an environment thread with the
+        reward timeout; not retried (an environment has state). RolloutError, chained, when
         it raises or runs past the timeout (an ``async def`` method is cancelled); a
         step's timeout fails at once the steps queued behind it and the later steps of
         its group's environments. ClosedError once closed."""
@@ -681,7 +696,8 @@ class GroupRunner:
         group = episode.group if what == "step" and isinstance(episode, Episode) else None
         key = (what, self._conversations.env) if group is not None and self._conversations is not None else None
         try:
-            value = await self._rewards.call(fn, *args, timeout=self._reward_timeout, key=key, group=group, label=where)
+            assert self._envs is not None
+            value = await self._envs.call(fn, *args, timeout=self._reward_timeout, key=key, group=group, label=where)
         except CallTimedOut as late:
             if late.earlier:
                 raise RolloutError(f"the environment's {what} was not called for {where}: {late.fate()}") from None

@@ -117,7 +117,7 @@ class _Call:
 
 
 class RewardPool:
-    """Runs calls for one event loop on daemon threads ``rlnb-reward-N``, in order.
+    """Runs calls for one event loop on daemon threads ``rlnb-<name>-N``, in order.
 
     At most ``max_workers`` threads run calls that someone still waits for. A call
     that runs past its timeout, or whose caller is cancelled, is abandoned: its
@@ -126,8 +126,11 @@ class RewardPool:
     ``max_abandoned`` abandoned calls still run, new calls fail at once instead.
     """
 
-    def __init__(self, *, max_workers: int = REWARD_WORKERS, max_abandoned: int = MAX_ABANDONED) -> None:
+    def __init__(
+        self, *, max_workers: int = REWARD_WORKERS, max_abandoned: int = MAX_ABANDONED, name: str = "reward"
+    ) -> None:
         self._max_workers = max_workers
+        self._name = name  # its threads are rlnb-<name>-N
         self._max_abandoned = max_abandoned
         self._cond = threading.Condition()
         self._queue: collections.deque[_Call] = collections.deque()
@@ -183,6 +186,11 @@ class RewardPool:
         calls.sort(key=lambda pair: -pair[1])
         return [RunningCall(c.thread, c.ident, seconds, c.args, c.abandoned) for c, seconds in calls]
 
+    def queued(self) -> int:
+        """Calls waiting for a worker thread (all of them busy); does not block."""
+        with self._cond:
+            return len(self._queue)
+
     def close(self, timeout: float = 1.0) -> None:
         """Fail queued calls with ClosedError, let idle workers go, and wait up to
         ``timeout`` s in all for calls in progress to return (a fast reward a close
@@ -227,7 +235,7 @@ class RewardPool:
     def _grow(self) -> None:
         """Start workers for queued calls that no idle worker will take (holding the lock)."""
         while not self._closed and len(self._queue) > self._idle + self._starting and self._workers < self._max_workers:
-            thread = threading.Thread(target=self._work, name=f"rlnb-reward-{next(_thread_ids)}", daemon=True)
+            thread = threading.Thread(target=self._work, name=f"rlnb-{self._name}-{next(_thread_ids)}", daemon=True)
             self._workers += 1
             self._starting += 1
             self._threads.add(thread)

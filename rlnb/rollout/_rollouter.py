@@ -559,6 +559,7 @@ class Rollouter:
             lag_budget=self.lag_budget,
             last_resume_to_dispatch_ms=self._resume_to_dispatch_ms,
             old_settings_in_flight=self._runner.old_settings_in_flight,
+            queued_calls=self._runner.queued_calls(),
         )
 
     async def aclose(self) -> None:

@@ -321,6 +321,7 @@ def conversations(config: Config, task: Task, tokenizer: Tokenizer) -> Conversat
         encode_prompt=encode_prompt,
         encode_observation=tokenizer.encode_observation,
         max_context=config.model.max_len,
+        workers=config.rollout.env_workers,
     )
 
 

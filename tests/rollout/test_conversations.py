@@ -9,6 +9,7 @@ Every test runs its own event loop with ``asyncio.run`` and closes what it made.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -472,3 +473,63 @@ def test_a_group_cancelled_while_its_environments_open_or_close_closes_them_all(
         await until(lambda: held.closed == held.made == 2 * groups, "every environment closed")
 
     asyncio.run(main())
+
+
+class Concurrency:
+    """Environments whose step takes ``seconds`` and that record how many steps ran at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+
+    def __call__(self) -> Any:
+        seen = self
+
+        class Env:
+            def reset(self, row: dict[str, Any]) -> None:
+                return None
+
+            def step(self, completion: str) -> Turn:
+                with seen.lock:
+                    seen.now += 1
+                    seen.most = max(seen.most, seen.now)
+                try:
+                    threading.Event().wait(seen.seconds)
+                finally:
+                    with seen.lock:
+                        seen.now -= 1
+                return Turn(done=True)
+
+        return Env()
+
+
+@pytest.mark.parametrize("workers", [1, 8])
+def test_environment_calls_run_env_workers_at_once_and_the_queue_is_counted(workers: int) -> None:
+    # A slow tool used to be called one sample at a time (on the reward's single
+    # thread): 8 samples x 0.2 s took 1.6 s a turn, and nothing said why.
+    tools = Concurrency(0.2)
+
+    async def main() -> None:
+        engine = RecordingEngine(lengths=turn_lengths(2, 2))
+        conv = dataclasses.replace(conversations(tools, 2), workers=workers)
+        async with make_rollouter(engine, group_size=8, max_inflight=8, conversations=conv) as (r, _):
+            task = asyncio.create_task(r.collect(1))
+            queued = 0
+            while not task.done():
+                queued = max(queued, r.statistics().env_calls_queued)
+                await asyncio.sleep(0.01)
+            [group] = task.result()
+        assert len(group.samples) == 8 and all(s.turns == (0,) for s in group.samples)
+        if workers == 1:
+            assert tools.most == 1 and queued >= 5, (tools.most, queued)
+        else:
+            assert tools.most >= 4, tools.most
+
+    asyncio.run(main())
+
+
+def test_env_workers_must_be_a_positive_int() -> None:
+    with pytest.raises(rlnb.ConfigError, match=r"RolloutConfig\.env_workers=0 is invalid"):
+        rlnb.RolloutConfig(env_workers=0)
+    assert rlnb.RolloutConfig().env_workers == 8
