@@ -339,6 +339,8 @@ def test_train_on_a_data_file_with_two_rewards_records_each(tmp_path: Path, run_
         (["--reward", r"regex_format:\d{1,3},math_answer,nope"], ["--reward 'nope' is unknown"]),
         (["--reward-weights", "1,2"], ["--reward-weights", "one number per reward function (1)"]),
         (["--eval-size", "60"], ["--eval-size", "60 of the 60 records"]),
+        (["--eval-size", "0"], ["--eval-size 0", "e.g. --eval-size 0.1"]),
+        (["--eval-size", "1.5"], ["--eval-size"]),
     ],
 )
 def test_bad_data_flags_are_one_line_naming_the_flag(

@@ -328,7 +328,13 @@ def _data_task(args: argparse.Namespace) -> Any:
             raise ConfigError(
                 f"--reward-weights {args.reward_weights}: give numbers, comma-separated, e.g. 1,0.2"
             ) from None
-    eval_size = int(args.eval_size) if args.eval_size >= 1 and args.eval_size == int(args.eval_size) else args.eval_size
+    # A whole number on the command line is a count of records (0: none), anything else a fraction.
+    eval_size = int(args.eval_size) if args.eval_size.is_integer() else args.eval_size
+    if eval_size == 0:
+        raise ConfigError(
+            "--eval-size 0: rlnb train measures the policy on held-out records before and after training; "
+            "hold out some, e.g. --eval-size 0.1 or --eval-size 200"
+        )
     try:
         task = Task.from_records(
             f"data:{Path(args.data).stem}",
