@@ -127,9 +127,10 @@ def running_user_code(what: str) -> Iterator[None]:
 
 def public_call(after_interrupt: str, *, waits_for_rollouts: bool = False) -> Callable[[_F], _F]:
     """Make a method a call users make from a cell: an error rlnb raises on purpose
-    (its innermost frame is rlnb's) shows as the call's own line and the message,
-    without the bridge's and futures' frames under it (causes keep theirs: a
-    failing reward function's traceback still shows); Ctrl-C becomes one line,
+    (a ``raise`` in rlnb's code) shows as the call's own line and the message, without
+    the bridge's and futures' frames under it, nor this wrapper's in IPython (causes
+    keep theirs: a failing reward function's traceback still shows); an error Python
+    raised inside rlnb, a bug, keeps every frame. Ctrl-C becomes one line,
     :class:`Interrupted`, ending with ``after_interrupt`` (what was kept, how to go on).
     ``waits_for_rollouts``: the call is refused at once (RuntimeError) from inside a
     reward function, where it would wait for that very reward."""
