@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import copy
 import functools
 import inspect
@@ -35,6 +36,7 @@ from rlnb._checks import check_int
 from rlnb._errors import ConfigError
 from rlnb._reprs import short_repr
 from rlnb.envs._protocol import Message, Turn
+from rlnb.rewards import Cancelled, IsolatedError, current_scope, run_coroutine, scope_of
 
 __all__ = ["ToolEnv", "tool_schema"]
 
@@ -78,10 +80,13 @@ class _BadCall(Exception):
 
 
 def _annotated(fn: Any) -> Any:
-    """What holds ``fn``'s annotations: the function, a partial's function, a class's
-    ``__init__`` or a callable object's ``__call__``."""
+    """What holds ``fn``'s annotations: the function, a partial's function, a wrapper's
+    wrapped function (``rlnb.rewards.isolated``, ``functools.wraps``; its signature is
+    the wrapped one's too), a class's ``__init__`` or a callable object's ``__call__``."""
     if isinstance(fn, functools.partial):
         return _annotated(fn.func)
+    if not isinstance(fn, type) and callable(getattr(fn, "__wrapped__", None)):
+        return _annotated(inspect.unwrap(fn))
     if inspect.isroutine(fn):
         return fn
     return cast(Any, fn).__init__ if isinstance(fn, type) else type(fn).__call__
@@ -144,8 +149,8 @@ class _Tool:
 
     def _make_schema(self, where: str) -> dict[str, Any]:
         documented = self.fn
-        while isinstance(documented, functools.partial):
-            documented = documented.func
+        while isinstance(documented, functools.partial) or hasattr(documented, "__wrapped__"):
+            documented = documented.func if isinstance(documented, functools.partial) else documented.__wrapped__
         description, arg_docs = _parse_docstring(inspect.getdoc(documented) or "")
         properties: dict[str, Any] = {}
         required: list[str] = []
@@ -202,6 +207,12 @@ class _Tool:
             result = self.fn(*bound.args, **bound.kwargs)
             if inspect.isawaitable(result):
                 result = _run_coroutine(result)
+        except Cancelled:
+            # The call's timeout stopped it (its task cancelled, its worker process
+            # killed): the step fails, it is no answer for the policy to read.
+            raise Cancelled(f"tool {self.name}() was stopped: it ran past its timeout, or its caller gave up") from None
+        except IsolatedError:
+            raise  # the tool could not run in its worker process: no call can, whatever the policy writes
         except Exception as exc:
             raise _BadCall(f"{self.name}() raised {type(exc).__name__}: {exc}") from None
         return result
@@ -343,21 +354,22 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
 
 
 def _run_coroutine(awaitable: Any) -> Any:
-    """Run an ``async def`` tool's coroutine to its end on a fresh event loop (on a
-    thread of its own when this thread already runs a loop, as a notebook's does)."""
-
-    async def wait() -> Any:
-        return await awaitable
-
+    """Run an ``async def`` tool's coroutine to its end on an event loop of its own,
+    closed before this returns (on a thread of its own when this thread already runs a
+    loop, as a notebook's does). In a rollout it runs as a task that the call's timeout
+    cancels (:class:`~rlnb.rewards.Cancelled`), so a tool that never returns leaves no
+    loop, thread or FD behind."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(wait())
+        return run_coroutine(awaitable)
+    scope = current_scope()  # the helper thread runs the call as this thread's: the same timeout stops it
     box: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            box["value"] = asyncio.run(wait())
+            with scope_of(scope) if scope is not None else contextlib.nullcontext():
+                box["value"] = run_coroutine(awaitable)
         except BaseException as exc:  # handed to the caller's thread
             box["error"] = exc
 
@@ -379,8 +391,11 @@ class ToolEnv:
     one conversation).
 
     tools: the functions, each with type hints on every parameter (see
-        :func:`tool_schema`); a docstring is optional. ``async def`` tools are run to
-        their end on an event loop of their own.
+        :func:`tool_schema`); a docstring is optional. ``async def`` tools run on an
+        event loop of their own, as a task that ``RolloutConfig.reward_timeout``
+        cancels; a tool marked :func:`rlnb.rewards.isolated` runs in a worker process
+        that the timeout kills (it may hold the GIL). A tool stopped so fails the
+        sample; a plain one cannot be stopped.
     syntax: how the policy writes a call. ``"call"`` (for the built-in policy): the
         whole turn, stripped, is one call ``name(arg, ..., key=arg)`` with Python literal
         arguments. ``"json"`` (for Hugging Face chat models): one or more Hermes/Qwen

@@ -16,18 +16,30 @@ Ready functions: :func:`exact_match`, :func:`math_answer` (needs ``rlnb[math]``)
 """
 
 from rlnb.rewards._combine import BadValue, Rewards, Scored, batched, per_function, raised_by, reward_value
-from rlnb.rewards._isolation import Cancelled, Scope, Workers, cancellable, isolated, scope_of
+from rlnb.rewards._isolation import (
+    Cancelled,
+    IsolatedError,
+    Scope,
+    Workers,
+    cancellable,
+    current_scope,
+    isolated,
+    run_coroutine,
+    scope_of,
+)
 from rlnb.rewards._ready import exact_match, length_penalty, math_answer, regex_format
 
 __all__ = [
     "BadValue",
     "Cancelled",
+    "IsolatedError",
     "Rewards",
     "Scope",
     "Scored",
     "Workers",
     "batched",
     "cancellable",
+    "current_scope",
     "exact_match",
     "isolated",
     "length_penalty",
@@ -36,5 +48,6 @@ __all__ = [
     "raised_by",
     "regex_format",
     "reward_value",
+    "run_coroutine",
     "scope_of",
 ]
