@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from rlnb._checks import check_reward_weights, plain
 from rlnb._errors import ConfigError
 from rlnb._reprs import clip, short_repr
 from rlnb._samples import Sample
@@ -75,7 +76,9 @@ def batched(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 class BadValue(Exception):
     """A reward function returned something that is not a finite number (its repr in
-    ``value``), or None where None is not allowed; ``function``: its name, if known."""
+    ``value``), or None where None is not allowed; ``function``: its name, if known.
+    Also a sample's weighted sum beyond float32's range (``value`` says so, naming
+    each function's value and weight; ``function`` None)."""
 
     def __init__(self, value: str, function: str | None = None) -> None:
         super().__init__(value)
@@ -252,23 +255,26 @@ class Rewards:
     functions: tuple[RewardFunction, ...]
 
     @classmethod
-    def of(cls, reward: Any, weights: Sequence[float] | None, *, field: str = "Task") -> Rewards:
+    def of(cls, reward: Any, weights: Sequence[Any] | None, *, field: str = "Task") -> Rewards:
         """Check ``reward`` (one function or a list) and ``weights`` (None: 1 each),
         raising ConfigError naming ``{field}.reward`` or ``{field}.reward_weights``."""
         single = callable(reward) or not isinstance(reward, Sequence) or isinstance(reward, str)
         functions = [reward] if single else list(reward)
         if not functions:
             raise ConfigError(f"{field}.reward=[] is invalid: give at least one reward function")
+        example = f"reward_weights={[1.0] + [0.5] * (len(functions) - 1)}"
         if weights is None:
             weights = [1.0] * len(functions)
+        if isinstance(weights, list | tuple):  # a numpy or torch scalar counts as the number it holds
+            weights = [plain(w) for w in weights]
         if isinstance(weights, str) or not isinstance(weights, Sequence) or len(weights) != len(functions):
             raise ConfigError(
                 f"{field}.reward_weights={weights!r} is invalid: give one number per reward function "
-                f"({len(functions)}), e.g. reward_weights={[1.0] + [0.5] * (len(functions) - 1)}"
+                f"({len(functions)}), e.g. {example}"
             )
-        for w in weights:
-            if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w):
-                raise ConfigError(f"{field}.reward_weights={list(weights)!r} is invalid: {w!r} is not a finite number")
+        # As the configs check them: finite, and small enough that a weighted sum of
+        # rewards within float32's range stays finite.
+        check_reward_weights(f"{field}.reward_weights", list(weights), example)
         names = _unique([_name(fn) if callable(fn) else "reward" for fn in functions])
         return cls(
             tuple(
@@ -327,14 +333,17 @@ class Rewards:
     ) -> Scored:
         """Call every function that scores one sample (on the caller's thread) and sum
         their weighted values; batched functions wait for :meth:`score_group`. Raises
-        what a function raises, and ``BadValue`` naming a function that returned
-        something other than a finite number or None."""
+        what a function raises, ``BadValue`` naming a function that returned
+        something other than a finite number or None, and ``BadValue`` for a weighted
+        sum beyond float32's range (|total| > 3.4e38; checked here unless batched
+        functions are still to come, and then by :meth:`score_group`)."""
         parts = {
             f.name: f.value(f(completion, answer, prompt=prompt, row=row, env_reward=env_reward))
             for f in self.functions
             if not f.is_batched
         }
-        return self._scored(parts)
+        # With batched functions to come the total is provisional: score_group checks the whole one.
+        return self._scored(parts, check=not self.has_batched)
 
     def score_group(
         self,
@@ -362,10 +371,20 @@ class Rewards:
                 part[f.name] = f.value(value)
         return [self._scored(part) for part in parts]
 
-    def _scored(self, parts: dict[str, float | None]) -> Scored:
+    def _scored(self, parts: dict[str, float | None], *, check: bool = True) -> Scored:
+        """``parts`` and their weighted sum; ``check``: raise ``BadValue`` (naming each
+        function's value and weight) for a sum beyond float32's range, as a single
+        reward beyond it is refused: the buffer, the metrics, the dashboard and
+        ``rescore`` keep rewards in float32 or compare them with its limit."""
         ordered = {f.name: parts[f.name] for f in self.functions if f.name in parts}
-        total = sum(f.weight * value for f in self.functions if (value := ordered.get(f.name)) is not None)
-        return Scored(float(total), ordered)
+        terms = [(f, value) for f in self.functions if (value := ordered.get(f.name)) is not None]
+        total = float(sum(f.weight * value for f, value in terms))
+        if check and not abs(total) <= FLOAT32_MAX:  # NaN too (inf - inf, from weights no check saw)
+            summed = " + ".join(f"{f.name}={value:.4g} * {f.weight:g}" for f, value in terms)
+            raise BadValue(
+                f"a weighted sum of {total:.4g} ({summed}; scale the functions, or their reward_weights, down)"
+            )
+        return Scored(total, ordered)
 
 
 def _as_list(values: Any) -> Any:

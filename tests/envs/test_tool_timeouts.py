@@ -79,7 +79,7 @@ def roll_out_calling(env: ToolEnv, turn: str) -> rlnb.RolloutError:
         rollouter = Rollouter(
             FakeEngine(lengths=lambda request: 3),
             prompts=prompt_stream(),
-            encode=encode,
+            encode=lambda text: encode(str(text)),
             decode=lambda ids: turn,
             reward_fn=constant_reward,
             buffer=buffer,
@@ -154,7 +154,7 @@ def test_an_async_tool_called_where_a_loop_runs_is_cancelled_when_its_call_is_st
         return n
 
     scope = Scope(None)
-    outcome: list[BaseException | str] = []
+    outcome: list[Any] = []
 
     async def in_a_notebook_cell() -> None:  # a running loop: the tool runs on a thread of its own
         try:

@@ -215,3 +215,72 @@ def test_of_several_functions_the_one_that_raises_is_named() -> None:
     with rlnb.Session(config, name="names-raiser") as sess:
         with pytest.raises(rlnb.RolloutError, match=r"the reward function 'broken' raised KeyError"):
             sess.rollout(1)
+
+
+# -- weights as the configs check them, and a weighted sum within float32's range -----------
+
+
+def near_limit(completion: str, answer: Any) -> float:
+    return 3e38  # within the bound a single reward is checked against (|r| <= 3.4e38)
+
+
+def also_near_limit(completion: str, answer: Any) -> float:
+    return 3e38
+
+
+def test_weights_are_checked_as_the_configs_check_them_and_numpy_scalars_are_numbers() -> None:
+    import numpy as np
+    import torch
+
+    rewards = Rewards.of([right, half], [np.float32(0.5), torch.tensor(2.0)], field="rescore")
+    assert rewards.weights == (0.5, 2.0) and all(type(w) is float for w in rewards.weights)
+    assert rewards.score("c", "a").total == 1.5
+    # Before: accepted, and the weighted sum of rewards within the check was inf.
+    with pytest.raises(rlnb.ConfigError) as info:
+        Rewards.of([right, half], [1e300, 1.0], field="rescore")
+    assert str(info.value).startswith("rescore.reward_weights=[1e+300, 1.0] is invalid: 1e+300 is beyond ±1e+06")
+    assert "reward_weights=[1.0, 0.5]" in str(info.value)
+    with pytest.raises(rlnb.ConfigError, match=r"rescore\.reward_weights=\[True, 1\.0\] is invalid"):
+        Rewards.of([right, half], [True, 1.0], field="rescore")  # a bool stays refused
+    with pytest.raises(rlnb.ConfigError, match=r"Task\.reward_weights=\[1\.0\] is invalid: give one number per"):
+        Rewards.of([right, half], [1.0])
+
+
+def test_a_weighted_sum_beyond_float32s_range_is_refused_naming_each_value_and_weight() -> None:
+    with pytest.raises(BadValue) as caught:
+        Rewards.of([near_limit, also_near_limit], None).score("c", "a")  # before: a total of 6e+38
+    assert caught.value.function is None
+    assert str(caught.value) == (
+        "a weighted sum of 6e+38 (near_limit=3e+38 * 1 + also_near_limit=3e+38 * 1; "
+        "scale the functions, or their reward_weights, down)"
+    )
+    with pytest.raises(BadValue, match=r"a weighted sum of -6e\+38 \(near_limit=3e\+38 \* -2;"):
+        Rewards.of(near_limit, [-2.0]).score("c", "a")  # one function, weighted past the limit
+    assert Rewards.of([near_limit, also_near_limit], [1.0, -1.0]).score("c", "a").total == 0.0
+    assert Rewards.of(near_limit, [1.0]).score("c", "a").total == 3e38
+
+
+def test_a_weighted_sum_with_batched_functions_is_checked_once_the_group_is_scored() -> None:
+    @rlnb.rewards.batched
+    def cancels(completions: list[str], answers: list[Any]) -> list[float]:
+        return [-3e38] * len(completions)
+
+    rewards = Rewards.of([near_limit, also_near_limit, cancels], None)
+    provisional = rewards.score("c", "a")  # 6e+38 so far: not yet the sample's reward
+    (whole,) = rewards.score_group([provisional.parts], ["c"], ["a"], ["p"], [None])
+    assert whole.total == 3e38
+    overflowing = Rewards.of([near_limit, also_near_limit, cancels], [1.0, 1.0, -1.0])
+    with pytest.raises(BadValue, match=r"a weighted sum of 9e\+38 \(.*cancels=-3e\+38 \* -1;"):
+        overflowing.score_group([overflowing.score("c", "a").parts], ["c"], ["a"], ["p"], [None])
+
+
+def test_a_weighted_sum_beyond_float32s_range_fails_its_sample_in_the_rollout_naming_the_functions() -> None:
+    t = Task.from_records("sum-overflows", ROWS, reward=[near_limit, also_near_limit], eval_size=0)
+    register_task(t, replace=True)
+    with rlnb.Session(small_config(task=t.name), name="sum-overflows") as sess:
+        with pytest.raises(rlnb.RolloutError) as info:
+            sess.rollout(1)
+    message = str(info.value)
+    assert "returned a weighted sum of 6e+38 (near_limit=3e+38 * 1 + also_near_limit=3e+38 * 1;" in message
+    assert message.startswith("rollout failed: the reward function returned a weighted sum")
+    assert "for prompt" in message and "float32's range, |r| <= 3.4e38" in message
