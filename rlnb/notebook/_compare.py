@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlnb._errors import ClosedError
+from rlnb.notebook._curves import drawable, off_chart
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -344,18 +345,30 @@ class Comparison:
         fig = Figure(figsize=(8.0, 0.9 + 2.3 * len(self.metrics)), dpi=_DPI, layout="constrained")
         axes = fig.subplots(len(self.metrics), 1, sharex=True, squeeze=False)[:, 0]
         colours = {run.name: f"C{i % 10}" for i, run in enumerate(runs)}
-        marks = sorted(((c.step, run.name, c) for run in runs for c in run.changes), key=lambda m: m[0])
+        # A step or value beyond ±3.4e38 (a run holding ±1e308) is not drawn: an axis
+        # that wide overflows, and every draw failed (LinAlgError), hiding the other runs.
+        marks = sorted(
+            ((c.step, run.name, c) for run in runs for c in run.changes if drawable(c.step)), key=lambda m: m[0]
+        )
         for ax, metric in zip(axes, self.metrics, strict=True):
             ax.set_ylabel(metric)
             ax.grid(alpha=0.3)
+            drawn = off = 0
             for run in runs:
-                points = run.curves.get(metric, ())
+                given = run.curves.get(metric, ())
+                points = [(x, y) for x, y in given if drawable(x) and drawable(y)]
+                drawn, off = drawn + len(points), off + len(given) - len(points)
                 if points:
                     xs, ys = zip(*points, strict=True)
                     dots = metric == "eval_accuracy" or len(points) < 3  # a line through 1-2 points is hard to see
                     ax.plot(xs, ys, color=colours[run.name], lw=1.4, marker="o" if dots else None, ms=3, label=run.name)
-            if not any(run.curves.get(metric) for run in runs):
+            if not drawn:
                 ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="#999")
+            if off:
+                ax.text(
+                    0.99, 0.03, off_chart(off), transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
+                    color="#666", gid="rlnb-off-chart",
+                )  # fmt: skip
             for step, name, change in marks:
                 ax.axvline(step, color=colours[name], lw=0.9, ls="--", alpha=0.8, label=change.label, gid="rlnb-change")
         axes[-1].set_xlabel("policy version (step)")

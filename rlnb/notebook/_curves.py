@@ -16,7 +16,14 @@ from rlnb import _reprs
 if TYPE_CHECKING:
     from rlnb.config import Change
 
-__all__ = ["Curves", "marks", "ticks"]
+__all__ = ["DRAWABLE", "Curves", "drawable", "marks", "off_chart", "ticks"]
+
+# The largest value a chart draws: float32's, the range rlnb's checks keep rewards in.
+# A value beyond it (an older run's, or a hand-written metrics file's ±1e308) is left
+# off the chart, as NaN is, and counted under it: an axis spanning ±1e308 is inf wide,
+# and neither these charts (OverflowError) nor matplotlib (LinAlgError) can place a
+# point on it, so one such run hid every other.
+DRAWABLE = 3.4028234663852886e38
 
 _MAX_POINTS = 400  # per curve; longer histories are thinned evenly
 _GRID = "#e4e4e4"
@@ -27,11 +34,22 @@ _LABEL_ROWS = 3  # rows of labels at the top of a chart; a label that fits in no
 _CHAR_PX = 5.0  # about the width of a character of a 9 px sans-serif label
 
 
+def drawable(value: float) -> bool:
+    """Whether a chart places ``value``: finite, and within ±:data:`DRAWABLE`."""
+    return math.isfinite(value) and abs(value) <= DRAWABLE
+
+
+def off_chart(count: int) -> str:
+    """The note under a chart that left ``count`` values off."""
+    return f"{count} value{'s' if count != 1 else ''} beyond ±{DRAWABLE:.2g} not drawn"
+
+
 def ticks(low: float, high: float, most: int = 5, *, whole: bool = False) -> list[float]:
     """Round values from ``low`` to ``high`` for axis labels: steps of 1, 2, 2.5 or 5
     times a power of ten, at most ``most`` of them (both ends included when round);
-    ``whole``: whole numbers only (policy steps)."""
-    if not (math.isfinite(low) and math.isfinite(high)) or high <= low:
+    ``whole``: whole numbers only (policy steps). Just ``[low]`` for a range that is
+    empty or not finite (its span included)."""
+    if not (math.isfinite(low) and math.isfinite(high) and math.isfinite(high - low)) or high <= low:
         return [low]
     raw = max((high - low) / max(1, most - 1), 1.0 if whole else 0.0)
     power = 10 ** math.floor(math.log10(raw))
@@ -95,7 +113,8 @@ class Curves:
                 svg = self.chart(title, points, y_range=(0.0, 1.0), dots=True, marks=changed)
             else:
                 values = [float(m.get(key, math.nan)) for m in shown]
-                points = [(x, y) for x, y in zip(steps, values, strict=True) if math.isfinite(y)]
+                # Missing (NaN) is left out; ±inf and ±1e308 are counted as off the chart.
+                points = [(x, y) for x, y in zip(steps, values, strict=True) if not math.isnan(y)]
                 svg = self.chart(title, points, marks=changed)
             data = base64.b64encode(svg.encode()).decode()
             charts.append(f'<img alt="{html.escape(title)}" src="data:image/svg+xml;base64,{data}">')
@@ -113,7 +132,13 @@ class Curves:
         """One chart as an SVG document: a line through ``points`` over a grid whose
         lines are labelled with round values on both axes, and a dashed vertical line
         at the step of each of ``marks`` (``(step, label)``; the steps widen the x
-        range), labelled unless it is too close to the last label."""
+        range), labelled unless it is too close to the last label. A point or mark
+        that is not :func:`drawable` is left out, and the points left out are counted
+        under the chart."""
+        given = len(points)
+        points = [(x, y) for x, y in points if drawable(x) and drawable(y)]
+        marks = [m for m in marks if drawable(m[0])]
+        off = given - len(points)
         w, h = self.WIDTH, self.HEIGHT
         left, right, top, bottom = 40, w - 10, 20, h - 22
         parts = [
@@ -123,9 +148,17 @@ class Curves:
         ]
         size = f'width="{right - left}" height="{bottom - top}"'
         frame = f'<rect x="{left}" y="{top}" {size} fill="none" stroke="{_AXIS}"/>'
+        note = (
+            f'<text class="rlnb-off-chart" x="{right - 3}" y="{bottom - 4}" text-anchor="end" font-size="9" '
+            'fill="#666" stroke="#fff" stroke-width="2.5" paint-order="stroke">'
+            f"{html.escape(off_chart(off))}</text>"
+            if off
+            else ""
+        )
         if not points:
             middle = f'x="{(left + right) / 2}" y="{(top + bottom) / 2}"'
-            parts += [frame, f'<text {middle} text-anchor="middle" fill="#999">no data yet</text></svg>']
+            empty = "no data yet" if not off else "nothing to draw"
+            parts += [frame, f'<text {middle} text-anchor="middle" fill="#999">{empty}</text>{note}</svg>']
             return "".join(parts)
         xs, ys = [p[0] for p in points], [p[1] for p in points]
         x0, x1 = min(xs + [m[0] for m in marks]), max(xs + [m[0] for m in marks])
@@ -152,6 +185,7 @@ class Curves:
         parts.append(f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="1.4"/>')
         if dots or len(points) < 3:  # a line through one or two points is hard to see
             parts += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="#1f77b4"/>' for x, y in points]
+        parts.append(note)
         parts.append("</svg>")
         return "".join(parts)
 

@@ -501,3 +501,26 @@ def test_close_shows_every_step_read_now_not_the_last_frame_drawn(shown: list[An
         (update,) = updates
         assert update["image/png"] != bundle["image/png"]  # with the last step in it
         assert comparison.redraws == 2
+
+
+def test_a_run_holding_huge_values_and_a_change_draws_beside_the_others(tmp_path: Path) -> None:
+    run = write_run(tmp_path, "baseline")
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    records = [
+        {"step": 1, "reward_mean": 1e308},
+        {"step": 2, "reward_mean": -1e308},
+        {"event": "change", "step": 2, "field": "lr", "old": 0.0001, "new": 0.001, "time": 101.0},
+        {"step": 3, "reward_mean": 0.5},
+        {"event": "change", "step": 1e308, "field": "top_k", "old": 0, "new": 5, "time": 102.0},
+    ]
+    (huge / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    with rlnb.compare(run, huge) as comparison:
+        fig = comparison.figure()  # before: LinAlgError, from every draw, hiding the baseline too
+        reward = fig.axes[0]
+        assert curves(reward) == {"baseline": ([1.0, 2.0, 3.0], [0.1, 0.3, 0.6]), "huge": ([3.0], [0.5])}
+        assert "2 values beyond ±3.4e+38 not drawn" in [t.get_text() for t in reward.texts]
+        assert [x for x, _, _ in marks(reward)] == [2.0, 2.0]  # the mark at step 1e308 is off the chart too
+        assert comparison.save(tmp_path / "both.png").read_bytes().startswith(PNG_MAGIC)
+        huge_run = comparison.runs()[1]
+        assert huge_run.curves["reward_mean"][0] == (1.0, 1e308)  # the data is as read

@@ -36,3 +36,22 @@ def test_each_reward_function_of_a_task_with_several_gets_a_chart() -> None:
         "entropy",
         "held-out accuracy",
     ]  # one function: no extra chart
+
+
+def test_values_beyond_float32s_range_are_left_off_and_counted_and_the_rest_draws() -> None:
+    import base64
+
+    history = [
+        {"version": 1, "reward_mean": 1e308, "entropy": 1.0},
+        {"version": 2, "reward_mean": -1e308, "entropy": float("inf")},
+        {"version": 3, "reward_mean": 0.5, "entropy": 0.9},
+    ]
+    # Before: OverflowError (an axis from -1e308 to 1e308 is inf wide), every frame.
+    html = Curves().render(history, [(3, 0.5)])
+    reward, entropy = (base64.b64decode(data).decode() for data in re.findall(r"base64,([^\"]+)", html)[:2])
+    assert "2 values beyond ±3.4e+38 not drawn" in reward and "<circle" in reward  # the one point left
+    assert "1 value beyond ±3.4e+38 not drawn" in entropy and "<polyline" in entropy
+    assert "nothing to draw" in Curves().chart("reward_mean", [(1.0, 1e308)], marks=[(1.0, "lr→0.1")])
+    svg = Curves().chart("reward_mean", [(1.0, 3.4e38), (2.0, -3.4e38)], marks=[(2.0, "lr→0.1"), (1e308, "far")])
+    assert "not drawn" not in svg and svg.count('class="rlnb-change"') == 1  # within the range: drawn
+    assert ticks(-1e308, 1e308) == [-1e308]
