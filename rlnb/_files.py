@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlnb._errors import CheckpointError
+from rlnb._errors import CheckpointError, ConfigError
 from rlnb.runtime import defer_interrupts, sessions
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "as_path",
     "check_not_in_use",
     "check_owned",
+    "check_run_dir_free",
     "clean_leftovers",
     "io_error",
     "remove_dir",
@@ -221,6 +222,31 @@ def check_not_in_use(target: Path, what: str) -> None:
                 "replaces the whole directory; nothing there was changed: choose another directory, e.g. "
                 f"{str(target.with_name(target.name + '-saved'))!r}"
             )
+
+
+def check_run_dir_free(run_dir: str | os.PathLike[str] | None, name: str) -> None:
+    """Refuse ``TrackConfig.run_dir`` for a session called ``name`` where it is the run
+    dir of another live session: both would write one ``metrics.jsonl``, ``curves.png``
+    and wandb dir. A live session called ``name`` is not another (it is being replaced:
+    its run dir is free). Raises :class:`ConfigError` naming the dir, the session and
+    the fix; closes nothing."""
+    if run_dir is None:
+        return
+    real = os.path.realpath(run_dir)
+    for session in sessions():
+        if session.name == name or getattr(session, "closed", False):
+            continue
+        theirs = getattr(getattr(session, "config", None), "track", None)
+        if theirs is None or theirs.run_dir is None or os.path.realpath(theirs.run_dir) != real:
+            continue
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+        other = Path(real).with_name(f"{Path(real).name}-{safe}")
+        raise ConfigError(
+            f"Session(name={name!r}): TrackConfig.run_dir={os.fspath(run_dir)!r} is the run dir of the live session "
+            f"{session.name!r}, and two sessions in one run dir write one metrics.jsonl, curves.png and wandb dir "
+            f"between them; nothing was built or closed: give this session a run dir of its own, e.g. "
+            f"run_dir={str(other)!r}, or close session {session.name!r} first (rlnb.sessions() lists the live ones)"
+        )
 
 
 def _cwd() -> Path | None:

@@ -108,7 +108,6 @@ def run(
         check_device(config.model.device)
     model_shape(config, get_task(config.task))
     root.mkdir(parents=True, exist_ok=True)
-    (root / "metrics.jsonl").unlink(missing_ok=True)  # this run's records only
     started = time.perf_counter()
     with rlnb.Session(config, name="run") as sess:
         echo(f"rlnb: task {config.task!r}, {config.mode} mode, {describe_model(config)}; run dir {root}")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from rlnb._errors import CheckpointError, ConfigError
+from rlnb._files import check_run_dir_free
 from rlnb._samples import PromptItem, Sample
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Config, ModelConfig, engine_kind
@@ -55,6 +56,7 @@ def check_session_args(config: Config | None, name: Any, engine: Any, callbacks:
         )
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"Session(name={name!r}) is invalid: use a non-empty string, e.g. name='demo'")
+    check_run_dir_free(config.track.run_dir, name)  # before the live session called `name` is replaced
     if config.model.path is not None:  # a config is checked without torch: the device is checked here
         from rlnb.models import check_device
 

@@ -5,17 +5,25 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import logging
+import os
+import re
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rlnb import _reprs
 from rlnb.runtime import notebook_cell, release_output_pipes
 
-__all__ = ["ConsoleBackend", "JsonlBackend", "PlotBackend"]
+__all__ = ["ConsoleBackend", "JsonlBackend", "PlotBackend", "keep_earlier_run"]
+
+log = logging.getLogger("rlnb")
+
+# The PNG text key of the run that drew a curves.png, so that a later run can tell it apart.
+_PNG_RUN_KEY = "rlnb run"
 
 # What the console line and the plot show, in this order, when a step has them.
 HEADLINE = (
@@ -103,14 +111,67 @@ class ConsoleBackend:
         self._threads.clear()
 
 
+def keep_earlier_run(path: Path, run_id: str | None, earlier: Callable[[Path], str | None]) -> Path | None:
+    """Move the file ``path`` aside where another run wrote it, so that this run
+    (``run_id``) writes its own and the earlier one is kept: to
+    ``<stem>-<its run id><suffix>`` (``earlier(path)`` reads that id; None: not
+    known, "earlier" then), or the first free ``-2``, ``-3``... after it (logged on
+    the "rlnb" logger: re-running a cell does this each time). A missing or empty
+    file, or one of this run (a checkpoint's run goes on), stays. Returns where it
+    went (None: it stayed)."""
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return None
+        found = earlier(path)
+    except OSError:
+        found = None
+    if run_id is not None and found == run_id:
+        return None
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", found)[:64] if found else "earlier"
+    aside, n = path.with_name(f"{path.stem}-{tag}{path.suffix}"), 1
+    while os.path.lexists(aside):
+        n += 1
+        aside = path.with_name(f"{path.stem}-{tag}-{n}{path.suffix}")
+    path.rename(aside)
+    log.info("rlnb: %s was written by another run (%s): kept as %s", path, found or "not named", aside.name)
+    return aside
+
+
+def _jsonl_run_id(path: Path) -> str | None:
+    """The run id of the start record on the first line of the jsonl file ``path``."""
+    with path.open("rb") as f:
+        first = f.readline(1 << 16)
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return None
+    run = record.get("run_id") if isinstance(record, dict) and record.get("event") == "start" else None
+    return run if isinstance(run, str) and run else None
+
+
+def _png_run_id(path: Path) -> str | None:
+    """The run id a curves PNG was drawn for (its ``rlnb run`` text chunk)."""
+    from PIL import Image  # matplotlib's own dependency
+
+    try:
+        with Image.open(path) as image:
+            run = image.info.get(_PNG_RUN_KEY)  # text chunks before the image data: not decoded
+    except Exception:  # not a PNG, or a damaged one: not known
+        return None
+    return run if isinstance(run, str) and run else None
+
+
 class JsonlBackend:
     """One JSON object per step in ``path``, flushed as written (a killed process
-    keeps every step it logged), and a last line with the exit code."""
+    keeps every step it logged), and a last line with the exit code. An earlier
+    run's file there is kept beside it (:func:`keep_earlier_run`); a run that goes
+    on from a checkpoint (the same ``run_id``) appends to its own."""
 
     name = "jsonl"
 
     def __init__(self, path: Path, *, run_id: str) -> None:
         self.path = path
+        keep_earlier_run(path, run_id, _jsonl_run_id)
         self._file = path.open("a")
         self._lock = threading.Lock()
         self._write({"event": "start", "run_id": run_id, "time": time.time()})
@@ -141,14 +202,17 @@ class PlotBackend:
     the background). The PNG is saved to ``path`` at most every ``min_interval``
     seconds while logging, and less often when drawing is slow, so that it
     takes at most ``1 / 20`` of the run's time (a long run's figure takes
-    0.1-0.2 s to draw); once more at finish."""
+    0.1-0.2 s to draw); once more at finish. The PNG records ``run_id``; one of
+    another run already at ``path`` is kept beside it (:func:`keep_earlier_run`)."""
 
     _TIME_SHARE = 20  # wait at least this many times a draw's duration before the next
 
     name = "plot"
 
-    def __init__(self, path: Path, *, min_interval: float = 1.0) -> None:
+    def __init__(self, path: Path, *, min_interval: float = 1.0, run_id: str | None = None) -> None:
         self.path = path
+        self.run_id = run_id
+        keep_earlier_run(path, run_id, _png_run_id)
         self.min_interval = min_interval
         self.series: dict[str, list[tuple[int, float]]] = {}
         self._widget: Any = None
@@ -210,7 +274,7 @@ class PlotBackend:
         if fig is None:
             return b""
         out = io.BytesIO()
-        fig.savefig(out, format="png")
+        fig.savefig(out, format="png", metadata={_PNG_RUN_KEY: self.run_id} if self.run_id else None)
         return out.getvalue()
 
     def _draw(self) -> None:

@@ -60,8 +60,12 @@ class Tracker:
     ``"wandb"``, ``"plot"``, or :class:`Backend` objects) for one run.
 
     ``run_dir`` holds the jsonl file, the plot PNG and wandb's files; it is
-    needed by "jsonl", "plot" and "wandb". ``run_id`` names the run (a new one
-    by default); pass a saved one to resume the same wandb run. ``config`` is
+    needed by "jsonl", "plot" and "wandb". ``metrics.jsonl`` and ``curves.png``
+    are this run's: another run's already there are kept beside them, renamed
+    ``metrics-<its run id>.jsonl`` and ``curves-<its run id>.png``, never
+    appended to or replaced. ``run_id`` names the run (a new one by default);
+    pass a saved one to resume the same run (its jsonl is appended to, its wandb
+    run resumed). ``config`` is
     recorded with the run. ``wandb_mode``: "offline" (default), "online" or
     "disabled". Raises :class:`~rlnb.ConfigError` for bad input before any
     backend starts; use as a context manager or call :meth:`finish`.
@@ -118,7 +122,7 @@ class Tracker:
         if kind == "jsonl":
             return _backends.JsonlBackend(self.run_dir / "metrics.jsonl", run_id=self.run_id)
         if kind == "plot":
-            return _backends.PlotBackend(self.run_dir / "curves.png")
+            return _backends.PlotBackend(self.run_dir / "curves.png", run_id=self.run_id)
         from rlnb.track._wandb import WandbBackend
 
         return WandbBackend(
