@@ -397,3 +397,40 @@ def test_the_thresholds_docs_experiment_md_names_are_the_modules_constants() -> 
     codes_in_code -= {"critical", "warning", "info"}
     rows = set(re.findall(r"^\| `([a-z-]+)` \|", table, re.M))
     assert codes_in_code <= rows, codes_in_code - rows
+
+
+class _SlowTool:
+    """An environment whose every step takes a while: a tool behind a slow service."""
+
+    def reset(self, row: dict[str, Any]) -> None:
+        return None
+
+    def step(self, completion: str) -> Any:
+        time.sleep(0.2)
+        return rlnb.envs.Turn("=1;", done=True)
+
+
+def test_environment_calls_waiting_for_a_thread_are_named_with_the_setting() -> None:
+    # A slow tool on one thread made rollouts crawl, and nothing said why.
+    addition = get_task("addition")
+    register_task(
+        rlnb.data.Task(
+            "diagnose_slow_tool",
+            alphabet=addition.alphabet + ";",
+            make_prompt=addition.make_prompt,
+            reward=lambda completion, answer: 0.0,
+            max_new_tokens=addition.max_new_tokens,
+            env=_SlowTool,
+            max_turns=2,
+        ),
+        replace=True,
+    )
+    rollout = rlnb.RolloutConfig(group_size=4, groups_per_step=4, env_workers=1, max_policy_lag=None)
+    config = small_config(mode="async", task="diagnose_slow_tool", rollout=rollout)
+    with rlnb.Session(config, name="diagnose") as sess:
+        sess.start_rollouts()
+        wait_until(lambda: sess.statistics().rollout.env_calls_queued >= 8, "tool calls to queue up", timeout=30)
+        finding = by_code(sess.diagnose(), "environment-calls-queued")
+        assert finding.severity == "warning" and "RolloutConfig.env_workers=1 run at once" in finding.what
+        assert "RolloutConfig(env_workers=...)" in finding.fix
+        sess.stop_rollouts()

@@ -56,6 +56,7 @@ FAILED_SHARE = 0.05  # failed samples of all ended ones at which failures are cr
 SLOW_REWARD_SHARE = 0.5  # a reward's estimated seconds per step, as a share of the median step time
 SLOW_REWARD_STEP_S = 1.0  # or, when no step time is known, in seconds
 TIMEOUT_NEAR = 0.5  # a reward's p99 at this share of RolloutConfig.reward_timeout
+QUEUED_CALLS = 8  # reward or environment calls waiting for a free thread, now
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +197,7 @@ def diagnose(
     if statistics is not None:
         found += _state(statistics, config)
         found += _failures(statistics, failures or {})
+        found += _queued_calls(statistics, config)
     found += _slow_rewards(timings or {}, config, batched, step_seconds)
     if not history:
         found.append(
@@ -320,6 +322,30 @@ def _failures(s: SessionStatistics, failures: Mapping[str, tuple[int, str]]) -> 
                 "bad-prompts",
                 f"{r.bad_prompts} prompts could not be made; the last: {_reprs.clip(r.last_bad_prompt or '?', 200)}",
                 "fix the task's make_prompt (DataConfig.on_bad_prompt='skip' skips them meanwhile)",
+            )
+        )
+    return found
+
+
+def _queued_calls(s: SessionStatistics, config: Config) -> list[Finding]:
+    """Reward or environment calls that wait for a thread: rollouts go at the pace of
+    a few threads working through them (a slow tool one sample at a time)."""
+    r, found = s.rollout, []
+    for kind, queued, field in (
+        ("environment", r.env_calls_queued, "env_workers"),
+        ("reward", r.reward_calls_queued, "reward_workers"),
+    ):
+        if queued < QUEUED_CALLS:
+            continue
+        workers = getattr(config.rollout, field)
+        found.append(
+            Finding(
+                "warning",
+                f"{kind}-calls-queued",
+                f"{queued} {kind} calls wait for a thread: RolloutConfig.{field}={workers} run at once, "
+                f"so rollouts go at the pace of the {kind} calls",
+                f"make the {kind} calls faster, or run more at once (RolloutConfig({field}=...), a new session) "
+                "when they wait on something else (a sandbox, an API); sess.stacks() shows where the running ones are",
             )
         )
     return found
