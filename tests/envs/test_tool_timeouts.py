@@ -22,6 +22,7 @@ from rlnb.engines import FakeEngine
 from rlnb.envs import ToolEnv, tool_schema
 from rlnb.rewards import Cancelled, Scope, isolated, scope_of
 from rlnb.rollout import Conversations, Rollouter
+from tests.helpers import Ticker
 from tests.rollout.helpers import NO_LENGTH_CUT, constant_reward, encode, prompt_stream, settle
 
 GIL_HOLDING_TEXT = "a" * 40 + "c"  # 2^40 steps of backtracking for (a+)+b
@@ -41,27 +42,6 @@ def matches(text: str) -> bool:
         text: the text to match.
     """
     return re.fullmatch(r"(a+)+b", text) is not None
-
-
-class Ticker:
-    """A thread that counts while the block runs: it stops counting if anything holds the GIL."""
-
-    def __init__(self) -> None:
-        self.ticks = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="test-ticker")
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.01):
-            self.ticks += 1
-
-    def __enter__(self) -> Ticker:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def roll_out_calling(env: ToolEnv, turn: str) -> rlnb.RolloutError:

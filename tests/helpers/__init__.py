@@ -238,3 +238,24 @@ class Hooks(Callback):
     def on_step_end(self, metrics: Mapping[str, float]) -> None:
         if self.step_end is not None:
             self.step_end(metrics)
+
+
+class Ticker:
+    """A thread that counts while the block runs: it stops counting if anything holds the GIL."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="test-ticker")
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.ticks += 1
+
+    def __enter__(self) -> Ticker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -25,7 +25,7 @@ from rlnb.rewards import isolated, math_answer, regex_format
 from rlnb.rewards._isolation import Cancelled, Scope, Workers, scope_of
 from rlnb.rollout import Conversations
 from rlnb.rollout._reward import CallTimedOut, RewardPool
-from tests.helpers import cause_chain, small_config, wait_until
+from tests.helpers import Ticker, cause_chain, small_config, wait_until
 from tests.rollout.helpers import RecordingEngine, encode, make_rollouter, settle
 
 ROWS = [{"prompt": f"{n}=", "answer": str(n)} for n in range(20)]
@@ -55,27 +55,6 @@ def pid(completion: str, answer: Any) -> float:
     import os
 
     return float(os.getpid())
-
-
-class Ticker:
-    """A thread that counts while the block runs: it stops counting if anything holds the GIL."""
-
-    def __init__(self) -> None:
-        self.ticks = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="test-ticker")
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.01):
-            self.ticks += 1
-
-    def __enter__(self) -> Ticker:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def call_in_pool(fn: Any, *args: Any, timeout: float) -> Any:
