@@ -148,7 +148,9 @@ class DataConfig:
         :class:`~rlnb.PromptError` naming the prompt and the exception, once, at the
         call that needed it; the stream goes on with the next prompt) or "skip" (it
         is left out, counted in ``statistics().rollout.bad_prompts``, the last one
-        described in ``last_bad_prompt``).
+        described in ``last_bad_prompt``). A prompt too long for ``ModelConfig.max_len``
+        with ``max_new_tokens`` is a bad prompt too: "raise" gives a
+        :class:`~rlnb.RolloutError` naming it before anything is generated for it.
     """
 
     num_workers: int = 1

@@ -18,6 +18,7 @@ from rlnb.engines._protocol import (
     GenerateRequest,
     GenerateResult,
     PauseMode,
+    PromptTooLong,
     SamplingParams,
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "GenerateResult",
     "PauseMode",
     "ProcessEngine",
+    "PromptTooLong",
     "RayEngine",
     "SamplingParams",
     "TinyEngine",

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from rlnb._checks import check_int, check_sampling
+from rlnb._errors import RlnbError
 
 __all__ = [
     "Engine",
@@ -19,6 +20,7 @@ __all__ = [
     "GenerateRequest",
     "GenerateResult",
     "PauseMode",
+    "PromptTooLong",
     "SamplingParams",
 ]
 
@@ -87,6 +89,17 @@ class GenerateResult:
     logprobs: tuple[float, ...]
     versions: tuple[int, ...]
     finish_reason: str
+
+
+class PromptTooLong(RlnbError, ValueError):
+    """An engine's refusal of a request whose prompt and prefix (``tokens``) leave no
+    room for one new token in its context (``context``): the same request would fail
+    again, so the rollouter does not retry it. Pickles whole (it crosses a process
+    or a Ray actor's boundary)."""
+
+    def __init__(self, message: str, *, tokens: int | None = None, context: int | None = None) -> None:
+        super().__init__(message)
+        self.tokens, self.context = tokens, context
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from rlnb._errors import ClosedError, EngineError
-from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
+from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode, PromptTooLong
 from rlnb.engines._sampling import sample_next
 from rlnb.engines._shared import deliver
 from rlnb.models import HFPolicy, TinyPolicy
@@ -104,9 +104,11 @@ class TinyEngine:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         needed = len(request.prompt_ids) + len(request.prefix_ids) + 1
         if needed > self._max_len:
-            raise ValueError(
+            raise PromptTooLong(
                 f"request {request.request_id}: prompt and prefix take {needed - 1} tokens, "
-                f"leaving no room in the model's context of {self._max_len}"
+                f"leaving no room in the model's context of {self._max_len}",
+                tokens=needed - 1,
+                context=self._max_len,
             )
         loop = asyncio.get_running_loop()
         seq = _Seq(request, loop, loop.create_future(), random.Random(request.seed))

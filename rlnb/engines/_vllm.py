@@ -25,7 +25,7 @@ import psutil
 from rlnb._errors import ClosedError, EngineError
 from rlnb.engines._guard import Guard
 from rlnb.engines._leftovers import engine_files, listening_sockets, remove_leftovers, socket_dir
-from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
+from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode, PromptTooLong
 from rlnb.engines._shared import deliver
 from rlnb.engines._vllm_setup import (
     _FINISH,
@@ -247,9 +247,11 @@ class VLLMEngine:
         self._check_open()
         ids = [*request.prompt_ids, *request.prefix_ids]
         if len(ids) + 1 > self._max_len:
-            raise ValueError(
+            raise PromptTooLong(
                 f"request {request.request_id}: prompt and prefix take {len(ids)} tokens, "
-                f"leaving no room in the model's context of {self._max_len}"
+                f"leaving no room in the model's context of {self._max_len}",
+                tokens=len(ids),
+                context=self._max_len,
             )
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[GenerateResult] = loop.create_future()

@@ -28,7 +28,7 @@ from rlnb._errors import ClosedError, EngineError, RolloutError
 from rlnb._reprs import short_repr
 from rlnb._samples import Group, PromptItem, Sample
 from rlnb.buffer import ReplayBuffer
-from rlnb.engines import Engine, GenerateRequest, GenerateResult, SamplingParams
+from rlnb.engines import Engine, GenerateRequest, GenerateResult, PromptTooLong, SamplingParams
 from rlnb.envs import EnvError, Episode, Turn
 from rlnb.rewards import BadValue, Scored, raised_by, reward_value
 from rlnb.rollout._accounting import Counters, Ticket, is_cancellation
@@ -67,6 +67,22 @@ class Conversations:
 def _row(item: PromptItem) -> dict[str, Any]:
     """What an environment's ``reset`` gets: the prompt's record, with its prompt, answer and id."""
     return {"prompt": item.prompt, "answer": item.answer, "prompt_id": item.prompt_id, **(item.row or {})}
+
+
+def _too_long(
+    item: PromptItem, tokens: int, context: int | None, new: int, *, training: bool = True, engine: str | None = None
+) -> str:
+    """The message for ``item``'s prompt of ``tokens`` tokens, too long for ``context``
+    with up to ``new`` new tokens; ``training``: a rollout's prompt (skipping it is a
+    fix), not an evaluation's; ``engine``: the engine's own words, where it refused it."""
+    refused = "" if engine is None else f" (the engine refused it, not retried: {engine})"
+    skip = '; DataConfig(on_bad_prompt="skip") skips such prompts, counting them' if training else ""
+    return (
+        f"prompt {item.prompt_id} ({short_repr(item.prompt)}) takes {tokens} tokens, and with up to {new} new tokens "
+        f"it needs {tokens + new} positions, more than the model's context of {context} (ModelConfig.max_len)"
+        f"{refused}: make the task's prompts shorter, or use ModelConfig.max_len >= {tokens + new} or a smaller "
+        f"RolloutConfig.max_new_tokens{skip}"
+    )
 
 
 class _Opening:
@@ -169,6 +185,8 @@ class GroupRunner:
     ``reward_fn`` may be replaced at any time: completions scored later use the new
     one. It runs on the runner's :class:`RewardPool`, which :meth:`close` shuts, and
     so does ``group_reward_fn`` (None: none), once per group once its samples are done.
+    ``max_context``: the most prompt and completion tokens the model takes (None: not
+    known), against which each prompt is measured (:meth:`too_long`).
     """
 
     def __init__(
@@ -191,9 +209,11 @@ class GroupRunner:
         reward_workers: int = 1,
         group_reward_fn: GroupRewardFn | None = None,
         conversations: Conversations | None = None,
+        max_context: int | None = None,
     ) -> None:
         self._engine = engine
         self._conversations = conversations
+        self._max_context = max_context  # the model's, ModelConfig.max_len (None: not known here)
         self._machine = machine
         self._tasks = tasks
         self._counts = counters
@@ -245,6 +265,20 @@ class GroupRunner:
     def old_settings_in_flight(self) -> int:
         """Samples of groups not yet ended that were started before the last settings change."""
         return sum(n for version, n in self._live.items() if version < self.settings_version)
+
+    def too_long(self, item: PromptItem, sampling: SamplingParams | None = None) -> str | None:
+        """Why ``item``'s prompt leaves the model's context too little room for
+        ``sampling.max_new_tokens`` new tokens, as ``Session()`` measures it; None where
+        it fits, or where no context is known or samples are conversations (their
+        environment gives the prompt, measured then). ``sampling``: an evaluation's
+        (the rollouts' in force by default, and the message offers to skip such prompts)."""
+        if self._max_context is None or self._conversations is not None:
+            return None
+        new = (sampling or self.sampling).max_new_tokens
+        tokens = len(self._encode(item.encodable))
+        if tokens + new <= self._max_context:
+            return None
+        return _too_long(item, tokens, self._max_context, new, training=sampling is None)
 
     async def run(self, item: PromptItem, ticket: Ticket, *, to_buffer: bool) -> Group | None:
         """The group for ``item``, put in the buffer too when ``to_buffer``: as many
@@ -572,11 +606,15 @@ class GroupRunner:
             except EngineError as exc:  # a dead engine does not come back: no retry
                 self._machine.engine_died(exc)
                 raise
+            except PromptTooLong as exc:  # the same request fails again: not bad luck
+                tokens = len(prompt_ids) + len(prefix) if exc.tokens is None else exc.tokens
+                context = self._max_context if exc.context is None else exc.context
+                raise RolloutError(_too_long(item, tokens, context, max(1, budget), engine=str(exc))) from exc
             except Exception as exc:
                 attempt += 1
                 if attempt > self._max_retries:
                     raise RolloutError(
-                        f"generation for prompt {item.prompt_id} sample {index} failed {attempt} times"
+                        f"generation for prompt {item.prompt_id} sample {index} failed {attempt} times: {exc!r}"
                     ) from exc
                 self._counts.retries += 1
             finally:
@@ -588,6 +626,8 @@ class GroupRunner:
         prefix (greedy decoding continues exactly), so a pause never scores half an answer.
         With an environment, one conversation: its transcript and reward."""
         if self._conversations is None:
+            if (why := self.too_long(item, sampling)) is not None:
+                raise RolloutError(why)
             prompt_ids = tuple(self._encode(item.encodable))
             completion = self._decode(await self._eval_turn(item, prompt_ids, [], sampling, 0, None))
             return completion, (await self.reward(item, completion)).total

@@ -32,6 +32,9 @@ from rlnb.rollout._waits import all_or_first_error, call_soon, pause_limited
 __all__ = ["Rollouter"]
 
 _DEFAULT_SAMPLING = SamplingParams()
+# Bad prompts skipped in a row before the stream counts as broken: a task none of whose
+# prompts fit would otherwise hold the event loop for ever, looking for one that does.
+MAX_SKIPPED_IN_A_ROW = 1000
 
 
 class Rollouter:
@@ -57,6 +60,9 @@ class Rollouter:
     task could not make is raised, once, as :class:`~rlnb.PromptError`) or "skip".
     ``reward_workers``: reward calls that may run at once (1: in order).
     ``conversations``: samples are conversations with environments (:class:`Conversations`).
+    ``max_context``: the model's context (``ModelConfig.max_len``; None: not known): a
+    prompt too long for it with ``max_new_tokens`` is a bad prompt, raised as a
+    :class:`~rlnb.RolloutError` naming it before anything is generated, or skipped.
     Raises ValueError if ``max_inflight`` is smaller than ``group_size``.
     """
 
@@ -82,6 +88,7 @@ class Rollouter:
         reward_workers: int = 1,
         group_reward_fn: GroupRewardFn | None = None,
         conversations: Conversations | None = None,
+        max_context: int | None = None,
     ) -> None:
         if max_inflight < group_size:
             raise ValueError(f"max_inflight ({max_inflight}) must be >= group_size ({group_size})")
@@ -111,6 +118,7 @@ class Rollouter:
             seed=seed,
             group_reward_fn=group_reward_fn,
             conversations=conversations,
+            max_context=max_context,
         )
         self._capacity = asyncio.Semaphore(max_inflight)
         self._version = 0
@@ -399,18 +407,37 @@ class Rollouter:
 
     def _next_prompt(self) -> PromptItem:
         """The next prompt: a returned one first. A prompt the task could not make
-        raises :class:`~rlnb.PromptError` once (the stream goes on), or is skipped and
-        counted when ``on_bad_prompt`` is "skip"."""
-        if self._returned:
-            return self._returned.popleft()
-        while True:
-            try:
-                return next(self._prompts)
-            except PromptError as bad:
-                self._counts.bad_prompts += 1
-                self._counts.last_bad_prompt = str(bad)
-                if not self._skip_bad_prompts:
-                    raise
+        raises :class:`~rlnb.PromptError` once (the stream goes on), and one too long
+        for the model's context (``GroupRunner.too_long``) a :class:`~rlnb.RolloutError`
+        naming it, before anything is generated for it; either is skipped and counted
+        when ``on_bad_prompt`` is "skip", up to :data:`MAX_SKIPPED_IN_A_ROW` in a row
+        (then a RolloutError says that the task makes no prompt the session can use)."""
+        for _ in range(MAX_SKIPPED_IN_A_ROW):
+            if self._returned:
+                item = self._returned.popleft()
+            else:
+                try:
+                    item = next(self._prompts)
+                except PromptError as bad:
+                    self._note_bad_prompt(str(bad))
+                    if not self._skip_bad_prompts:
+                        raise
+                    continue
+            if (why := self._runner.too_long(item)) is None:
+                return item
+            self._note_bad_prompt(why)
+            if not self._skip_bad_prompts:
+                raise RolloutError(why)
+        raise RolloutError(
+            f"{MAX_SKIPPED_IN_A_ROW} prompts in a row were bad and skipped (DataConfig.on_bad_prompt='skip'); "
+            f"the last: {self._counts.last_bad_prompt}; the task makes no prompt this session can use: fix it, "
+            "or the model's context"
+        )
+
+    def _note_bad_prompt(self, why: str) -> None:
+        """Count a bad prompt, ``why`` described (``statistics().rollout.last_bad_prompt``)."""
+        self._counts.bad_prompts += 1
+        self._counts.last_bad_prompt = why
 
     def _spawn_group(self, size: int, *, to_buffer: bool) -> asyncio.Task[Any]:
         """Start a group of ``size`` samples on the next prompt, its capacity already

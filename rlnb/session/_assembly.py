@@ -303,6 +303,7 @@ def make_rollouter(
         reward_timeout=r.reward_timeout,
         seed=config.seed,
         conversations=conversations(config, task, tokenizer),
+        max_context=config.model.max_len,
     )
 
 

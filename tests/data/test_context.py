@@ -70,3 +70,46 @@ def test_an_environment_whose_prompt_leaves_no_room_fails_its_group_naming_it() 
         with pytest.raises(rlnb.RolloutError, match="evaluation failed") as caught:  # it returned 0.0
             sess.evaluate(4)
         assert all(word in str(caught.value) for word in words), caught.value
+
+
+def _sometimes_long(rng: random.Random) -> tuple[str, str]:
+    """For seed 0, training prompts 52 and 67 are LONG (none of the 16 Session() measures)."""
+    if rng.random() < 0.04:
+        return LONG, "31"
+    return _sum(rng)
+
+
+register_task(
+    Task(name="sometimes-long", alphabet="0123456789+=", make_prompt=_sometimes_long, reward=exact, max_new_tokens=4),
+    replace=True,
+)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_made_prompt_too_long_for_the_context_fails_its_step_at_once_naming_it(mode: str) -> None:
+    with rlnb.Session(small_config(task="sometimes-long", mode=mode), name="sometimes-long") as sess:
+        with pytest.raises(rlnb.RolloutError) as caught:
+            for _ in range(20):  # 4 prompts a step: prompt 52 is in the 14th
+                sess.step()
+        message = str(caught.value)  # it was "generation for prompt 52 sample 0 failed 3 times", the reason chained
+        assert message.startswith("a background rollout failed: " * (mode == "async") + "prompt 52 ('" + LONG[:20])
+        for words in ("takes 63 tokens, and with up to 4 new tokens it needs 67 positions, more than the model's "
+                      "context of 32 (ModelConfig.max_len)", "make the task's prompts shorter, or use "
+                      "ModelConfig.max_len >= 67 or a smaller RolloutConfig.max_new_tokens",
+                      'DataConfig(on_bad_prompt="skip") skips such prompts'):  # fmt: skip
+            assert words in message, message
+        stats = sess.statistics().rollout
+        assert (stats.retries, stats.bad_prompts) == (0, 1)  # not retried as bad luck
+        sess.step()  # the stream goes on
+        with pytest.raises(rlnb.RolloutError, match=r"evaluation failed \(\d+ of 16 prompts\): prompt \d+ \('1\+1\+"
+                           r".*takes 63 tokens.*context of 32 \(ModelConfig.max_len\): make the task's"):  # fmt: skip
+            sess.evaluate(16)  # it named the engine's request, not the prompt
+
+
+def test_made_prompts_too_long_for_the_context_can_be_skipped_and_counted() -> None:
+    config = small_config(task="sometimes-long", data=rlnb.DataConfig(num_workers=0, on_bad_prompt="skip"))
+    with rlnb.Session(config, name="sometimes-long") as sess:
+        sess.train(20, progress=False)  # prompts 0-81: 52 and 67 skipped
+        stats = sess.statistics().rollout
+        assert (stats.bad_prompts, stats.failed, stats.retries, stats.groups_finished) == (2, 0, 0, 80)
+        assert stats.last_bad_prompt is not None and stats.last_bad_prompt.startswith("prompt 67 ")

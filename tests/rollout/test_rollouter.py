@@ -8,11 +8,12 @@ Assertions are on ordering and counts, never on wall-clock thresholds.
 from __future__ import annotations
 
 import asyncio
+import pickle
 
 import pytest
 
 import rlnb
-from rlnb.engines import FakeEngine, GenerateRequest
+from rlnb.engines import FakeEngine, GenerateRequest, PromptTooLong, SamplingParams
 from rlnb.rollout import PromptItem, RolloutState, RolloutStatistics
 from tests.helpers import assert_counts_add_up, cause_chain
 from tests.rollout.helpers import (
@@ -167,6 +168,77 @@ def test_retries_count_only_attempts_that_are_retried() -> None:
                 await r.collect(1)
             assert len(engine.requests) == 3  # one try and two retries
             assert r.statistics().retries == 2
+
+    asyncio.run(main())
+
+
+def test_a_prompt_the_engine_finds_too_long_fails_at_once_naming_it() -> None:
+    def refuse_prompt_1(request: GenerateRequest) -> BaseException | None:
+        if parse_id(request.request_id)[0] != 1:
+            return None
+        return PromptTooLong(
+            f"request {request.request_id}: prompt and prefix take 40 tokens, leaving no room in the model's "
+            "context of 32",
+            tokens=40,
+            context=32,
+        )
+
+    async def main() -> None:
+        engine = RecordingEngine(lengths=2, fail=refuse_prompt_1)
+        sampling = SamplingParams(max_new_tokens=4)
+        async with make_rollouter(engine, group_size=2, max_inflight=2, max_retries=2, sampling=sampling) as (r, _):
+            await r.collect(1)
+            with pytest.raises(rlnb.RolloutError) as caught:  # three tries each, the reason two causes down
+                await r.collect(1)
+            assert str(caught.value).startswith(
+                "rollout failed: prompt 1 ('1+1=') takes 40 tokens, and with up to 4 new tokens it needs 44 positions, "
+                "more than the model's context of 32 (ModelConfig.max_len) (the engine refused it, not retried: "
+                "request 1.0.0.0: "
+            ), caught.value
+            assert "make the task's prompts shorter, or use ModelConfig.max_len >= 44" in str(caught.value)
+            assert sorted(q.request_id for q in engine.requests if q.request_id.startswith("1.")) == [
+                "1.0.0.0",
+                "1.1.0.0",
+            ]
+            assert r.statistics().retries == 0
+        refused = refuse_prompt_1(GenerateRequest("1.0.0.0", (3,)))
+        assert pickle.loads(pickle.dumps(refused)).tokens == 40  # it crosses to a process engine's parent whole
+
+    asyncio.run(main())
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_before_it_generates_or_skipped() -> None:
+    def encode_long_thirds(text: str) -> list[int]:  # prompts 1, 4, 7...: 20 tokens
+        return [3] * (20 if int(text.split("+")[0]) % 3 == 1 else 4)
+
+    async def main() -> None:
+        engine = RecordingEngine(lengths=2)
+        sampling = SamplingParams(max_new_tokens=4)
+        kwargs = {"group_size": 1, "max_inflight": 4, "sampling": sampling, "encode": encode_long_thirds}
+        async with make_rollouter(engine, max_context=16, **kwargs) as (r, _):
+            await r.collect(1)
+            with pytest.raises(rlnb.RolloutError) as caught:
+                await r.collect(2)
+            message = str(caught.value)
+            assert message.startswith(
+                "prompt 1 ('1+1=') takes 20 tokens, and with up to 4 new tokens it needs 24 positions, more than "
+                "the model's context of 16 (ModelConfig.max_len): "
+            )
+            assert message.endswith('DataConfig(on_bad_prompt="skip") skips such prompts, counting them')
+            assert not any(q.request_id.startswith("1.") for q in engine.requests)  # nothing was generated for it
+            assert [g.prompt_id for g in await r.collect(2)] == [2, 3]  # the stream goes on
+            s = r.statistics()
+            assert (s.bad_prompts, s.failed, s.retries) == (1, 0, 0)
+            assert_counts_add_up(s)
+        async with make_rollouter(engine, max_context=16, on_bad_prompt="skip", **kwargs) as (r, _):
+            assert [g.prompt_id for g in await r.collect(4)] == [0, 2, 3, 5]
+            s = r.statistics()
+            assert s.bad_prompts == 2 and s.last_bad_prompt is not None and s.last_bad_prompt.startswith("prompt 4 ")
+        every = {**kwargs, "encode": lambda text: [3] * 20}
+        async with make_rollouter(engine, max_context=16, on_bad_prompt="skip", **every) as (r, _):
+            with pytest.raises(rlnb.RolloutError, match=r"^1000 prompts in a row were bad and skipped .*the last: "
+                               r"prompt 999 "):  # fmt: skip
+                await r.collect(1)  # it looked for a prompt that fits for ever, holding the event loop
 
     asyncio.run(main())
 
