@@ -164,7 +164,7 @@ def test_retries_count_only_attempts_that_are_retried() -> None:
     async def main() -> None:
         engine = RecordingEngine(lengths=2, fail=lambda request: RuntimeError("down"))
         async with make_rollouter(engine, group_size=1, max_inflight=1, max_retries=2) as (r, _):
-            with pytest.raises(rlnb.RolloutError):
+            with pytest.raises(rlnb.RolloutError, match=r"failed 3 times: RuntimeError\('down'\)$"):  # and why
                 await r.collect(1)
             assert len(engine.requests) == 3  # one try and two retries
             assert r.statistics().retries == 2
