@@ -170,7 +170,15 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
 
 
 # What the Rollouter may know of an engine: the protocol, not a backend.
-PROTOCOL = {"Engine", "EngineStatistics", "GenerateRequest", "GenerateResult", "PauseMode", "SamplingParams"}
+PROTOCOL = {
+    "Engine",
+    "EngineStatistics",
+    "GenerateRequest",
+    "GenerateResult",
+    "PauseMode",
+    "PromptTooLong",
+    "SamplingParams",
+}
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "rollout").glob("*.py")), ids=lambda p: p.name)
