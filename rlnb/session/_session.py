@@ -58,7 +58,9 @@ class Session(RolloutCells, TrainingCells, ExperimentCells, ExploreCells, Diagno
     re-running the cell that made it is safe) and says so on stderr. Use it as a
     context manager or call :meth:`close`; ``rlnb.close_all()`` and a kernel
     restart close it too. Raises :class:`~rlnb.ConfigError` for bad input before
-    anything is built or closed.
+    anything is built or closed, a ``TrackConfig.run_dir`` that another live session
+    writes to included (an earlier run's files there are kept beside this one's:
+    :class:`~rlnb.Tracker`).
 
     ``engine``: any object that keeps the :class:`~rlnb.engines.Engine` protocol,
     instead of the one ``config.engine`` describes; the session syncs the policy's
