@@ -161,6 +161,7 @@ class _Slot:
     restarts: int = 0
     state: str = "starting"  # "running", "restarting", "dead"
     died: str | None = None  # how its last worker ended, in a line
+    found_by: str | None = None  # what found it dead: "a request", "the weight sync", "pause()", ...
 
     def found(self, where: Mapping[str, Any]) -> None:
         """Take what the replica's ``ready()`` said."""
@@ -288,7 +289,7 @@ class RayEngine:
             except self._ray.exceptions.RayActorError as exc:
                 if self._closed:
                     raise ClosedError("the engine closed") from None
-                await self._replace(slot, exc)
+                await self._replace(slot, exc, found_by="a request")
                 self._counts["requeued"] += 1
                 continue
             except self._ray.exceptions.RayTaskError as exc:
@@ -378,7 +379,7 @@ class RayEngine:
         )
         for slot, answer in zip(running, answers, strict=True):
             if isinstance(answer, self._ray.exceptions.RayActorError):
-                await self._replace(slot, answer)  # the new replica starts from these weights
+                await self._replace(slot, answer, found_by="the weight sync")  # the new replica starts from these
             elif isinstance(answer, BaseException):
                 raise EngineError(f"replica {slot.index} failed to load weights version {version}") from answer
             elif answer != version:
@@ -412,6 +413,7 @@ class RayEngine:
                         "pid": s.pid,
                         "logs": list(s.logs),
                         "died": s.died,
+                        "found_by": s.found_by,
                     }
                     for s in self._slots
                 ],
@@ -467,11 +469,11 @@ class RayEngine:
         )
         for slot, answer in zip(running, answers, strict=True):
             if isinstance(answer, self._ray.exceptions.RayActorError):
-                await self._replace(slot, answer)
+                await self._replace(slot, answer, found_by=f"{method}()")
             elif isinstance(answer, BaseException):
                 raise EngineError(f"replica {slot.index}: {method} failed") from answer
 
-    async def _replace(self, slot: _Slot, cause: BaseException) -> None:
+    async def _replace(self, slot: _Slot, cause: BaseException, *, found_by: str) -> None:
         """``slot``'s actor died: remake it with the latest weights and the current
         pause, if the restart budget allows; otherwise mark it dead. Either way, say
         so in one line, with where the dead worker's logs are."""
@@ -479,7 +481,7 @@ class RayEngine:
             while slot.state == "restarting":
                 await asyncio.sleep(0.05)
             return
-        slot.died = f"pid {slot.pid}, {_exit_of(cause)}"
+        slot.died, slot.found_by = f"pid {slot.pid}, {_exit_of(cause)}", found_by
         where = slot.log() or self._cluster.logs or "where Ray keeps them (it did not say)"
         where += "" if slot.node in ("", self._node) else f" on node {slot.node}"
         if self._restarts >= self._config.max_restarts:
@@ -495,11 +497,21 @@ class RayEngine:
             actor = self._factory(slot.index)
             slot.found(await actor.ready.remote())
             self._hear_deaths()
-            if self._weights is not None:
-                ref, version = self._weights
-                slot.version = await actor.update_weights.remote(ref, version)
-            if self._paused is not None:
-                await actor.pause.remote(self._paused.value)
+            # The latest weights and pause, again until none changed meanwhile: a resume,
+            # a pause or a sync while it was made skips it (it is not running yet), and a
+            # replica left paused, or on older weights, would hold or skew its requests.
+            paused: PauseMode | None = None
+            loaded: tuple[Any, int] | None = None  # the new actor starts from the policy it was made with
+            while True:
+                weights, want = self._weights, self._paused
+                if weights is not None and weights is not loaded:
+                    slot.version = await actor.update_weights.remote(*weights)
+                    loaded = weights
+                if want is not paused:
+                    await (actor.resume.remote() if want is None else actor.pause.remote(want.value))
+                    paused = want
+                if (self._weights, self._paused) == (weights, want):
+                    break
         except Exception as exc:
             slot.state = "dead"
             with contextlib.suppress(Exception):  # half made: it would hold its bundle until close

@@ -95,11 +95,14 @@ def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_p
         stats = sess.statistics().engine.extra
         assert stats["restarts"] == 1 and replicas(sess)[0]["restarts"] == 1
         assert [r["state"] for r in replicas(sess)] == ["running", "running"]
-        # Found dead by a request (remade with v4, mid-step): its requests ran again on the
-        # other. A kill that lands once its requests have ended is found at the sync (v5),
-        # with nothing to run again (seen in CI under load: ray.kill is asynchronous).
-        if said[0][3].startswith("and was remade with weights v4"):
-            assert stats["requeued"] >= 1
+        # Found dead by a request: its requests ran again on the other replica. A kill that
+        # lands once its requests have ended (ray.kill is asynchronous; seen three times in
+        # CI under load) is found by the sync's pause, the sync itself or the resume after
+        # it, with nothing to run again.
+        found_by = replicas(sess)[0]["found_by"]
+        assert found_by in ("a request", "pause()", "the weight sync", "resume()"), found_by
+        if found_by == "a request":
+            assert stats["requeued"] >= 1, stats
         assert [r["version"] for r in replicas(sess)] == [6, 6]
         dash = sess.dashboard()  # one row per replica, and the restart
         dash.tick()

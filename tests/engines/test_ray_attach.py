@@ -55,12 +55,15 @@ def test_a_session_attached_to_a_running_cluster_leaves_it_running_without_its_a
             actors = [p for p in under_head if live_name(p).startswith("ray::_Replica")]
             assert len(actors) == config.ray.engine_replicas, (kind, actors)
             engine = [p for p in under_head if live_name(p).startswith("VLLM::")]
-            if kind == "vllm" and len(engine) != 2:  # seen once in CI: not listed at the first look
-                wait_until(
-                    lambda: len(vllm_under(head.pid)) == 2,
-                    "vLLM's EngineCore and Worker under the replica",
-                    timeout=30,
-                )
+            if kind == "vllm" and len(engine) != 2:  # seen twice in CI: not listed at the first look
+                try:
+                    wait_until(
+                        lambda: len(vllm_under(head.pid)) == 2,
+                        "vLLM's EngineCore and Worker under the replica",
+                        timeout=30,
+                    )
+                except AssertionError as exc:  # say where they are: not named yet, or not under the head
+                    raise AssertionError(f"{exc}; {process_tree(head.pid)}; elsewhere: {vllm_anywhere()}") from None
                 under_head = psutil.Process(head.pid).children(recursive=True)
                 engine = vllm_under(head.pid)
             assert len(engine) == (2 if kind == "vllm" else 0), engine  # EngineCore and its Worker
@@ -74,6 +77,17 @@ def test_a_session_attached_to_a_running_cluster_leaves_it_running_without_its_a
         )
         alive = {p.pid for p in ray_processes(psutil.Process(head.pid)) if p.name() in ("gcs_server", "raylet")}
         assert alive == cluster, "the cluster that was there before is still running"
+
+
+def process_tree(pid: int) -> str:
+    """The processes under ``pid``: pid, parent and name of each."""
+    under = psutil.Process(pid).children(recursive=True)
+    return "under the head: " + ", ".join(f"{p.pid} (parent {p.ppid()}) {live_name(p) or '<exited>'}" for p in under)
+
+
+def vllm_anywhere() -> list[tuple[int, int, str]]:
+    """Every process named ``VLLM::...`` on the machine: pid, parent, name."""
+    return [(p.pid, p.ppid(), live_name(p)) for p in psutil.process_iter() if live_name(p).startswith("VLLM::")]
 
 
 def vllm_under(pid: int) -> list[psutil.Process]:
