@@ -37,6 +37,7 @@ OpenBrowser = Callable[..., AbstractContextManager[Page]]  # the open_browser fi
 CLICKS = 40
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "runs" / "browser"  # ignored by git
 SAID = ("state", "notice", "message", "settings-message")
+TRAINING_WORD = ".rlnb-dashboard .rlnb-training-word"
 SETUPS = {
     "reverse": """rlnb.Config(
     task="reverse",
@@ -51,6 +52,7 @@ SETUPS = {
     seed=0,
     mode="async",
     model=rlnb.ModelConfig(max_len=48),
+    rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
     warmup=rlnb.WarmupConfig(steps=20, batch_size=128, lr=3e-3, task="calculator_teacher"),
 )""",
 }
@@ -240,12 +242,12 @@ def test_a_click_storm_in_the_background_and_the_foreground_never_wedges(
 
         run_cell(page, 3)  # foreground training: the storm beside the running cell
         page.wait_for_function(
-            "s => document.querySelector(s)?.dataset.state === 'foreground'",
-            arg=".rlnb-dashboard .rlnb-training-word",
-            timeout=60_000,
+            "s => document.querySelector(s)?.dataset.state === 'foreground'", arg=TRAINING_WORD, timeout=60_000
         )
         clicked = storm(page, rng, CLICKS)
         print(f"{task}, foreground: {' '.join(clicked)}")
+        # every click was made beside the running cell (it trains longer than the storm lasts)
+        assert page.evaluate(f"() => document.querySelector('{TRAINING_WORD}')?.dataset.state") == "foreground"
         settle(page, "the foreground storm")
         pause_and_resume_answer(page)  # a pause left by the storm must not hold the cell for good
         wait_for_idle(page, timeout=180)  # the train() cell ends
