@@ -68,6 +68,16 @@ def _label(value: float) -> str:
     return _reprs.number(int(value) if float(value).is_integer() and abs(value) < 1e6 else value)
 
 
+def labels(values: list[float]) -> list[str]:
+    """Axis labels for ``values``, in as few significant digits as tell them apart
+    (four at least: an entropy between 2.6955 and 2.6965 read "2.696" twice)."""
+    out, digits = [_label(v) for v in values], 4
+    while len(set(out)) < len(out) and digits < 12:
+        digits += 1
+        out = [_label(v) if float(v).is_integer() else f"{v:.{digits}g}" for v in values]
+    return out
+
+
 def marks(changes: Iterable[Change]) -> list[tuple[float, str]]:
     """One ``(step, label)`` per policy version at which settings changed, in order:
     "lr→0.001", or "lr→0.001, top_k→5" for several at one step (a field changed twice
@@ -172,9 +182,10 @@ class Curves:
         def py(y: float) -> float:
             return bottom - (y - y0) / (y1 - y0) * (bottom - top)
 
-        for y in ticks(y0, y1, 5):
+        ys = ticks(y0, y1, 5)
+        for y, label in zip(ys, labels(ys), strict=True):
             parts.append(f'<line x1="{left}" x2="{right}" y1="{py(y):.1f}" y2="{py(y):.1f}" stroke="{_GRID}"/>')
-            parts.append(f'<text x="{left - 3}" y="{py(y) + 3.5:.1f}" text-anchor="end">{_label(y)}</text>')
+            parts.append(f'<text x="{left - 3}" y="{py(y) + 3.5:.1f}" text-anchor="end">{label}</text>')
         for x in ticks(x0, x1, 5, whole=True):
             parts.append(f'<line x1="{px(x):.1f}" x2="{px(x):.1f}" y1="{top}" y2="{bottom}" stroke="{_GRID}"/>')
             parts.append(f'<text x="{px(x):.1f}" y="{bottom + 12}" text-anchor="middle">{_label(x)}</text>')

@@ -24,6 +24,15 @@ def test_a_chart_has_a_labelled_grid() -> None:
     assert "no data yet" in Curves().chart("entropy", [])
 
 
+def test_close_values_get_labels_that_tell_them_apart() -> None:
+    # an entropy between 2.6953 and 2.6964 had its ticks read "2.696", "2.696", "2.695"
+    svg = Curves().chart("entropy", [(float(x), 2.6953 + x * 1e-4) for x in range(1, 12)])
+    ys = re.findall(r'<text[^>]*text-anchor="end">([^<]+)</text>', svg)
+    values = [y for y in ys if y != "step"]
+    assert len(values) >= 3 and len(set(values)) == len(values), values
+    assert all(float(v) == round(float(v), 5) for v in values), values
+
+
 def test_each_reward_function_of_a_task_with_several_gets_a_chart() -> None:
     history = [
         {"version": v, "reward_mean": 0.5, "entropy": 1.0, "reward/exact_match": 0.1 * v, "reward/exact_match/std": 0.0}
