@@ -8,7 +8,7 @@ than 2 s.
 |---|---|
 | a reward that raises, hangs or returns garbage | ``tests/rollout/test_reward.py`` |
 | an engine thread that dies: every waiter and every later request fails | ``tests/engines/test_tiny.py`` |
-| ... during ``rollout()`` | ``tests/test_session_rollout.py`` |
+| ... during ``rollout()`` | ``tests/session/test_session_rollout.py`` |
 | ... mid-generation while training in the background (``start()``) | here |
 | a loader worker killed with SIGKILL | ``tests/data/test_loader.py`` |
 | a full disk during ``save()`` (a write that fails with ENOSPC; a rename that fails) | ``tests/test_bad_input.py`` |
@@ -21,7 +21,7 @@ than 2 s.
 | a ``make_prompt`` raising at random: raised once or skipped, capacity intact | ``tests/data/test_bad_prompts.py`` |
 | any pause x full or empty buffer x weight sync x foreground or background training | ``tests/test_pause_matrix.py`` |
 | a callback that stops the run it is part of, or calls back into the session | ``tests/test_pause_matrix.py`` |
-| ``close()`` from another thread during a call | ``tests/test_session_rollout.py`` |
+| ``close()`` from another thread during a call | ``tests/session/test_session_rollout.py`` |
 """
 
 from __future__ import annotations

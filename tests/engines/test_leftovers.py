@@ -1,6 +1,6 @@
 """What a killed engine process leaves on disk (``rlnb/engines/_leftovers.py``): found
 while it runs, removed once it is gone. vLLM's own case is in tests/engines/test_vllm.py
-and tests/test_session_vllm.py; here plain processes stand in for it."""
+and tests/session/test_session_vllm.py; here plain processes stand in for it."""
 
 from __future__ import annotations
 
