@@ -41,20 +41,11 @@ def import_vllm() -> Any:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    if not path.is_dir():
-        raise ConfigError(f"model_dir={str(path)!r} is not a directory: give a local Hugging Face model directory")
-    file = path / "config.json"
-    try:
-        config = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise ConfigError(
-            f"model_dir={str(path)!r} has no config.json: is it a Hugging Face model directory?"
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{file}: cannot be read as JSON ({exc})") from exc
-    if not isinstance(config, dict):
-        raise ConfigError(f"{file}: holds {type(config).__name__}, not a JSON object")
-    return config
+    """The model directory's ``config.json``, read as a model's path is
+    (``rlnb.models.read_model_config``: imported here, since it brings torch)."""
+    from rlnb.models import read_model_config
+
+    return read_model_config(path, "model_dir")
 
 
 def _check_model(

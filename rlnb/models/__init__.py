@@ -8,18 +8,13 @@ nothing of sessions, loops or notebooks. A ``TinyPolicy``'s shape is a :class:`r
 
 import typing as _typing
 
-from rlnb.models._hf import (
-    HFPolicy,
-    HFTokenizer,
-    check_device,
-    hf_model_on_meta,
-    load_hf_model,
-    load_hf_tokenizer,
-    tiny_llama,
-)
+from rlnb.models._hf_load import check_device, hf_model_on_meta, load_hf_model, load_hf_tokenizer, read_model_config
+from rlnb.models._hf_policy import HFPolicy
+from rlnb.models._hf_tokenizer import HFTokenizer
 from rlnb.models._kvcache import KVCache
 from rlnb.models._policy import TinyPolicy
 from rlnb.models._shape import check_positions, model_shape
+from rlnb.models._tiny_llama import tiny_llama
 from rlnb.models._tokenizer import CharTokenizer
 
 __all__ = [
@@ -34,6 +29,7 @@ __all__ = [
     "load_hf_model",
     "load_hf_tokenizer",
     "model_shape",
+    "read_model_config",
     "tiny_llama",
 ]
 

@@ -11,7 +11,7 @@ from rlnb._errors import ConfigError
 if TYPE_CHECKING:
     from rlnb.config import Config, ModelConfig
     from rlnb.data import Task
-    from rlnb.models._hf import HFTokenizer
+    from rlnb.models._hf_tokenizer import HFTokenizer
     from rlnb.models._tokenizer import CharTokenizer
 
     Tokenizer: TypeAlias = CharTokenizer | HFTokenizer
@@ -27,7 +27,7 @@ def model_shape(config: Config, task: Task) -> tuple[Tokenizer, ModelConfig]:
 
     tokenizer: Tokenizer
     if config.model.path is not None:
-        from rlnb.models._hf import load_hf_tokenizer
+        from rlnb.models._hf_load import load_hf_tokenizer
 
         tokenizer = load_hf_tokenizer(config.model.path, max_len=config.model.max_len)
         unknown = "".join(c for c in task.alphabet if tokenizer.decode(tokenizer.encode(c)) != c)
@@ -38,7 +38,7 @@ def model_shape(config: Config, task: Task) -> tuple[Tokenizer, ModelConfig]:
                 f"knows every character of the task, e.g. one made by `rlnb make-tiny-llama DIR --task {task.name}`"
             )
         if config.model.lora is not None:  # peft there, and targets the model has: before anything is built
-            from rlnb.models._hf import hf_model_on_meta
+            from rlnb.models._hf_load import hf_model_on_meta
 
             hf_model_on_meta(config.model.path, lora=config.model.lora)
     else:

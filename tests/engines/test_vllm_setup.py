@@ -17,11 +17,12 @@ from rlnb.engines import VLLMEngine
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda d: d / "missing", "is not a directory"),
+        (lambda d: d / "missing", "no such directory"),
         (lambda d: d, "has no config.json"),
-        (lambda d: (d / "config.json").write_text("{oops") and d, "cannot be read as JSON"),
+        (lambda d: (d / "config.json").write_text("{oops") and d, r"cannot read its config\.json"),
+        (lambda d: (d / "config.json").write_text("[1, 2]") and d, "its config.json holds list, not a JSON object"),
     ],
-    ids=["missing", "no-config", "bad-json"],
+    ids=["missing", "no-config", "bad-json", "not-an-object"],
 )
 def test_a_bad_model_dir_is_a_config_error_before_any_process(
     tmp_path: Path, make: Callable[[Path], Path], match: str
