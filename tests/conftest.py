@@ -18,7 +18,7 @@ import pytest
 import rlnb
 from rlnb.testing import no_leaks
 from tests.helpers import processes
-from tests.helpers.tiers import goes_first, heaviest_first, implied_markers, tier
+from tests.helpers.tiers import default_markexpr, goes_first, heaviest_first, implied_markers, tier
 
 if TYPE_CHECKING:
     import subprocess
@@ -35,6 +35,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # its handler: give the suite the handler every interactive Python has.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Before collection, which deselects by it; pytest-xdist hands it to its workers.
+    named = config.args_source is pytest.Config.ArgsSource.ARGS
+    config.option.markexpr = default_markexpr(config.option.markexpr, tests_named=named)
 
 
 # First: `-m unit` and `-m "not ray"` select on the markers given here, in this order.

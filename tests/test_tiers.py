@@ -3,15 +3,17 @@ then its markers, then a look at its source for a process it starts itself."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers.tiers import FIXTURES, goes_first, heaviest_first, implied_markers, tier
+from tests.helpers.tiers import FIXTURES, default_markexpr, goes_first, heaviest_first, implied_markers, tier
 
 
 @dataclass
@@ -110,3 +112,41 @@ def test_the_suite_hands_out_its_heaviest_modules_first(request: pytest.FixtureR
         module_rank[module] = min(module_rank.get(module, 2), rank)
     seen = list(dict.fromkeys(modules))
     assert [module_rank[m] for m in seen] == sorted(module_rank[m] for m in seen)
+
+
+@pytest.mark.parametrize(
+    ("markexpr", "named", "expected"),
+    [("", False, "unit"), ("", True, ""), ("system", False, "system"), ("not ray", True, "not ray")],
+)
+def test_plain_pytest_runs_the_unit_tier_and_a_run_that_names_its_tests_or_markers_runs_those(
+    markexpr: str, named: bool, expected: str
+) -> None:
+    assert default_markexpr(markexpr, tests_named=named) == expected
+
+
+def test_plain_pytest_and_the_fast_script_collect_the_unit_tier_and_the_script_every_tier(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """What each way of running the suite collects, run as a user runs it from the
+    repository's root: plain ``pytest``, ``scripts/test.sh --fast``, ``scripts/test.sh``
+    (its two passes together) and ``pytest tests``."""
+    root = Path(__file__).parents[1]
+    # scripts/test.sh makes Ray's token for the second pass where there is none: one is there
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("unused")
+    env = {**os.environ, "HOME": str(tmp_path), "RLNB_TEST_WORKERS": "0"}
+
+    def collected(*command: str) -> set[str]:
+        run = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+        # a module that fails to import fails its own tests (1), not this one
+        assert run.returncode in (0, 1), run.stdout[-2000:] + run.stderr[-2000:]
+        return {line for line in run.stdout.splitlines() if "::" in line}
+
+    python, collect = sys.executable, ("--collect-only", "-q", "--continue-on-collection-errors")
+    plain = collected(python, "-m", "pytest", *collect)
+    every = collected(python, "-m", "pytest", "tests", *collect)
+    assert collected("scripts/test.sh", "--fast", *collect) == plain
+    assert collected("scripts/test.sh", *collect) == every
+    assert plain < every
+    assert request.node.nodeid in every - plain  # it starts processes: the integration tier
+    assert "tests/test_tiers.py::test_a_fixture_outranks_the_markers" in plain

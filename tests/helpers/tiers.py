@@ -5,7 +5,10 @@ in the fast tier by accident (tests/conftest.py marks every collected test):
   GPU: a fixture in ``FIXTURES`` that says so, or the marker ``netns``, ``ray`` or ``gpu``;
 - ``integration``: other processes (Python scripts, the CLI, loader workers, an
   offline wandb run), or marked ``slow``;
-- ``unit``: the rest, which ``scripts/test.sh --fast`` runs.
+- ``unit``: the rest, which plain ``pytest`` and ``scripts/test.sh --fast`` run.
+
+Plain ``pytest`` (no paths, no ``-m``) runs the unit tier (:func:`default_markexpr`);
+``pytest tests`` runs every tier, and ``scripts/test.sh`` does, in two passes.
 
 A test gets a process through a fixture, which marks it; a test that starts one in
 its own body is caught by ``STARTS_A_PROCESS`` (a look at its source), the safety net.
@@ -76,6 +79,17 @@ def tier(item: Item) -> str:
         return "system"
     if "integration" in touched or INTEGRATION_MARKERS & markers or _starts_a_process(item):
         return "integration"
+    return "unit"
+
+
+def default_markexpr(markexpr: str, *, tests_named: bool) -> str:
+    """The ``-m`` expression a run selects with, given the one it was given (``""``
+    for none) and whether it named its tests (paths or node ids): a run with neither
+    runs the unit tier, the loop to run after every change; a run that names its
+    tests (``pytest tests``, a module) or its markers (``-m system``; scripts/test.sh
+    passes ``-m "not ray"``, then ``-m ray``) runs what it names."""
+    if markexpr or tests_named:
+        return markexpr
     return "unit"
 
 
