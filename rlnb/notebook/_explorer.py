@@ -25,7 +25,6 @@ one is made.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import html
 import math
 import threading
@@ -36,136 +35,30 @@ from typing import TYPE_CHECKING, Any
 
 from rlnb._errors import ClosedError
 from rlnb._samples import FINISH_REASONS, Group, Sample
+from rlnb.notebook._explorer_html import (
+    COLORS,
+    ENV_TITLE,
+    Batch,
+    Row,
+    message,
+    number,
+    page,
+    page_label,
+    policy_versions,
+    row_meta,
+    shown_text,
+)
 
 if TYPE_CHECKING:
     from rlnb.session import Session
 
 __all__ = ["COLORS", "FINISHES", "SIGNS", "SORTS", "Explorer"]
 
-# What each token can be coloured by, and what the legend calls it.
-COLORS: Mapping[str, str] = {
-    "behaviour": "behaviour log-prob",
-    "learner": "learner log-prob",
-    "ratio": "importance ratio",
-    "version": "policy version",
-    "advantage": "advantage",
-}
 # Sort keys (samples within a group; groups by their first sample); "batch" keeps the batch's order.
 SORTS = ("batch", "reward", "advantage", "lag", "finish", "length")
 FINISHES = ("all", *FINISH_REASONS)
 SIGNS = ("all", "positive", "zero", "negative")
-LOGP_FLOOR = -4.0  # a log-prob at or below this gets the full colour (p <= 0.018)
 _CACHED_BATCHES = 16  # batches paged to whose numbers are kept
-
-_WHITE = (255, 255, 255)
-_RED = (242, 139, 130)
-_BLUE = (138, 180, 248)
-_GREEN = (129, 201, 149)
-_NONE = "#eeeeee"  # a token without the chosen number
-_VERSION_COLOURS = ("#cfe3ff", "#ffd8a8", "#c3f0c8", "#f5c2e7", "#fff3a3", "#d5ccff", "#ffc9c9", "#b8f0ec")
-_FINISH_COLOURS = {"stop": "#555", "length": "#b26a00", "aborted": "#b00020"}
-
-# Inline styles, not a <style> block: a saved notebook's sanitised HTML keeps them.
-# Widget HTML has the widgets' 28 px line height unless it is set.
-_ROOT = "font-size:12px;line-height:1.45;max-width:100%"
-_CAPTION = "color:#555;margin:2px 0 4px 0;overflow-wrap:anywhere"
-_GRID = "display:flex;flex-wrap:wrap;gap:8px;align-items:flex-start"
-_CARD = (
-    "flex:0 1 19em;min-width:12em;max-width:100%;box-sizing:border-box;border:1px solid #d0d0d0;"
-    "border-radius:4px;padding:4px 6px;overflow-wrap:anywhere;word-break:break-word"
-)
-_HEAD = "font-weight:bold;margin-bottom:2px"
-_PROMPT = (
-    "font-family:monospace;white-space:pre-wrap;word-break:break-all;max-height:7.5em;overflow-y:auto;"
-    "background:#f4f4f4;padding:1px 4px;margin-bottom:3px"
-)
-_ROW = "border-top:1px solid #eee;padding:2px 0"
-_META = "color:#555;font-size:11px"
-_TOKENS = "font-family:monospace;font-size:13px;white-space:pre-wrap;word-break:break-all;overflow-wrap:anywhere"
-_MARKER = (
-    "background:#222;color:#fff;border-radius:3px;padding:0 3px;margin:0 2px;font-size:10px;"
-    "font-family:sans-serif;white-space:nowrap"
-)
-_FLAG = (
-    "background:#fff3cd;color:#7a5500;border-radius:3px;padding:0 4px;font-weight:normal;font-size:11px;"
-    "white-space:nowrap"
-)
-_EMPTY_TEXT = "color:#999"
-_TURN = (
-    "background:#1f5fbf;color:#fff;border-radius:3px;padding:0 3px;margin:0 2px;font-size:10px;"
-    "font-family:sans-serif;white-space:nowrap"
-)
-# An environment's reply: a dashed box of grey italic text, with no quantity's colour.
-_ENV = (
-    "border:1px dashed #999;border-radius:3px;padding:0 2px;margin:0 1px;color:#666;font-style:italic;"
-    "box-decoration-break:clone;-webkit-box-decoration-break:clone"
-)
-_ENV_LABEL = (
-    "color:#666;font-style:normal;font-family:sans-serif;font-size:10px;font-weight:bold;margin-right:3px;"
-    "white-space:nowrap"
-)
-_ENV_TITLE = "environment token (not trained on)"
-
-
-def _mix(a: tuple[int, int, int], b: tuple[int, int, int], t: float) -> str:
-    return "#{:02x}{:02x}{:02x}".format(*(round(x + (y - x) * t) for x, y in zip(a, b, strict=True)))
-
-
-def _diverging(t: float, low: tuple[int, int, int], high: tuple[int, int, int]) -> str:
-    """White at 0, ``high`` at +1, ``low`` at -1 (``t`` is clipped to [-1, 1])."""
-    t = max(-1.0, min(1.0, t))
-    return _mix(_WHITE, high, t) if t >= 0 else _mix(_WHITE, low, -t)
-
-
-def _logp_colour(logp: float | None) -> str:
-    return _NONE if logp is None else _mix(_WHITE, _RED, min(1.0, max(0.0, logp / LOGP_FLOOR)))
-
-
-def _shown_text(text: str) -> str:
-    """A token's text as shown (escaped): newlines and tabs visible, nothing as a mark."""
-    if not text:
-        return "∅"
-    return html.escape(text).replace("\n", "↵\n").replace("\t", "→\t")
-
-
-def _number(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-@dataclasses.dataclass
-class _Row:
-    """One sample with what its rendering needs, computed once."""
-
-    group: int
-    index: int
-    sample: Sample
-    reward: float
-    advantage: float
-    lag: int | None
-    meta: str  # the line above its tokens, HTML
-    texts: list[str]  # each token's shown text, HTML
-    titles: list[str]  # each token's tooltip, escaped for an attribute
-    values: dict[str, list[float | None]]  # per colour quantity, per token
-    spans: dict[str, str] = dataclasses.field(default_factory=dict)  # per quantity: the tokens, coloured
-
-
-@dataclasses.dataclass
-class _Batch:
-    """A batch as the explorer shows it: its samples' rows and the scales of its colours."""
-
-    label: str
-    step: int | None  # a kept batch's step; None for groups that were not trained on
-    base: int  # the policy version lags are counted from
-    groups: tuple[Group, ...]
-    rows: list[list[_Row]]  # per group
-    zero_variance: list[bool]
-    learner_version: int
-    learner_note: str  # why there are no learner log-probs, if there are none
-    clip_eps: float
-    versions: tuple[int, ...]
-    max_advantage: float
-    lags: tuple[int, ...]
-    conversation: bool = False  # a sample holds an environment's replies or several policy turns
 
 
 class Explorer:
@@ -196,7 +89,7 @@ class Explorer:
         self._session = weakref.ref(session)
         self._lock = threading.RLock()  # a click through a kernel subshell and a call from a cell
         self._texts: dict[int, tuple[str, str]] = {}  # token id -> (its text, as shown in HTML)
-        self._cache: collections.OrderedDict[int, _Batch] = collections.OrderedDict()  # by step
+        self._cache: collections.OrderedDict[int, Batch] = collections.OrderedDict()  # by step
         self._state: dict[str, Any] = {
             "color": "behaviour",
             "sort": "batch",
@@ -216,7 +109,7 @@ class Explorer:
 
     # -- the batch ------------------------------------------------------------------------
 
-    def _prepare(self, sess: Session, batch: Any) -> _Batch:
+    def _prepare(self, sess: Session, batch: Any) -> Batch:
         """The batch's numbers, from the cache for a kept batch seen before."""
         if batch is None or (isinstance(batch, int) and not isinstance(batch, bool)):
             batch = self._kept(sess, batch)
@@ -263,7 +156,7 @@ class Explorer:
                 f"many); use an index in [{-n}, {n})"
             ) from None
 
-    def _compute(self, sess: Session, groups: tuple[Group, ...], *, kept: Any) -> _Batch:
+    def _compute(self, sess: Session, groups: tuple[Group, ...], *, kept: Any) -> Batch:
         from rlnb.learn import advantages_of
 
         if kept is not None:
@@ -286,7 +179,7 @@ class Explorer:
         except Exception as exc:  # a batch the learner cannot score (made by hand, say): shown without them
             learner, note = None, f"no learner log-probs: {type(exc).__name__}: {exc}"
         several = any(len(s.rewards) > 1 for g in groups for s in g.samples)
-        rows: list[list[_Row]] = []
+        rows: list[list[Row]] = []
         for gi, group in enumerate(groups):
             rows.append([])
             for si, sample in enumerate(group.samples):
@@ -297,11 +190,11 @@ class Explorer:
         for group in groups:
             values = [float(s.reward or 0.0) for s in group.samples]
             zero.append(max(values) - min(values) <= 1e-12)
-        versions = sorted({v for g in groups for s in g.samples for v in _policy_versions(s)})
+        versions = sorted({v for g in groups for s in g.samples for v in policy_versions(s)})
         lags = sorted({r.lag for g in rows for r in g if r.lag is not None})
         top = max((abs(r.advantage) for g in rows for r in g), default=0.0)
         talk = any(_talks(s) for g in groups for s in g.samples)
-        return _Batch(
+        return Batch(
             label, step, base, groups, rows, zero, learner_version, note, clip_eps, tuple(versions), top, tuple(lags),
             conversation=talk,
         )  # fmt: skip
@@ -314,7 +207,7 @@ class Explorer:
                 raw = sess.tokenizer.decode([token])
             except Exception:  # an id the tokenizer does not know: shown, not fatal
                 raw = "?"
-            known = self._texts[token] = (raw, _shown_text(raw))
+            known = self._texts[token] = (raw, shown_text(raw))
         return known
 
     def _row(
@@ -327,7 +220,7 @@ class Explorer:
         learner: list[float] | None,
         base: int,
         several: bool,
-    ) -> _Row:
+    ) -> Row:
         n = len(sample.token_ids)
         policy = [m == 1 for m in sample.mask]
         # An environment's token has no behaviour log-prob (0.0 stands in), no learner's
@@ -350,26 +243,26 @@ class Explorer:
             b, a, r, v = behaviour[i], mine[i], ratio[i], versions[i]
             title = f"{raw!r} (id {token}), token {i + 1} of {n}\n"
             if not policy[i]:
-                title += _ENV_TITLE
+                title += ENV_TITLE
             else:
                 title += (
-                    f"behaviour log-prob {_number(b, '.3f')}"
+                    f"behaviour log-prob {number(b, '.3f')}"
                     + ("" if b is None else f" (p {math.exp(b):.3f})")
-                    + f"\nlearner log-prob {_number(a, '.3f')}\nratio {_number(r, '.3f')}\n"
+                    + f"\nlearner log-prob {number(a, '.3f')}\nratio {number(r, '.3f')}\n"
                     f"version {'-' if v is None else v}\nadvantage {advantage:+.3f}"
                 )
             titles.append(html.escape(title, quote=True))
-        own = _policy_versions(sample)
+        own = policy_versions(sample)
         lag = base - min(own) if own else None
         reward = float(sample.reward or 0.0)
-        return _Row(
+        return Row(
             group=gi,
             index=si,
             sample=sample,
             reward=reward,
             advantage=advantage,
             lag=lag,
-            meta=_meta(sample, reward, advantage, lag, several),
+            meta=row_meta(sample, reward, advantage, lag, several),
             texts=texts,
             titles=titles,
             values={
@@ -383,81 +276,15 @@ class Explorer:
 
     # -- rendering ----------------------------------------------------------------------
 
-    def _colour(self, quantity: str) -> Callable[[float | None], str]:
-        b = self._batch
-        if quantity in ("behaviour", "learner"):
-            return _logp_colour
-        if quantity == "ratio":
-            scale = math.log1p(b.clip_eps) or 0.2  # the clip range gets the full colour
-            return lambda r: _NONE if r is None else _diverging(math.log(max(r, 1e-300)) / scale, _RED, _BLUE)
-        if quantity == "version":
-            first = b.versions[0] if b.versions else 0
-            palette = _VERSION_COLOURS
-            return lambda v: _NONE if v is None else palette[(int(v) - first) % len(palette)]
-        top = b.max_advantage or 1.0
-        return lambda a: _NONE if a is None else _diverging(a / top, _RED, _GREEN)
-
-    def _spans(self, row: _Row, quantity: str) -> str:
-        """The sample's tokens coloured by ``quantity``: made once per quantity."""
-        made = row.spans.get(quantity)
-        if made is not None:
-            return made
-        sample = row.sample
-        if not sample.token_ids:
-            made = html.escape(sample.completion) or f'<span style="{_EMPTY_TEXT}">(no tokens)</span>'
-        else:
-            colour = self._colour(quantity)
-            mask = sample.mask
-            parts = []
-            for i, (text, title, value) in enumerate(zip(row.texts, row.titles, row.values[quantity], strict=True)):
-                env = mask[i] == 0
-                if i and mask[i - 1] == 0 and not env:
-                    parts.append("</span>")  # the environment's reply ends
-                parts += _markers(sample, i)
-                extra = _EMPTY_TEXT + ";" if text == "∅" else ""
-                if env:
-                    if i == 0 or mask[i - 1] == 1:
-                        parts.append(_env_start(mask, i))
-                    style = f' style="{extra}"' if extra else ""
-                    parts.append(f'<span class="rlnb-env-token"{style} title="{title}">{text}</span>')
-                    continue
-                style = f"{extra}background:{colour(value)};margin-right:1px"  # a gap: each token is seen
-                parts.append(f'<span style="{style}" title="{title}">{text}</span>')
-            if mask[-1] == 0:
-                parts.append("</span>")
-            made = "".join(parts)
-        row.spans[quantity] = made
-        return made
-
     def _render(self) -> None:
         started = time.perf_counter()
-        self._html = self._make_html()
+        self._html = page(self._batch, self._state, self._ordered())
         if not self._closed:
             self.body.value = self._html
             self.page_label.value = self._page_text()
         self.last_render_s = time.perf_counter() - started
 
-    def _make_html(self) -> str:
-        b, st = self._batch, self._state
-        cards, shown = [], 0
-        for gi, rows in self._ordered():
-            shown += len(rows)
-            cards.append(self._card(gi, rows))
-        total = sum(len(r) for r in b.rows)
-        filters = [f"{k} {st[k]}" for k in ("finish", "lag", "advantage", "reward") if st[k] != "all"]
-        caption = (
-            f"<b>{html.escape(b.label)}</b>: {len(b.groups)} groups, {shown} of {total} samples shown"
-            + (f" ({html.escape(', '.join(filters))})" if filters else "")
-            + f" · colour: {html.escape(COLORS[st['color']])} · sorted by {html.escape(st['sort'])}"
-        )
-        empty = "" if cards else f'<div style="{_META}">no sample matches the filters</div>'
-        return (
-            f'<div class="rlnb-explorer" style="{_ROOT}"><div style="{_CAPTION}">{caption}</div>'
-            f"{self._legend()}{empty}"
-            f'<div class="rlnb-groups" style="{_GRID}">{"".join(cards)}</div></div>'
-        )
-
-    def _ordered(self) -> list[tuple[int, list[_Row]]]:
+    def _ordered(self) -> list[tuple[int, list[Row]]]:
         """The groups (index, their shown rows in order) with a sample that passes the filters."""
         st = self._state
         key = _SORT_KEYS.get(st["sort"])
@@ -473,88 +300,10 @@ class Explorer:
             out.sort(key=lambda pair: key(pair[1][0]))
         return out
 
-    def _card(self, gi: int, rows: list[_Row]) -> str:
-        b, quantity = self._batch, self._state["color"]
-        group = b.groups[gi]
-        rewards = [float(s.reward or 0.0) for s in group.samples]
-        flag = ""
-        if b.zero_variance[gi]:
-            flag = (
-                f' <span class="rlnb-zero-variance" style="{_FLAG}" title="every sample got reward '
-                f'{rewards[0]:.3g}: its advantages are all 0, so this group gives no learning signal">'
-                "zero variance</span>"
-            )
-        head = f"group {gi + 1} · mean reward {sum(rewards) / len(rewards):.2f}{flag}"
-        parts = [
-            f'<div class="rlnb-group" data-group="{gi}" style="{_CARD}"><div style="{_HEAD}">{head}</div>',
-            f'<div class="rlnb-prompt" style="{_PROMPT}">{html.escape(group.prompt)}</div>',
-        ]
-        for r in rows:
-            parts.append(
-                f'<div class="rlnb-sample" data-sample="{r.index}" data-reward="{r.reward:.6g}" '
-                f'data-advantage="{r.advantage:.6g}" data-finish="{r.sample.finish_reason}" '
-                f'data-lag="{"" if r.lag is None else r.lag}" style="{_ROW}"><div style="{_META}">{r.meta}</div>'
-                f'<div class="rlnb-tokens" style="{_TOKENS}">{self._spans(r, quantity)}</div></div>'
-            )
-        parts.append("</div>")
-        return "".join(parts)
-
-    def _legend(self) -> str:
-        b, quantity = self._batch, self._state["color"]
-
-        def bar(left: str, colours: str, right: str) -> str:
-            return (
-                f'{left} <span style="display:inline-block;width:8em;height:0.9em;vertical-align:middle;'
-                f'border:1px solid #ccc;background:linear-gradient(to right,{colours})"></span> {right}'
-            )
-
-        red, white = _mix(_WHITE, _RED, 1), "#ffffff"
-        if quantity in ("behaviour", "learner"):
-            what = (
-                "the engine's, as it sampled"
-                if quantity == "behaviour"
-                else f"the current policy's (version {b.learner_version}) "
-            )
-            text = bar("p 1", f"{white},{red}", f"p ≤ {math.exp(LOGP_FLOOR):.2f} (log-prob ≤ {LOGP_FLOOR:g})")
-            text += f" · {what}"
-        elif quantity == "ratio":
-            lo, hi = 1 / (1 + b.clip_eps), 1 + b.clip_eps
-            blue = _mix(_WHITE, _BLUE, 1)
-            text = bar(f"≤ {lo:.3g}", f"{red},{white},{blue}", f"≥ {hi:.3g}")
-            text += f" · exp(learner - behaviour), learner at version {b.learner_version}"
-        elif quantity == "version":
-            first = b.versions[0] if b.versions else 0
-            swatches = [
-                f'<span style="background:{_VERSION_COLOURS[(v - first) % len(_VERSION_COLOURS)]};padding:0 4px">'
-                f"v{v}</span>"
-                for v in b.versions
-            ]
-            text = " ".join(swatches) or "no versions recorded"
-        else:
-            top = b.max_advantage
-            text = bar(f"{-top:+.2f}", f"{red},{white},{_mix(_WHITE, _GREEN, 1)}", f"{top:+.2f}")
-        note = "" if not b.learner_note or quantity not in ("learner", "ratio") else f" · {html.escape(b.learner_note)}"
-        marker = f'<span style="{_MARKER}">‖ resumed</span> where a paused rollout was continued'
-        if b.conversation:
-            marker += (
-                f' · <span class="rlnb-env" style="{_ENV}"><span style="{_ENV_LABEL}">env</span>reply</span> the '
-                "environment's tokens: not trained on, so not coloured, and counted apart (tok + N env) · "
-                f'<span style="{_TURN}">▸ turn 2</span> where a policy turn begins'
-            )
-        return (
-            f'<div class="rlnb-legend" style="{_CAPTION}">{text}{note} · {marker} · hover a token for its numbers</div>'
-        )
-
     def _page_text(self) -> str:
-        b = self._batch
         sess = self._session()
-        if b.step is None:
-            return f"<span style='{_META}'>groups given, not in sess.batches</span>"
-        if sess is None or sess.closed:
-            return f"<span style='{_META}'>step {b.step} (session closed)</span>"
-        steps = [int(k.step) for k in sess.batches]
-        where = f"{steps.index(b.step) + 1} of {len(steps)} kept" if b.step in steps else "no longer kept"
-        return f"<span style='{_META}'>step {b.step} · batch {where}</span>"
+        steps = None if sess is None or sess.closed else [int(k.step) for k in sess.batches]
+        return page_label(self._batch.step, steps)
 
     # -- controls -------------------------------------------------------------------------
 
@@ -623,8 +372,7 @@ class Explorer:
         try:
             fn()
         except Exception as exc:
-            text = html.escape(f"{type(exc).__name__}: {exc}")
-            self.message.value = f'<div style="color:#b00020;line-height:1.4">{text}</div>'
+            self.message.value = message(html.escape(f"{type(exc).__name__}: {exc}"), error=True)
 
     def show(
         self,
@@ -705,7 +453,7 @@ class Explorer:
                 target = 0
             if target is None or not 0 <= target < len(steps):
                 end = "oldest" if by < 0 else "newest"
-                self.message.value = f'<div style="{_META}">this is the {end} batch kept (sess.batches)</div>'
+                self.message.value = message(f"this is the {end} batch kept (sess.batches)")
                 return
             self.show(page=target)
 
@@ -790,79 +538,16 @@ class Explorer:
         self.close()
 
 
-def _meta(sample: Sample, reward: float, advantage: float, lag: int | None, several: bool) -> str:
-    """A sample's line: reward (each function's too, the environment's), advantage, finish,
-    length and turns, versions, lag."""
-    parts = [f"reward <b>{reward:.3g}</b>"]
-    if several and sample.rewards:
-        each = ", ".join(f"{name} {_number(v, '.3g')}" for name, v in sample.rewards.items())
-        parts[0] += f" ({html.escape(each)})"
-    parts.append(f"adv <b>{advantage:+.2f}</b>")
-    finish = sample.finish_reason
-    parts.append(f'<span style="color:{_FINISH_COLOURS.get(finish, "#555")}">{html.escape(finish)}</span>')
-    if sample.env_reward is not None:
-        parts.append(f"env reward {sample.env_reward:.3g}")
-    policy = sum(sample.mask)  # what is trained on: an environment's tokens are counted apart
-    env = len(sample.token_ids) - policy
-    parts.append(f"{policy} tok" + (f" + {env} env" if env else ""))
-    if len(sample.turns) > 1:
-        parts.append(f"{len(sample.turns)} turns")
-    if versions := _policy_versions(sample):
-        lo, hi = min(versions), max(versions)
-        parts.append((f"v{lo}" if lo == hi else f"v{lo}-{hi}") + f" lag {lag}")
-    if sample.resumed:
-        parts.append(f"resumed x{sample.resumed}")
-    return " · ".join(parts)
-
-
-def _policy_versions(sample: Sample) -> list[int]:
-    """The versions of the policy's tokens (an environment's token copies the one before it)."""
-    if len(sample.versions) != len(sample.mask):
-        return list(sample.versions)
-    return [v for v, m in zip(sample.versions, sample.mask, strict=True) if m]
-
-
 def _talks(sample: Sample) -> bool:
     """Whether a sample is a conversation: an environment spoke, or the policy took several turns."""
     return sample.is_conversation or len(sample.turns) > 1
-
-
-def _markers(sample: Sample, i: int) -> list[str]:
-    """What stands before token ``i``: a policy turn's start (after the first), a resume."""
-    out = []
-    if i and i in sample.turns:
-        turn = sample.turns.index(i) + 1
-        out.append(
-            f'<span class="rlnb-turn" data-at="{i}" data-turn="{turn}" style="{_TURN}" '
-            f'title="the policy\'s turn {turn} begins here, after {i} tokens">▸ turn {turn}</span>'
-        )
-    if i in sample.continued_at:
-        versions = sample.versions
-        before = versions[i - 1] if 0 < i <= len(versions) else "?"
-        after = versions[i] if i < len(versions) else "?"
-        out.append(
-            f'<span class="rlnb-resumed" data-at="{i}" style="{_MARKER}" title="a pause cut this rollout '
-            f'after {i} tokens and a resume continued it here (version {before} before, {after} after)">'
-            "‖ resumed</span>"
-        )
-    return out
-
-
-def _env_start(mask: Sequence[int], i: int) -> str:
-    """The opening of the environment's reply that starts at token ``i``, with its label."""
-    end = next((j for j in range(i, len(mask)) if mask[j]), len(mask))
-    return (
-        f'<span class="rlnb-env" data-at="{i}" data-tokens="{end - i}" style="{_ENV}" '
-        f'title="the environment\'s reply ({end - i} tokens): not trained on, so not coloured">'
-        f'<span class="rlnb-env-label" style="{_ENV_LABEL}">env</span>'
-    )
 
 
 def _sign(value: float) -> str:
     return "positive" if value > 1e-12 else "negative" if value < -1e-12 else "zero"
 
 
-def _passes(row: _Row, state: Mapping[str, Any]) -> bool:
+def _passes(row: Row, state: Mapping[str, Any]) -> bool:
     if state["finish"] != "all" and row.sample.finish_reason != state["finish"]:
         return False
     if state["lag"] != "all" and row.lag != state["lag"]:
@@ -873,7 +558,7 @@ def _passes(row: _Row, state: Mapping[str, Any]) -> bool:
 
 
 # Each sort key puts the largest first (a smaller key sorts earlier).
-_SORT_KEYS: dict[str, Callable[[_Row], Any]] = {
+_SORT_KEYS: dict[str, Callable[[Row], Any]] = {
     "reward": lambda r: -r.reward,
     "advantage": lambda r: -r.advantage,
     "lag": lambda r: -(r.lag if r.lag is not None else -1),
