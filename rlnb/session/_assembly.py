@@ -7,6 +7,7 @@ composition root reads as a list of stages.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -174,8 +175,7 @@ def make_learner(config: Config, model: ModelConfig, tokenizer: Tokenizer) -> Le
         encode_observation=tokenizer.encode_observation,
         pad_id=tokenizer.PAD,
         eos_id=tokenizer.EOS,
-        config=config.learn,
-        threads=learner_threads(config),
+        config=dataclasses.replace(config.learn, threads=learner_threads(config)),
     )
 
 
@@ -285,29 +285,22 @@ def make_rollouter(
     reward_fn, group_reward_fn = reward_functions(task.rewards.with_weights(r.reward_weights))
     return Rollouter(
         engine,
+        r,
+        sampling=sampling_params(config, task),
         prompts=prompts,
         encode=lambda text: tokenizer.encode(text, bos=True),
         decode=tokenizer.decode,
         reward_fn=reward_fn,
         group_reward_fn=group_reward_fn,
         buffer=buffer,
-        group_size=r.group_size,
-        max_inflight=r.max_inflight,
-        max_policy_lag=r.max_policy_lag,
-        groups_per_step=r.groups_per_step,
-        sampling=sampling_params(config, task),
-        max_continuations=r.max_continuations,
-        on_bad_prompt=config.data.on_bad_prompt,
-        reward_workers=r.reward_workers,
-        max_retries=r.max_retries,
-        reward_timeout=r.reward_timeout,
         seed=config.seed,
-        conversations=conversations(config, task, tokenizer),
+        on_bad_prompt=config.data.on_bad_prompt,
         max_context=config.model.max_len,
+        conversations=conversations(task, tokenizer),
     )
 
 
-def conversations(config: Config, task: Task, tokenizer: Tokenizer) -> Conversations | None:
+def conversations(task: Task, tokenizer: Tokenizer) -> Conversations | None:
     """How the rollouter turns samples into conversations with ``task.env``; None without one."""
     if task.env is None:
         return None
@@ -323,8 +316,6 @@ def conversations(config: Config, task: Task, tokenizer: Tokenizer) -> Conversat
         max_turns=task.max_turns,
         encode_prompt=encode_prompt,
         encode_observation=tokenizer.encode_observation,
-        max_context=config.model.max_len,
-        workers=config.rollout.env_workers,
     )
 
 

@@ -18,17 +18,16 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlnb import _reprs
-from rlnb._errors import ConfigError, public_call
+from rlnb._errors import ConfigError
 from rlnb.config import Config
 
 if TYPE_CHECKING:
     from rlnb.data import Task
     from rlnb.learn import Trainer
-    from rlnb.rollout import Rollouter
     from rlnb.session._statistics import SessionStatistics
     from rlnb.track import Tracker
 
-__all__ = ["DiagnoseCells", "Finding", "Findings", "diagnose"]
+__all__ = ["Finding", "Findings", "diagnose", "diagnose_session"]
 
 SEVERITIES = ("critical", "warning", "info")  # most severe first
 
@@ -117,50 +116,34 @@ class Findings(list[Finding]):
 COLOURS = {"critical": "#b00020", "warning": "#b26a00", "info": "#666666"}
 
 
-class DiagnoseCells:
-    """``diagnose`` of :class:`~rlnb.Session`, which provides the parts and ``statistics()``."""
-
-    _trainer: Trainer
-    _config: Config
-    _task: Task
-    _tracker: Tracker
-    reward_name: str | None
-
-    def _check(self) -> Rollouter:
-        raise NotImplementedError  # the session's
-
-    @public_call("nothing was changed")
-    def diagnose(self, *, track: bool = True, raise_errors: bool = True) -> Findings:
-        """Why is nothing learning? :class:`Findings` (most severe first), each with
-        what was seen and what to try, from what the session has already: the last
-        steps' metrics, the last kept batches, ``statistics()``, the config and the
-        reward functions' timings. Nothing is rolled out or trained; it does not block.
-
-        ``track``: log how many findings of each severity to the tracker as
-        ``diagnose/critical``, ``diagnose/warning`` and ``diagnose/info`` at the
-        current step. ``raise_errors``: as ``statistics()``'s (False leaves a
-        background failure for the next call, and works on a closed session; a
-        dashboard passes False to both)."""
-        if raise_errors:
-            self._check()
-        session: Any = self
-        snapshot: SessionStatistics = session.statistics(raise_errors=False)
-        trainer = self._trainer
-        rewards = self._task.rewards if self.reward_name is None else None  # set_reward()'s is not timed
-        found = diagnose(
-            trainer.history,
-            list(trainer.batches)[-RECENT_BATCHES:],
-            snapshot,
-            self._config,
-            {} if rewards is None else rewards.timings(),
-            failures={} if rewards is None else rewards.failures(),
-            batched=() if rewards is None else [f.name for f in rewards.functions if f.is_batched],
-            step_seconds=_step_seconds(trainer, snapshot),
-        )
-        if track:
-            counts = {f"diagnose/{severity}": float(n) for severity, n in found.counts().items()}
-            self._tracker.log(counts, step=trainer.version)
-        return found
+def diagnose_session(
+    trainer: Trainer,
+    snapshot: SessionStatistics,
+    config: Config,
+    task: Task,
+    *,
+    custom_reward: bool,
+    tracker: Tracker | None,
+) -> Findings:
+    """``Session.diagnose``: :func:`diagnose` of what the session's parts have now
+    (the trainer's history and kept batches, a ``statistics()`` snapshot, the config,
+    the task's reward timings unless a custom reward is in force, which is not timed);
+    with ``tracker``, the counts of each severity logged at the current step."""
+    rewards = None if custom_reward else task.rewards
+    found = diagnose(
+        trainer.history,
+        list(trainer.batches)[-RECENT_BATCHES:],
+        snapshot,
+        config,
+        {} if rewards is None else rewards.timings(),
+        failures={} if rewards is None else rewards.failures(),
+        batched=() if rewards is None else [f.name for f in rewards.functions if f.is_batched],
+        step_seconds=_step_seconds(trainer, snapshot),
+    )
+    if tracker is not None:
+        counts = {f"diagnose/{severity}": float(n) for severity, n in found.counts().items()}
+        tracker.log(counts, step=trainer.version)
+    return found
 
 
 def _step_seconds(trainer: Any, snapshot: SessionStatistics) -> float | None:
