@@ -12,7 +12,8 @@ from typing import Any as _Any
 from rlnb.envs._episode import EnvError, Episode, check_factory
 from rlnb.envs._gym import GymEnv
 from rlnb.envs._protocol import Demonstration, Environment, Message, Observation, Turn
-from rlnb.envs._tools import ToolEnv, tool_schema
+from rlnb.envs._tool_schema import tool_schema
+from rlnb.envs._tools import ToolEnv
 
 __all__ = [
     "Demonstration",

@@ -9,9 +9,9 @@ from typing import Any, Literal
 import pytest
 
 from rlnb import ConfigError
+from rlnb.envs import ToolEnv, tool_schema
 from rlnb.envs._episode import Episode, check_factory
 from rlnb.envs._protocol import Turn
-from rlnb.envs._tools import ToolEnv, tool_schema
 
 VERBOSE = "error: {error}\n"  # the call syntax's errors, with their reason
 
