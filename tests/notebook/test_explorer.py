@@ -20,7 +20,7 @@ from rlnb.envs import Turn
 from rlnb.learn import advantages_of
 from rlnb.notebook import Explorer
 from rlnb.notebook._explorer import COLORS
-from tests.helpers import small_config
+from tests.helpers import small_config, wait_until
 
 CONFIG = small_config()
 
@@ -130,21 +130,21 @@ def test_a_continued_partial_rollout_shows_where_it_resumed_and_its_two_versions
         assert "v0-1 lag 0" in text and "resumed x1" in text
 
 
+TOKEN_DELAY = 0.05
+
+
 def test_a_real_paused_and_resumed_rollout_spans_two_policy_versions() -> None:
     """Async rollouts cut by pause("abort"), a step trained meanwhile, then resumed:
     the continued samples' tokens come from two versions, and the explorer shows both."""
     config = small_config(mode="async")
-    with rlnb.Session(config, name="explore-pause", engine=FakeEngine(lengths=8, token_delay=0.05)) as sess:
+    with rlnb.Session(config, name="explore-pause", engine=FakeEngine(lengths=8, token_delay=TOKEN_DELAY)) as sess:
         sess.start_rollouts()
-        deadline = time.monotonic() + 30
-        while sum(sess.statistics().buffer.sizes.values()) < 8:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: sum(sess.statistics().buffer.sizes.values()) >= 8, "8 groups in the buffer", 30)
         sess.step()  # room in the budget: new groups go in flight
-        while sess.statistics().rollout.in_flight == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
-        time.sleep(0.06)  # a token or so into them
+        wait_until(lambda: sess.statistics().engine.running > 0, "the engine to decode new groups", 30)
+        # The fake engine's tokens come with its clock, one every token_delay, and show only
+        # when a request ends: two tokens' time leaves most of the eight still to come.
+        time.sleep(2 * TOKEN_DELAY)
         sess.pause("abort")
         assert sess.statistics().rollout.kept_partial > 0
         sess.step()  # a new version while they wait
