@@ -10,7 +10,7 @@ fi
 # The constraints file pins the CPU build of torch for this machine (and CI) without
 # narrowing what users of the package may install.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check \
-    -c .ci/constraints.txt -e ".[dev,ray,notebook,hf,lora,data,math]" 2>&1 | grep -v "^WARNING: Location" || true
+    -c .ci/constraints.txt -e ".[dev,docs,ray,notebook,hf,lora,data,math]" 2>&1 | grep -v "^WARNING: Location" || true
 # JupyterLab saves widget state into the notebook on save ("Save Jupyter widget state"),
 # so a notebook saved while a dashboard is live reopens showing its last frame instead
 # of "Error displaying widget: model not found".
