@@ -1,6 +1,5 @@
 """``rlnb.engines`` exports its public names with a sorted ``__all__``; the heavy
-engines are imported only when asked for, and ``rlnb.rollout`` still gives the
-names it always had."""
+engines are imported only when asked for."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ import subprocess
 import sys
 
 import rlnb.engines
-import rlnb.rollout
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -17,11 +15,6 @@ def test_all_is_sorted_and_complete() -> None:
     assert set(rlnb.engines.__all__) == public
     for name in rlnb.engines.__all__:
         assert getattr(rlnb.engines, name).__name__ == name
-
-
-def test_the_rollout_package_gives_the_same_objects() -> None:
-    for name in set(rlnb.engines.__all__) & set(rlnb.rollout.__all__):
-        assert getattr(rlnb.rollout, name) is getattr(rlnb.engines, name), name
 
 
 def test_the_heavy_engines_are_imported_only_when_asked_for() -> None:

@@ -1,11 +1,12 @@
-"""``rlnb.rollout`` exports its public names with a sorted ``__all__``; TinyEngine
-(which needs torch) is imported only when asked for."""
+"""``rlnb.rollout`` exports its public names with a sorted ``__all__``; the engines and
+their protocol are ``rlnb.engines``' names alone, and importing it loads no torch."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import rlnb.engines
 import rlnb.rollout
 
 
@@ -17,13 +18,12 @@ def test_all_is_sorted_and_complete() -> None:
         assert getattr(rlnb.rollout, name).__name__ == name
 
 
-def test_tiny_engine_is_exported_and_imports_torch_only_when_asked_for() -> None:
-    code = (
-        "import sys, rlnb.rollout; "
-        "before = 'torch' in sys.modules; "
-        "from rlnb.rollout import TinyEngine; "
-        "from rlnb.engines._tiny import TinyEngine as Private; "
-        "print(before, 'torch' in sys.modules, TinyEngine is Private)"
-    )
+def test_the_engine_names_are_rlnb_engines_alone() -> None:
+    for name in rlnb.engines.__all__:
+        assert not hasattr(rlnb.rollout, name), f"rlnb.rollout.{name}: import it from rlnb.engines"
+
+
+def test_importing_the_rollout_package_loads_no_torch() -> None:
+    code = "import sys, rlnb.rollout; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "True", "True"]
+    assert out.split() == ["False"]

@@ -174,7 +174,7 @@ def test_a_session_cannot_be_pickled() -> None:
         pickle.dumps(sess)
 
 
-class ClosableFake(rlnb.rollout.FakeEngine):
+class ClosableFake(rlnb.engines.FakeEngine):
     """A FakeEngine that records its close."""
 
     def __init__(self) -> None:

@@ -193,7 +193,7 @@ def test_an_async_step_that_gets_no_batch_says_why() -> None:
 
         stuck = asyncio.Event()  # never set: every generation hangs
 
-        async def hang(request: rlnb.rollout.GenerateRequest) -> None:
+        async def hang(request: rlnb.engines.GenerateRequest) -> None:
             await stuck.wait()
 
         engine.before_generate = hang
