@@ -21,13 +21,15 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from rlnb._checks import check_buffer, check_number
+from rlnb._checks import check_number
 from rlnb._errors import BufferEmpty, BufferFull, ClosedError, ConfigError, FeederError
 from rlnb._samples import Group
+from rlnb.config import BufferConfig
 
 __all__ = ["BufferStatistics", "ReplayBuffer"]
 
 Feeder = Callable[[], Iterable[Group] | None]
+_DEFAULT = BufferConfig()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,30 +62,30 @@ class BufferStatistics:
 class ReplayBuffer:
     """Thread-safe partitioned FIFO of :class:`~rlnb.Group` objects.
 
-    ``capacity`` bounds the groups held per partition (``put`` blocks when full).
-    ``feeder``, if given, is called every ``poll_interval`` seconds on a thread of
+    ``config`` (:class:`~rlnb.BufferConfig`) names the partitions, bounds the groups
+    held per partition (``put`` blocks when full) and sets the staleness that evicts
+    them. ``feeder``, if given, is called every ``poll_interval`` seconds on a thread of
     the buffer's own and whatever groups it returns go into ``train``.
     """
 
     def __init__(
         self,
-        capacity: int = 1024,
+        config: BufferConfig = _DEFAULT,
         *,
-        partitions: Iterable[str] = ("train", "val"),
-        max_staleness: int | None = None,
         feeder: Feeder | None = None,
         poll_interval: float = 1.0,
         name: str = "buffer",
     ) -> None:
-        if isinstance(partitions, str):  # tuple("train") would make one partition per letter
+        if not isinstance(config, BufferConfig):
             raise ConfigError(
-                f'ReplayBuffer partitions must be a sequence of names, e.g. ("train",), got {partitions!r}'
+                f"ReplayBuffer(config={config!r}) takes a rlnb.BufferConfig, got {type(config).__name__}: "
+                "e.g. ReplayBuffer(BufferConfig(capacity=256))"
             )
-        parts = tuple(partitions)
-        _validate(capacity, parts, max_staleness, feeder, poll_interval)
+        _validate(feeder, poll_interval)
+        parts = config.partitions
         self._name = name
-        self._capacity = capacity
-        self._max_staleness = max_staleness
+        self._capacity = config.capacity
+        self._max_staleness = config.max_staleness
         self._cond = threading.Condition()
         self._parts: dict[str, collections.deque[Group]] = {p: collections.deque() for p in parts}
         self._held: dict[str, collections.deque[Group]] = {p: collections.deque() for p in parts}
@@ -432,14 +434,7 @@ class ReplayBuffer:
                 self._cond.notify_all()
 
 
-def _validate(
-    capacity: int,
-    partitions: tuple[str, ...],
-    max_staleness: int | None,
-    feeder: Feeder | None,
-    poll_interval: float,
-) -> None:
-    check_buffer("ReplayBuffer", capacity, partitions, max_staleness)
+def _validate(feeder: Feeder | None, poll_interval: float) -> None:
     if feeder is not None and not callable(feeder):
         raise ConfigError(f"ReplayBuffer feeder must be a callable returning groups, got {type(feeder).__name__}")
     check_number("ReplayBuffer.poll_interval", poll_interval, gt=0, fix="use a number of seconds > 0, e.g. 1.0")

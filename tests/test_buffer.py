@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import rlnb
-from rlnb import ReplayBuffer
+from rlnb import BufferConfig, ReplayBuffer
 
 # Generous bounds for waits that should end within milliseconds; they only stop a
 # broken buffer from hanging the suite.
@@ -95,7 +95,7 @@ def spawn() -> Iterator[Callable[[Callable[[], Any]], Call]]:
 
 
 def test_get_returns_groups_in_put_order() -> None:
-    with ReplayBuffer(16) as buf:
+    with ReplayBuffer(BufferConfig(capacity=16)) as buf:
         for i in range(6):
             buf.put(make_group(i))
         assert ids(buf.get(2)) == [0, 1]
@@ -106,7 +106,7 @@ def test_get_returns_groups_in_put_order() -> None:
 
 
 def test_partitions_are_independent_fifos() -> None:
-    with ReplayBuffer(16) as buf:
+    with ReplayBuffer(BufferConfig(capacity=16)) as buf:
         buf.put(make_group(0), partition="train")
         buf.put(make_group(100), partition="val")
         buf.put(make_group(1), partition="train")
@@ -134,7 +134,7 @@ def test_partitions_are_independent_fifos() -> None:
     ids=["put", "put_nowait", "get", "get_nowait"],
 )
 def test_unknown_partition_raises_key_error_naming_the_partitions(call: Callable[[ReplayBuffer], object]) -> None:
-    with ReplayBuffer(4) as buf:
+    with ReplayBuffer(BufferConfig(capacity=4)) as buf:
         with pytest.raises(KeyError) as exc_info:
             call(buf)
         message = exc_info.value.args[0]
@@ -144,15 +144,15 @@ def test_unknown_partition_raises_key_error_naming_the_partitions(call: Callable
 
 
 def test_custom_partitions_replace_the_defaults() -> None:
-    with ReplayBuffer(4, partitions=("a", "b")) as buf:
+    with ReplayBuffer(BufferConfig(capacity=4, partitions=("train", "b"))) as buf:
         buf.put(make_group(0), partition="b")
-        assert buf.statistics().sizes == {"a": 0, "b": 1}
-        with pytest.raises(KeyError, match="'train'"):
-            buf.put(make_group(1))
+        assert buf.statistics().sizes == {"train": 0, "b": 1}
+        with pytest.raises(KeyError, match="'val'"):
+            buf.put(make_group(1), partition="val")
 
 
 def test_get_takes_a_whole_batch_or_nothing() -> None:
-    with ReplayBuffer(8) as buf:
+    with ReplayBuffer(BufferConfig(capacity=8)) as buf:
         buf.put(make_group(0))
         buf.put(make_group(1))
         with pytest.raises(TimeoutError):
@@ -166,7 +166,7 @@ def test_get_takes_a_whole_batch_or_nothing() -> None:
 
 
 def test_put_rejects_what_is_not_a_group() -> None:
-    with ReplayBuffer(4) as buf:
+    with ReplayBuffer(BufferConfig(capacity=4)) as buf:
         with pytest.raises(TypeError, match=r"rlnb\.Group"):
             buf.put(make_group(0).samples[0])  # type: ignore[arg-type]
         with pytest.raises(TypeError, match=r"rlnb\.Group"):
@@ -178,7 +178,7 @@ def test_put_rejects_what_is_not_a_group() -> None:
 
 
 def test_get_blocks_until_a_producer_thread_puts_enough_groups(spawn: Callable[[Callable[[], Any]], Call]) -> None:
-    with ReplayBuffer(8) as buf:
+    with ReplayBuffer(BufferConfig(capacity=8)) as buf:
 
         def produce() -> None:
             wait_until(getter_waiting(buf), "the getter is blocked")
@@ -194,7 +194,7 @@ def test_get_blocks_until_a_producer_thread_puts_enough_groups(spawn: Callable[[
 
 
 def test_get_timeout_says_how_many_groups_were_ready_and_which_partition() -> None:
-    with ReplayBuffer(8) as buf:
+    with ReplayBuffer(BufferConfig(capacity=8)) as buf:
         buf.put(make_group(0), partition="val")
         with pytest.raises(TimeoutError) as exc_info:
             buf.get(3, timeout=0.02, partition="val")
@@ -206,7 +206,7 @@ def test_get_timeout_says_how_many_groups_were_ready_and_which_partition() -> No
 
 
 def test_get_nowait_raises_buffer_empty() -> None:
-    with ReplayBuffer(8) as buf:
+    with ReplayBuffer(BufferConfig(capacity=8)) as buf:
         with pytest.raises(rlnb.BufferEmpty, match="0 of the 1"):
             buf.get_nowait()
         buf.put(make_group(0))
@@ -217,7 +217,7 @@ def test_get_nowait_raises_buffer_empty() -> None:
 
 @pytest.mark.parametrize("n_groups", [0, -1, 9, True])
 def test_get_rejects_n_groups_that_could_never_be_met(n_groups: int) -> None:
-    with ReplayBuffer(8) as buf:
+    with ReplayBuffer(BufferConfig(capacity=8)) as buf:
         for i in range(8):
             buf.put(make_group(i))
         with pytest.raises(ValueError, match="n_groups"):
@@ -231,7 +231,7 @@ def test_get_rejects_n_groups_that_could_never_be_met(n_groups: int) -> None:
 
 
 def test_put_blocks_while_full_until_a_consumer_takes(spawn: Callable[[Callable[[], Any]], Call]) -> None:
-    with ReplayBuffer(2) as buf:
+    with ReplayBuffer(BufferConfig(capacity=2)) as buf:
         buf.put(make_group(0))
         buf.put(make_group(1))
         putter = spawn(lambda: buf.put(make_group(2)))
@@ -244,7 +244,7 @@ def test_put_blocks_while_full_until_a_consumer_takes(spawn: Callable[[Callable[
 
 
 def test_put_timeout_raises_timeout_error_and_adds_nothing() -> None:
-    with ReplayBuffer(1) as buf:
+    with ReplayBuffer(BufferConfig(capacity=1)) as buf:
         buf.put(make_group(0))
         with pytest.raises(TimeoutError, match="full"):
             buf.put(make_group(1), timeout=0.02)
@@ -254,7 +254,7 @@ def test_put_timeout_raises_timeout_error_and_adds_nothing() -> None:
 
 
 def test_put_nowait_raises_buffer_full() -> None:
-    with ReplayBuffer(2) as buf:
+    with ReplayBuffer(BufferConfig(capacity=2)) as buf:
         buf.put_nowait(make_group(0))
         buf.put_nowait(make_group(1))
         with pytest.raises(rlnb.BufferFull, match="'train'"):
@@ -263,7 +263,7 @@ def test_put_nowait_raises_buffer_full() -> None:
 
 
 def test_capacity_is_per_partition() -> None:
-    with ReplayBuffer(1) as buf:
+    with ReplayBuffer(BufferConfig(capacity=1)) as buf:
         buf.put(make_group(0))
         buf.put_nowait(make_group(1), partition="val")
         with pytest.raises(rlnb.BufferFull):
@@ -274,7 +274,7 @@ def test_capacity_is_per_partition() -> None:
 def test_eviction_by_set_version_wakes_a_put_blocked_on_a_full_partition(
     spawn: Callable[[Callable[[], Any]], Call],
 ) -> None:
-    with ReplayBuffer(1, max_staleness=0) as buf:
+    with ReplayBuffer(BufferConfig(capacity=1, max_staleness=0)) as buf:
         buf.put(make_group(0, version=0))
         putter = spawn(lambda: buf.put(make_group(1, version=1)))
         # No counter exposes a blocked putter, so give it a moment to reach its wait.
@@ -288,7 +288,7 @@ def test_eviction_by_set_version_wakes_a_put_blocked_on_a_full_partition(
 
 
 def test_set_version_evicts_groups_more_than_max_staleness_behind() -> None:
-    with ReplayBuffer(8, max_staleness=1) as buf:
+    with ReplayBuffer(BufferConfig(capacity=8, max_staleness=1)) as buf:
         for v in range(4):
             buf.put(make_group(v, version=v))
         buf.put(make_group(10, version=0), partition="val")
@@ -306,7 +306,7 @@ def test_a_group_is_as_stale_as_its_oldest_token() -> None:
     fresh = rlnb.Sample(prompt="p", token_ids=(1, 2), versions=(5, 5))
     mixed = rlnb.Sample(prompt="p", token_ids=(1, 2), versions=(3, 5))  # a resumed partial rollout
     unversioned = rlnb.Sample(prompt="p", token_ids=(1, 2))
-    with ReplayBuffer(8, max_staleness=1) as buf:
+    with ReplayBuffer(BufferConfig(capacity=8, max_staleness=1)) as buf:
         buf.put(rlnb.Group(prompt="p", samples=(fresh,), prompt_id=0))
         buf.put(rlnb.Group(prompt="p", samples=(fresh, mixed), prompt_id=1))
         buf.put(rlnb.Group(prompt="p", samples=(unversioned, mixed), prompt_id=2))
@@ -316,7 +316,7 @@ def test_a_group_is_as_stale_as_its_oldest_token() -> None:
 
 
 def test_unversioned_groups_are_never_evicted() -> None:
-    with ReplayBuffer(8, max_staleness=0) as buf:
+    with ReplayBuffer(BufferConfig(capacity=8, max_staleness=0)) as buf:
         buf.put(make_group(0, version=None))
         buf.put(make_group(1, version=0))
         buf.put(make_group(2, version=None), partition="val")
@@ -328,7 +328,7 @@ def test_unversioned_groups_are_never_evicted() -> None:
 
 
 def test_a_group_already_stale_when_put_is_evicted_and_counted() -> None:
-    with ReplayBuffer(8, max_staleness=1) as buf:
+    with ReplayBuffer(BufferConfig(capacity=8, max_staleness=1)) as buf:
         buf.set_version(5)
         buf.put(make_group(0, version=3))
         buf.put(make_group(1, version=4))
@@ -338,7 +338,7 @@ def test_a_group_already_stale_when_put_is_evicted_and_counted() -> None:
 
 
 def test_without_max_staleness_nothing_is_evicted() -> None:
-    with ReplayBuffer(8) as buf:
+    with ReplayBuffer(BufferConfig(capacity=8)) as buf:
         buf.put(make_group(0, version=0))
         buf.set_version(1_000)
         assert buf.statistics().evicted_stale == 0
@@ -346,7 +346,7 @@ def test_without_max_staleness_nothing_is_evicted() -> None:
 
 
 def test_put_equals_taken_plus_evicted_plus_held_after_every_step() -> None:
-    with ReplayBuffer(4, max_staleness=1) as buf:
+    with ReplayBuffer(BufferConfig(capacity=4, max_staleness=1)) as buf:
         steps: list[Callable[[], object]] = [
             lambda: buf.put(make_group(0, version=0)),
             lambda: buf.put(make_group(1, version=1)),
@@ -370,7 +370,7 @@ def test_put_equals_taken_plus_evicted_plus_held_after_every_step() -> None:
 
 
 def test_statistics_is_a_frozen_snapshot() -> None:
-    with ReplayBuffer(8, max_staleness=2) as buf:
+    with ReplayBuffer(BufferConfig(capacity=8, max_staleness=2)) as buf:
         buf.put(make_group(0, n_samples=4))
         buf.put(make_group(1, n_samples=2))
         buf.put(make_group(2, n_samples=3), partition="val")
@@ -406,7 +406,7 @@ def test_feeder_puts_groups_into_train_from_its_own_named_thread() -> None:
         threads.append(threading.current_thread().name)
         return batches.pop(0) if batches else []
 
-    with ReplayBuffer(8, feeder=feeder, poll_interval=0.001, name="fd") as buf:
+    with ReplayBuffer(BufferConfig(capacity=8), feeder=feeder, poll_interval=0.001, name="fd") as buf:
         assert ids(buf.get(3, timeout=WAIT)) == [0, 1, 2]
         assert buf.statistics().sizes["val"] == 0
         assert buf.statistics().feeder_alive
@@ -422,7 +422,7 @@ def test_close_stops_a_feeder_waiting_out_a_long_poll_interval() -> None:
         polled.set()
         return []
 
-    with ReplayBuffer(4, feeder=feeder, poll_interval=5.0, name="slow") as buf:
+    with ReplayBuffer(BufferConfig(capacity=4), feeder=feeder, poll_interval=5.0, name="slow") as buf:
         assert polled.wait(WAIT)
         wait_until(lambda: buf.statistics().feeder_polls == 1, "the first poll is counted")
         (thread,) = threads
@@ -447,7 +447,7 @@ def test_close_stops_a_feeder_blocked_on_a_full_buffer() -> None:
         fed.set()
         return [make_group(i) for i in range(3)]  # one more than fits
 
-    with ReplayBuffer(2, feeder=feeder, poll_interval=5.0) as buf:
+    with ReplayBuffer(BufferConfig(capacity=2), feeder=feeder, poll_interval=5.0) as buf:
         assert fed.wait(WAIT)
         wait_until(lambda: buf.statistics().sizes["train"] == 2, "the buffer is full")
         buf.close()
@@ -461,7 +461,7 @@ def test_feeder_exception_is_raised_as_feeder_error_with_the_original_as_cause()
     def feeder() -> list[rlnb.Group]:
         raise original
 
-    with ReplayBuffer(4, feeder=feeder, poll_interval=0.001) as buf:
+    with ReplayBuffer(BufferConfig(capacity=4), feeder=feeder, poll_interval=0.001) as buf:
         with pytest.raises(rlnb.FeederError, match="remote source went away") as exc_info:
             buf.get(1, timeout=WAIT)
         assert exc_info.value.__cause__ is original
@@ -481,7 +481,7 @@ def test_feeder_failure_wakes_a_getter_blocked_without_timeout(spawn: Callable[[
             raise OSError("connection reset")
         return []
 
-    with ReplayBuffer(4, feeder=feeder, poll_interval=0.001) as buf:
+    with ReplayBuffer(BufferConfig(capacity=4), feeder=feeder, poll_interval=0.001) as buf:
         getter = spawn(lambda: buf.get(2))
         wait_until(getter_waiting(buf), "the getter is blocked")
         fail.set()
@@ -504,7 +504,7 @@ def test_groups_put_before_the_feeder_failed_are_returned_after_the_error() -> N
         failed.set()
         raise RuntimeError("second poll fails")
 
-    with ReplayBuffer(4, feeder=feeder, poll_interval=0.001) as buf:
+    with ReplayBuffer(BufferConfig(capacity=4), feeder=feeder, poll_interval=0.001) as buf:
         assert failed.wait(WAIT)
         threads[0].join(WAIT)
         assert buf.statistics().sizes["train"] == 2
@@ -517,7 +517,7 @@ def test_groups_put_before_the_feeder_failed_are_returned_after_the_error() -> N
 
 
 def test_close_is_idempotent() -> None:
-    buf = ReplayBuffer(4)
+    buf = ReplayBuffer(BufferConfig(capacity=4))
     assert not buf.closed
     buf.close()
     buf.close()
@@ -529,7 +529,7 @@ def test_close_is_idempotent() -> None:
 
 
 def test_close_wakes_a_blocked_getter_with_closed_error(spawn: Callable[[Callable[[], Any]], Call]) -> None:
-    with ReplayBuffer(4) as buf:
+    with ReplayBuffer(BufferConfig(capacity=4)) as buf:
         buf.put(make_group(0))
         getter = spawn(lambda: buf.get(2))
         wait_until(getter_waiting(buf), "the getter is blocked")
@@ -539,7 +539,7 @@ def test_close_wakes_a_blocked_getter_with_closed_error(spawn: Callable[[Callabl
 
 
 def test_close_wakes_a_blocked_putter_with_closed_error(spawn: Callable[[Callable[[], Any]], Call]) -> None:
-    with ReplayBuffer(1) as buf:
+    with ReplayBuffer(BufferConfig(capacity=1)) as buf:
         buf.put(make_group(0))
         putter = spawn(lambda: buf.put(make_group(1)))
         assert not putter.done.wait(0.05)
@@ -561,7 +561,7 @@ def test_close_wakes_a_blocked_putter_with_closed_error(spawn: Callable[[Callabl
     ids=["put", "put_nowait", "get", "get_timeout", "get_nowait"],
 )
 def test_put_and_get_after_close_raise_closed_error(call: Callable[[ReplayBuffer], object]) -> None:
-    with ReplayBuffer(4) as buf:
+    with ReplayBuffer(BufferConfig(capacity=4)) as buf:
         buf.put(make_group(0))
     with pytest.raises(rlnb.ClosedError):
         call(buf)
@@ -604,22 +604,30 @@ def test_bad_arguments_raise_config_error_naming_the_argument_and_start_no_threa
 ) -> None:
     # A valid feeder alongside the bad argument: it must not be started.
     kwargs = {"feeder": _feed_nothing, **kwargs}
+    config = {k: kwargs.pop(k) for k in ("capacity", "partitions", "max_staleness") if k in kwargs}
     before = threading.active_count()
     with pytest.raises(rlnb.ConfigError, match=argument):
-        ReplayBuffer(**kwargs)  # type: ignore[arg-type]
+        ReplayBuffer(BufferConfig(**config), **kwargs)  # type: ignore[arg-type]
     assert threading.active_count() == before
     assert not [t for t in threading.enumerate() if t.name.endswith("-feeder")]
 
 
 def test_config_error_is_a_value_error() -> None:
     with pytest.raises(ValueError):
-        ReplayBuffer(0)
+        ReplayBuffer(BufferConfig(capacity=0))
 
 
 def test_a_bare_string_for_partitions_raises_config_error() -> None:
     # tuple("train") would silently make one partition per letter and no "train".
     with pytest.raises(rlnb.ConfigError, match="partitions"):
-        ReplayBuffer(4, partitions="train")
+        ReplayBuffer(BufferConfig(capacity=4, partitions="train"))  # type: ignore[arg-type]
+
+
+def test_a_buffer_takes_its_config_whole_and_says_so_when_given_a_number() -> None:
+    with ReplayBuffer() as buf:
+        assert buf.statistics().capacity == BufferConfig().capacity  # the config's default, the only one
+    with pytest.raises(rlnb.ConfigError, match=r"takes a rlnb.BufferConfig.*ReplayBuffer\(BufferConfig\(capacity="):
+        ReplayBuffer(16)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("poll_interval", [float("nan"), float("inf")], ids=["nan", "inf"])
@@ -628,7 +636,7 @@ def test_non_finite_poll_interval_raises_config_error(poll_interval: float) -> N
     # raise OverflowError on the feeder thread. No feeder here, so a wrongly accepted
     # value starts no thread.
     with pytest.raises(rlnb.ConfigError, match="poll_interval"):
-        ReplayBuffer(4, poll_interval=poll_interval)
+        ReplayBuffer(BufferConfig(capacity=4), poll_interval=poll_interval)
 
 
 # -- concurrency -----------------------------------------------------------------
@@ -642,7 +650,7 @@ def test_four_producers_and_two_consumers_move_every_group_exactly_once(
     start = threading.Barrier(producers + consumers)
     received: list[list[int]] = [[] for _ in range(consumers)]
 
-    with ReplayBuffer(8) as buf:
+    with ReplayBuffer(BufferConfig(capacity=8)) as buf:
 
         def produce(p: int) -> None:
             start.wait(WAIT)
@@ -674,7 +682,7 @@ def test_four_producers_and_two_consumers_move_every_group_exactly_once(
 
 
 def test_wait_for_blocks_until_groups_arrive_and_takes_none() -> None:
-    with ReplayBuffer(8) as buf:
+    with ReplayBuffer(BufferConfig(capacity=8)) as buf:
         producer = threading.Timer(0.05, lambda: [buf.put(make_group(i)) for i in range(3)])
         producer.start()
         buf.wait_for(3, timeout=10)

@@ -58,19 +58,20 @@ async def _resume_latency(trials: int) -> dict[str, float]:
         lengths=lambda request: 3000 + spread(request) if int(request.request_id.split(".")[0]) < 8 else 1,
         token_delay=0.002,
     )
-    buffer = ReplayBuffer(capacity=100_000)
+    buffer = ReplayBuffer(BufferConfig(capacity=100_000))
     rollouter = Rollouter(
         engine,
+        # groups_per_step: the 8-group tail and one short group live at once
+        RolloutConfig(group_size=8, max_inflight=100_000, max_policy_lag=0, groups_per_step=9),
+        sampling=SamplingParams(max_new_tokens=5000),
         prompts=(PromptItem(i, "p") for i in itertools.count()),
         encode=lambda text: [3],
         decode=lambda ids: "",
         reward_fn=lambda item, completion: 0.0,
         buffer=buffer,
-        group_size=8,
-        max_inflight=100_000,
-        max_policy_lag=0,
-        groups_per_step=9,  # the 8-group tail and one short group live at once
-        sampling=SamplingParams(max_new_tokens=5000),
+        seed=0,
+        on_bad_prompt="raise",
+        max_context=None,
     )
     latencies, in_flight = [], []
     try:

@@ -144,7 +144,10 @@ def _length_chunks(rows: torch.Tensor, lengths: torch.Tensor, *, max_chunks: int
 
 
 class Learner:
-    """Optimises ``policy`` with the GRPO/PPO loss of :mod:`rlnb.learn._loss`."""
+    """Optimises ``policy`` with the GRPO/PPO loss of :mod:`rlnb.learn._loss`, as
+    ``config`` (:class:`~rlnb.LearnConfig`) says; the session swaps ``config`` for a
+    live change, read at the start of each step. ``config.threads`` is read once,
+    here: torch's intra-op threads during each update (None: the caller's)."""
 
     def __init__(
         self,
@@ -156,11 +159,10 @@ class Learner:
         config: LearnConfig = _DEFAULT,
         encode_target: Callable[[str], list[int]] | None = None,
         encode_observation: Callable[[str], list[int]] | None = None,
-        threads: int | None = None,
     ) -> None:
         self.policy = policy.train()
         self.config = config
-        self.threads = threads  # torch's intra-op threads during an update (None: the caller's)
+        self.threads = config.threads  # not a live setting: a live change's config leaves it be
         self._encode = encode
         # A warm-up target's ids: the text's own (default: encode() less the BOS it adds).
         self._encode_target = encode_target or (lambda text: encode(text)[1:])

@@ -8,7 +8,7 @@ engine only through the ``Engine`` protocol of :mod:`rlnb.engines`, whose names
 
 from rlnb._samples import PromptItem
 from rlnb.rollout._accounting import RolloutStatistics
-from rlnb.rollout._group import Conversations
+from rlnb.rollout._conversation import Conversations
 from rlnb.rollout._rollouter import Rollouter
 from rlnb.rollout._state import RolloutState
 

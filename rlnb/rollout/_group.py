@@ -6,13 +6,14 @@ buffer or back to ``collect()``. Whatever happens, each sample settles its ticke
 
 The reward function runs on a :class:`~rlnb.rollout._reward.RewardPool` thread,
 never on the event loop: a slow one cannot hold up dispatch, pause or any other
-call on the loop, and a hung one fails its sample after ``reward_timeout``.
+call on the loop, and a hung one fails its sample after ``reward_timeout``. A call of
+the engine or of the reward function that raises is tried again, up to
+``max_retries`` times, by one ladder (:meth:`GroupRunner._retried`).
 
-With :class:`Conversations` (a task with an environment) a sample is a
-conversation: each sample gets an environment of its own (made, reset, stepped and
-closed on the reward pool too), and its turns alternate: the policy generates
-(continued after abort pauses as above), the environment answers, its observation's
-tokens join the sample with mask 0, and the policy speaks again.
+With :class:`~rlnb.rollout._conversation.Conversations` (a task with an environment)
+a sample is a conversation: its policy turns are generated here, one after another,
+and the environment's side (:class:`~rlnb.rollout._conversation.ConversationRunner`)
+answers each.
 """
 
 from __future__ import annotations
@@ -20,53 +21,32 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from rlnb._errors import ClosedError, EngineError, RolloutError
 from rlnb._reprs import short_repr
 from rlnb._samples import Group, PromptItem, Sample
 from rlnb.buffer import ReplayBuffer
+from rlnb.config import RolloutConfig
 from rlnb.engines import Engine, GenerateRequest, GenerateResult, PromptTooLong, SamplingParams
-from rlnb.envs import EnvError, Episode, Turn
+from rlnb.envs import Episode
 from rlnb.rewards import BadValue, Scored, raised_by, reward_value
 from rlnb.rollout._accounting import Counters, Ticket, is_cancellation
+from rlnb.rollout._conversation import ConversationRunner, Conversations, Tokens
 from rlnb.rollout._reward import CallTimedOut, PoolFull, RewardPool, RunningCall
 from rlnb.rollout._state import StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor
 
-__all__ = ["Conversations", "GroupRewardFn", "GroupRunner", "RewardFn"]
+__all__ = ["GroupRewardFn", "GroupRunner", "RewardFn"]
+
+_T = TypeVar("_T")
 
 # A number, or a Scored with each reward function's value (a task's rewards.score); a
 # conversation's is called with env_reward= too.
 RewardFn = Callable[..., "float | Scored"]
 # Once per group, after its samples: their Scored with the batched functions' values added.
 GroupRewardFn = Callable[[PromptItem, list[Sample]], list[Scored]]
-
-
-@dataclasses.dataclass(frozen=True)
-class Conversations:
-    """How samples become conversations: ``env()`` makes each sample's environment
-    (:mod:`rlnb.envs`); at most ``max_turns`` policy turns; ``encode_prompt(prompt,
-    tools)`` gives a prompt's ids (``tools``: the environment's schemas, for a chat
-    template); ``encode_observation(observation)`` an observation's (ValueError for
-    what the tokenizer cannot encode); ``max_context``: the most prompt and
-    conversation tokens the model takes (None: no limit here); ``workers``: the
-    environments' calls that may run at once (threads ``rlnb-env-N``, beside the
-    reward's)."""
-
-    env: Callable[[], Any]
-    max_turns: int
-    encode_prompt: Callable[[Any, list[dict[str, Any]] | None], list[int]]
-    encode_observation: Callable[[Any], list[int]]
-    max_context: int | None = None
-    workers: int = 8
-
-
-def _row(item: PromptItem) -> dict[str, Any]:
-    """What an environment's ``reset`` gets: the prompt's record, with its prompt, answer and id."""
-    return {"prompt": item.prompt, "answer": item.answer, "prompt_id": item.prompt_id, **(item.row or {})}
 
 
 def _too_long(
@@ -85,68 +65,6 @@ def _too_long(
     )
 
 
-class _Opening:
-    """The environments one group is opening on a reward thread, for a caller that may
-    stop waiting (cancelled, or past the timeout) while they are made: whichever of the
-    two comes last closes them, so none is left open."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.episodes: list[Episode] = []
-        self.done = False  # the thread has made (and reset) them all, or failed
-        self.abandoned = False  # the caller stopped waiting
-
-    def give_up(self) -> list[Episode]:
-        """The caller stops waiting: the environments it must close itself (those the
-        thread finished making); the thread closes any it makes from now on."""
-        with self.lock:
-            self.abandoned = True
-            return list(self.episodes) if self.done else []
-
-
-def _open_episodes(
-    factory: Callable[[], Any], row: dict[str, Any], n: int, opening: _Opening
-) -> tuple[list[Episode], Any]:
-    """``n`` environments from ``factory``, each reset with ``row``, and the prompt they
-    gave (None: the task's). Closes those made before raising, and all of them when
-    ``opening`` was given up meanwhile (on a reward thread)."""
-    episodes = opening.episodes
-    try:
-        prompts = []
-        for _ in range(n):
-            episodes.append(Episode(factory))
-            prompts.append(episodes[-1].reset(row))
-        if any(p != prompts[0] for p in prompts):
-            raise EnvError(
-                f"{episodes[0].name}.reset() gave different prompts for the {n} samples of one group "
-                f"({short_repr(prompts[0])} and {short_repr(next(p for p in prompts if p != prompts[0]))}): "
-                "a group's samples share the row, so take any randomness from it (e.g. seed with row['prompt_id'])"
-            )
-    except BaseException:
-        with opening.lock:
-            opening.done = True
-        _close_episodes(episodes)
-        raise
-    with opening.lock:
-        opening.done = True
-        abandoned = opening.abandoned
-    if abandoned:  # nobody takes them: close them here
-        _close_episodes(episodes)
-    return list(episodes), prompts[0]
-
-
-def _close_episodes(episodes: list[Episode]) -> None:
-    """Close each episode; raise the first failure once all are closed."""
-    first: BaseException | None = None
-    for episode in episodes:
-        try:
-            episode.close()
-        except Exception as exc:
-            first = first or exc
-    if first is not None:
-        raise first
-
-
 def _scored(reward_fn: RewardFn, item: PromptItem, completion: str, *extra: float | None) -> Scored:
     """``reward_fn(item, completion)`` as a Scored (call it on a reward thread); a
     conversation's scoring also gets ``env_reward=`` (``extra``)."""
@@ -158,41 +76,27 @@ def _scored(reward_fn: RewardFn, item: PromptItem, completion: str, *extra: floa
     return Scored(total, {})
 
 
-@dataclasses.dataclass
-class _Tokens:
-    """A sample's tokens as they come: the parallel lists a Sample keeps, and where
-    its turns and continuations began."""
-
-    ids: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    versions: list[int] = dataclasses.field(default_factory=list)
-    mask: list[int] = dataclasses.field(default_factory=list)
-    turns: list[int] = dataclasses.field(default_factory=list)
-    continued_at: list[int] = dataclasses.field(default_factory=list)
-    continuations: int = 0
-
-    def add(self, ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int], *, policy: bool) -> None:
-        self.ids += ids
-        self.logprobs += logprobs
-        self.versions += versions
-        self.mask += [int(policy)] * len(ids)
-
-
 class GroupRunner:
-    """Rolls out groups of ``group_size`` samples on ``engine``; counts in ``counters``,
-    waits on ``machine``, reports background failures to ``tasks``.
+    """Rolls out groups of ``config.group_size`` samples drawn with ``sampling`` on
+    ``engine``, as ``config`` says (continuations, retries, the reward's timeout and
+    threads); counts in ``counters``, waits on ``machine``, reports background
+    failures to ``tasks``. ``seed`` (``Config.seed``) and each prompt's id seed its
+    samples.
 
     ``reward_fn`` may be replaced at any time: completions scored later use the new
     one. It runs on the runner's :class:`RewardPool`, which :meth:`close` shuts, and
     so does ``group_reward_fn`` (None: none), once per group once its samples are done.
-    ``max_context``: the most prompt and completion tokens the model takes (None: not
-    known), against which each prompt is measured (:meth:`too_long`).
+    ``max_context``: the most prompt and completion tokens the model takes
+    (``ModelConfig.max_len``; None: not known), against which each prompt is measured
+    (:meth:`too_long`). ``conversations``: samples are conversations with environments.
     """
 
     def __init__(
         self,
         engine: Engine,
+        config: RolloutConfig,
         *,
+        sampling: SamplingParams,
         machine: StateMachine,
         tasks: TaskSupervisor,
         counters: Counters,
@@ -200,20 +104,17 @@ class GroupRunner:
         encode: Callable[[str | tuple[dict[str, str], ...]], list[int]],
         decode: Callable[[list[int]], str],
         reward_fn: RewardFn,
-        group_size: int,
-        sampling: SamplingParams,
-        max_continuations: int,
-        max_retries: int,
-        reward_timeout: float | None,
         seed: int,
-        reward_workers: int = 1,
+        max_context: int | None,
         group_reward_fn: GroupRewardFn | None = None,
         conversations: Conversations | None = None,
-        max_context: int | None = None,
     ) -> None:
         self._engine = engine
-        self._conversations = conversations
-        self._max_context = max_context  # the model's, ModelConfig.max_len (None: not known here)
+        self.config = config  # of groups started from now on (with ``sampling``: the settings)
+        self.sampling = sampling
+        self.settings_version = 0  # counts changes of the group size and the sampling
+        self._live: collections.Counter[int] = collections.Counter()  # samples of unended groups, by settings_version
+        self._max_context = max_context
         self._machine = machine
         self._tasks = tasks
         self._counts = counters
@@ -221,44 +122,47 @@ class GroupRunner:
         self._encode, self._decode = encode, decode
         self.reward_fn = reward_fn
         self.group_reward_fn = group_reward_fn
-        self.group_size = group_size  # of groups started from now on (``settings``)
-        self.sampling = sampling
-        self.settings_version = 0  # counts changes of the two above
-        self._live: collections.Counter[int] = collections.Counter()  # samples of unended groups, by settings_version
-        self._max_continuations = max_continuations
-        self._max_retries = max_retries
-        self._reward_timeout = reward_timeout
-        self._rewards = RewardPool(max_workers=reward_workers)
-        # Each sample has an environment of its own, so their calls need no order: a
-        # pool of their own, so that slow tools neither queue behind one another one
-        # at a time nor hold up the rewards (which keep their order).
-        self._envs = None if conversations is None else RewardPool(max_workers=conversations.workers, name="env")
+        self._rewards = RewardPool(max_workers=config.reward_workers)
+        self._conv = (
+            None
+            if conversations is None
+            else ConversationRunner(
+                conversations, config, max_context=max_context, counters=counters, tasks=tasks, decode=decode
+            )
+        )
         self._seed = seed
+
+    @property
+    def group_size(self) -> int:
+        """Samples of each group started from now on."""
+        return self.config.group_size
 
     def close(self) -> None:
         """Shut the reward and environment pools: queued calls fail as cancelled, idle
         threads end, and a call in progress gets up to a second (no more than
         ``reward_timeout``) to return; after that it is stopped or abandoned (see
         :meth:`RewardPool.close`). Idempotent; call it after the groups are cancelled."""
-        timeout = min(1.0, self._reward_timeout or 1.0)
+        timeout = min(1.0, self.config.reward_timeout or 1.0)
         self._rewards.close(timeout=timeout)
-        if self._envs is not None:
-            self._envs.close(timeout=timeout)
+        if self._conv is not None:
+            self._conv.close(timeout)
 
     def reward_calls(self) -> list[RunningCall]:
         """Reward and environment calls running now, the longest-running first."""
-        calls = self._rewards.running() + ([] if self._envs is None else self._envs.running())
+        calls = self._rewards.running() + ([] if self._conv is None else self._conv.running())
         return sorted(calls, key=lambda call: -call.seconds)
 
     def queued_calls(self) -> tuple[int, int]:
         """``(rewards, environments)``: calls waiting for a free thread of their pool."""
-        return self._rewards.queued(), 0 if self._envs is None else self._envs.queued()
+        return self._rewards.queued(), 0 if self._conv is None else self._conv.queued()
 
-    def configure(self, group_size: int, sampling: SamplingParams) -> None:
-        """Groups started from now on have ``group_size`` samples drawn with ``sampling``;
-        those already started keep theirs (:attr:`old_settings_in_flight` counts them)."""
-        if (group_size, sampling) != (self.group_size, self.sampling):
-            self.group_size, self.sampling = group_size, sampling
+    def configure(self, config: RolloutConfig, sampling: SamplingParams) -> None:
+        """Groups started from now on follow ``config`` and are drawn with ``sampling``;
+        those already started keep their size and sampling (:attr:`old_settings_in_flight`
+        counts them). The pools keep the thread counts they were made with."""
+        changed = (config.group_size, sampling) != (self.group_size, self.sampling)
+        self.config, self.sampling = config, sampling
+        if changed:
             self.settings_version += 1
 
     @property
@@ -272,7 +176,7 @@ class GroupRunner:
         it fits, or where no context is known or samples are conversations (their
         environment gives the prompt, measured then). ``sampling``: an evaluation's
         (the rollouts' in force by default, and the message offers to skip such prompts)."""
-        if self._max_context is None or self._conversations is not None:
+        if self._max_context is None or self._conv is not None:
             return None
         new = (sampling or self.sampling).max_new_tokens
         tokens = len(self._encode(item.encodable))
@@ -294,10 +198,10 @@ class GroupRunner:
         try:
             results: list[Sample | BaseException]
             try:
-                if self._conversations is None:
+                if self._conv is None:
                     prompt_ids = tuple(self._encode(item.encodable))
                 else:
-                    episodes, prompt_ids = await self._open_conversations(item, ticket.samples)
+                    episodes, prompt_ids = await self._conv.open(item, ticket.samples)
             except RolloutError as exc:  # the environment failed before any sample began
                 prompt_ids, results = (), [exc] * ticket.samples
                 for _ in range(ticket.samples):
@@ -321,65 +225,13 @@ class GroupRunner:
             return group
         finally:  # also when cancelled mid-group: a WAIT drain waits for this group's end
             if episodes:
-                await self._close_conversations(item, episodes)
+                assert self._conv is not None
+                await self._conv.close_all(item, episodes)
             self._live[settings] -= ticket.samples
             if not self._live[settings]:
                 del self._live[settings]
             ticket.ended_task()
             await self._machine.notify_if_drained()
-
-    async def _open_conversations(self, item: PromptItem, n: int) -> tuple[list[Episode], tuple[int, ...]]:
-        """``n`` environments for ``item``'s samples, reset, and the prompt's ids."""
-        conv = self._conversations
-        assert conv is not None
-        where = f"prompt {item.prompt_id} ({short_repr(item.prompt)})"
-        opening = _Opening()
-        try:
-            episodes, prompt = await self._call_env(
-                _open_episodes, conv.env, _row(item), n, opening, where=where, what="reset"
-            )
-        except BaseException:  # cancelled, or it ran past the timeout: the environments made are closed
-            if made := opening.give_up():
-                await self._close_conversations(item, made)
-            raise
-        try:
-            prompt = item.encodable if prompt is None else prompt
-            ids = tuple(conv.encode_prompt(prompt, episodes[0].tools))
-        except ValueError as exc:
-            await self._close_conversations(item, episodes)
-            raise RolloutError(f"the environment's prompt for {where} cannot be encoded: {exc}") from None
-        if conv.max_context is not None and len(ids) >= conv.max_context:  # no room for one policy token
-            await self._close_conversations(item, episodes)
-            env = getattr(conv.env, "__qualname__", type(conv.env).__name__)
-            raise RolloutError(
-                f"the environment {env}'s reset gave {where} a prompt of {len(ids)} tokens "
-                f"({short_repr(prompt)}), and the model's context is {conv.max_context} (ModelConfig.max_len): "
-                "no room for the policy to answer; make reset return a shorter prompt, or use a larger max_len"
-            )
-        return episodes, ids
-
-    async def _close_conversations(self, item: PromptItem, episodes: list[Episode]) -> None:
-        """Close a group's environments on the reward pool, also when the group was
-        cancelled; a failure to close is reported to ``tasks``, the group stands. A
-        cancel that lands while they close (the session closes) lets the close end
-        first (it is bounded by the reward timeout), then is raised."""
-        closing = asyncio.ensure_future(
-            self._call_env(_close_episodes, episodes, where=f"prompt {item.prompt_id}", what="close")
-        )
-        cancelled = False
-        while not closing.done():
-            try:
-                await asyncio.shield(closing)
-            except asyncio.CancelledError:
-                cancelled = True
-        try:
-            closing.result()
-        except RolloutError as exc:
-            self._tasks.report(exc)
-        except (asyncio.CancelledError, ClosedError):  # the pool was closed: it runs nothing more
-            pass
-        if cancelled:
-            raise asyncio.CancelledError
 
     def _end_group(
         self,
@@ -418,21 +270,22 @@ class GroupRunner:
     ) -> Sample:
         """One sample: a completion, or with ``episode`` a conversation of policy turns
         and the environment's answers."""
-        out = _Tokens()
+        out = Tokens()
         error: BaseException | None = None
+        conv = self._conv
         try:
             finish, last = "aborted", ""
-            max_turns = 1 if episode is None else self._max_turns
+            max_turns = 1 if episode is None or conv is None else conv.max_turns
             for turn in range(max_turns):
                 out.turns.append(len(out.ids))
                 finish = await self._policy_turn(item, prompt_ids, index, seed, turn, sampling, out)
                 last = self._decode(out.ids[out.turns[-1] :])
-                if episode is None or finish == "aborted" or turn == max_turns - 1:
+                if episode is None or conv is None or finish == "aborted" or turn == max_turns - 1:
                     break
-                answer = await self._env_step(item, episode, last, turn)
+                answer = await conv.step(item, episode, last, turn)
                 if answer.done:
                     break
-                if not self._observe(item, prompt_ids, episode, answer, out):
+                if not conv.observe(item, prompt_ids, episode, answer, out):
                     finish = "length"  # the model's context has no room for another turn
                     break
             self._counts.generating += 1  # a WAIT drain waits for the reward too: the sample is not done
@@ -447,10 +300,9 @@ class GroupRunner:
             error = exc  # a failure, or a cancellation (Ctrl-C, close): the ticket tells them apart
             raise
         else:
-            conversation = episode is not None
             return Sample(
                 prompt=item.prompt,
-                completion=self._transcript(out) if conversation else last,
+                completion=last if conv is None else conv.transcript(out),
                 token_ids=tuple(out.ids),
                 logprobs=tuple(out.logprobs),
                 versions=tuple(out.versions),
@@ -474,7 +326,7 @@ class GroupRunner:
         seed: int,
         turn: int,
         sampling: SamplingParams,
-        out: _Tokens,
+        out: Tokens,
     ) -> str:
         """Generate the policy's turn number ``turn`` into ``out``, continued after each
         abort pause (up to the limit); its finish reason ("aborted": truncated)."""
@@ -491,7 +343,7 @@ class GroupRunner:
             out.add(result.token_ids, result.logprobs, result.versions, policy=True)
             if result.finish_reason != "aborted":
                 return result.finish_reason
-            if out.continuations >= self._max_continuations:
+            if out.continuations >= self.config.max_continuations:
                 self._counts.truncated += 1
                 return "aborted"
             out.continuations += 1
@@ -499,61 +351,10 @@ class GroupRunner:
             self._counts.continuations += 1
             await self._keep_partial()
 
-    def _room(self, prompt_ids: tuple[int, ...], out: _Tokens) -> int | None:
-        """Tokens the model's context has left after the conversation so far (None: no limit known)."""
-        conv = self._conversations
-        if conv is None or conv.max_context is None:
-            return None
-        return conv.max_context - len(prompt_ids) - len(out.ids)
-
-    @property
-    def _max_turns(self) -> int:
-        return 1 if self._conversations is None else self._conversations.max_turns
-
-    async def _env_step(self, item: PromptItem, episode: Episode, text: str, turn: int) -> Turn:
-        """The environment's answer to policy turn ``turn`` (on the reward pool; a WAIT
-        drain waits for it, as for a reward)."""
-        where = f"prompt {item.prompt_id} ({short_repr(item.prompt)}), turn {turn + 1} {short_repr(text)}"
-        self._counts.generating += 1
-        try:
-            answer: Turn = await self._call_env(episode.step, text, where=where, what="step")
-        finally:
-            self._counts.generating -= 1
-        return answer
-
-    def _observe(
-        self, item: PromptItem, prompt_ids: tuple[int, ...], episode: Episode, answer: Turn, out: _Tokens
-    ) -> bool:
-        """Add ``answer``'s observation to ``out`` (mask 0); False when the context
-        has no room for it and one more policy token. RolloutError when the tokenizer
-        cannot encode it."""
-        conv = self._conversations
-        assert conv is not None
-        if answer.observation is None:
-            return True
-        try:
-            ids = conv.encode_observation(answer.observation)
-        except ValueError as exc:
-            raise RolloutError(
-                f"{episode.name}.step() observation for prompt {item.prompt_id} cannot be encoded: {exc}; "
-                "add the missing characters to Task.alphabet (the built-in tokenizer), or change the observation"
-            ) from None
-        room = self._room(prompt_ids, out)
-        if room is not None and room - len(ids) < 1:
-            return False
-        version = out.versions[-1] if out.versions else 0
-        out.add(ids, [0.0] * len(ids), [version] * len(ids), policy=False)
-        return True
-
-    def _transcript(self, out: _Tokens) -> str:
-        """A conversation's text: each run of one speaker's tokens decoded on its own
-        (a policy turn's text ends at its end-of-sequence)."""
-        parts, start = [], 0
-        bounds = sorted({*out.turns, *[i for i in range(1, len(out.mask)) if out.mask[i] != out.mask[i - 1]]})
-        for end in [*bounds[1:], len(out.ids)]:
-            parts.append(self._decode(out.ids[start:end]))
-            start = end
-        return "".join(parts)
+    def _room(self, prompt_ids: tuple[int, ...], out: Tokens) -> int | None:
+        """Tokens the model's context has left after a conversation so far (None: no
+        limit, and a single completion is measured before it starts: :meth:`too_long`)."""
+        return None if self._conv is None else self._conv.room(prompt_ids, out)
 
     async def _keep_partial(self) -> None:
         """Hold an aborted sample, counted as kept partial, until rollouts run again
@@ -579,78 +380,93 @@ class GroupRunner:
         turn: int = 0,
     ) -> GenerateResult:
         """Generate after ``prefix`` at most ``budget`` tokens (None: what ``sampling``
-        leaves after the prefix), retried after an engine's failure."""
-        attempt = 0
-        if budget is None:
-            budget = sampling.max_new_tokens - len(prefix)
+        leaves after the prefix), retried after an engine's failure (:meth:`_retried`)."""
+        new = max(1, sampling.max_new_tokens - len(prefix) if budget is None else budget)
         later = f".t{turn}" if turn else ""  # a conversation's later turns: ids and seeds of their own
         seed += turn * 100_003
-        while True:
+
+        async def attempt(n: int) -> GenerateResult:
             self._counts.queued += 1
             try:
                 await self._machine.wait_generating()  # a WAIT drain lets its groups go on
             finally:
                 self._counts.queued -= 1
             request = GenerateRequest(
-                request_id=f"{item.prompt_id}.{index}.{continuation}.{attempt}{later}",
+                request_id=f"{item.prompt_id}.{index}.{continuation}.{n}{later}",
                 prompt_ids=prompt_ids,
-                sampling=dataclasses.replace(sampling, max_new_tokens=max(1, budget)),
+                sampling=dataclasses.replace(sampling, max_new_tokens=new),
                 prefix_ids=tuple(prefix),
-                seed=seed * 31 + continuation * 7 + attempt,
+                seed=seed * 31 + continuation * 7 + n,
             )
             self._counts.generating += 1
             try:
                 return await self._engine.generate(request)
-            except (asyncio.CancelledError, ClosedError):
-                raise
-            except EngineError as exc:  # a dead engine does not come back: no retry
-                self._machine.engine_died(exc)
-                raise
             except PromptTooLong as exc:  # the same request fails again: not bad luck
                 tokens = len(prompt_ids) + len(prefix) if exc.tokens is None else exc.tokens
                 context = self._max_context if exc.context is None else exc.context
-                raise RolloutError(_too_long(item, tokens, context, max(1, budget), engine=str(exc))) from exc
-            except Exception as exc:
-                attempt += 1
-                if attempt > self._max_retries:
-                    raise RolloutError(
-                        f"generation for prompt {item.prompt_id} sample {index} failed {attempt} times: {exc!r}"
-                    ) from exc
-                self._counts.retries += 1
+                raise RolloutError(_too_long(item, tokens, context, new, engine=str(exc))) from exc
             finally:
                 self._counts.generating -= 1
+
+        def gave_up(attempts: int, exc: Exception) -> str:
+            return f"generation for prompt {item.prompt_id} sample {index} failed {attempts} times: {exc!r}"
+
+        return await self._retried(attempt, gave_up)
+
+    async def _retried(self, call: Callable[[int], Awaitable[_T]], gave_up: Callable[[int, Exception], str]) -> _T:
+        """``await call(attempt)`` for attempt 0, 1, ...: a call that raises is made
+        again, each retry counted, up to ``max_retries`` times; then a RolloutError with
+        ``gave_up(attempts, error)``, chained to the last error. Never retried: a
+        cancellation, a closed part, a RolloutError (the call's own verdict: a timeout,
+        a bad value, a prompt too long) and a dead engine (it does not come back; the
+        state machine is told). The one retry ladder of generations and rewards."""
+        attempt = 0
+        while True:
+            try:
+                return await call(attempt)
+            except (asyncio.CancelledError, ClosedError, RolloutError):
+                raise
+            except EngineError as exc:
+                self._machine.engine_died(exc)
+                raise
+            except Exception as exc:
+                attempt += 1
+                if attempt > self.config.max_retries:
+                    raise RolloutError(gave_up(attempt, exc)) from exc
+                self._counts.retries += 1
 
     async def evaluate(self, item: PromptItem, sampling: SamplingParams) -> tuple[str, float]:
         """One completion of ``item`` with ``sampling`` (not retried) and its reward. An
         abort pause meanwhile is waited out and the completion continued from its
         prefix (greedy decoding continues exactly), so a pause never scores half an answer.
         With an environment, one conversation: its transcript and reward."""
-        if self._conversations is None:
+        conv = self._conv
+        if conv is None:
             if (why := self.too_long(item, sampling)) is not None:
                 raise RolloutError(why)
             prompt_ids = tuple(self._encode(item.encodable))
             completion = self._decode(await self._eval_turn(item, prompt_ids, [], sampling, 0, None))
             return completion, (await self.reward(item, completion)).total
-        episodes, prompt_ids = await self._open_conversations(item, 1)
-        episode, out, last = episodes[0], _Tokens(), ""
+        episodes, prompt_ids = await conv.open(item, 1)
+        episode, out, last = episodes[0], Tokens(), ""
         try:
-            for turn in range(self._max_turns):
+            for turn in range(conv.max_turns):
                 out.turns.append(len(out.ids))
-                room = self._room(prompt_ids, out)
+                room = conv.room(prompt_ids, out)
                 if room is not None and room < 1:
                     break
                 ids = await self._eval_turn(item, prompt_ids, out.ids, sampling, turn, room)
                 out.add(ids, [0.0] * len(ids), [0] * len(ids), policy=True)
                 last = self._decode(ids)
-                if turn == self._max_turns - 1:
+                if turn == conv.max_turns - 1:
                     break
-                answer = await self._env_step(item, episode, last, turn)
-                if answer.done or not self._observe(item, prompt_ids, episode, answer, out):
+                answer = await conv.step(item, episode, last, turn)
+                if answer.done or not conv.observe(item, prompt_ids, episode, answer, out):
                     break
             scored = await self.reward(item, last, env_reward=episode.reward)
-            return self._transcript(out), scored.total
+            return conv.transcript(out), scored.total
         finally:
-            await self._close_conversations(item, episodes)
+            await conv.close_all(item, episodes)
 
     async def _eval_turn(
         self,
@@ -726,48 +542,13 @@ class GroupRunner:
         scored: Scored = await self._call_reward(_scored, fn, item, completion, *extra, where=where, key=fn, group=item)
         return scored
 
-    async def _call_env(self, fn: Callable[..., Any], /, *args: Any, where: str, what: str) -> Any:
-        """``fn(*args)``, an environment's method, on an environment thread with the
-        reward timeout; not retried (an environment has state). RolloutError, chained, when
-        it raises or runs past the timeout (an ``async def`` method is cancelled); a
-        step's timeout fails at once the steps queued behind it and the later steps of
-        its group's environments. ClosedError once closed."""
-        episode = getattr(fn, "__self__", None)
-        group = episode.group if what == "step" and isinstance(episode, Episode) else None
-        key = (what, self._conversations.env) if group is not None and self._conversations is not None else None
-        try:
-            assert self._envs is not None
-            value = await self._envs.call(fn, *args, timeout=self._reward_timeout, key=key, group=group, label=where)
-        except CallTimedOut as late:
-            if late.earlier:
-                raise RolloutError(f"the environment's {what} was not called for {where}: {late.fate()}") from None
-            raise RolloutError(
-                f"the environment's {what} did not return within reward_timeout={self._reward_timeout} s "
-                f"for {where} ({late.fate()})"
-            ) from None
-        except PoolFull as full:
-            raise RolloutError(
-                f"the environment's {what} was not called for {where}: {full} earlier calls that timed out "
-                "or were cancelled are still running; is it stuck?"
-            ) from None
-        except (asyncio.CancelledError, ClosedError):
-            raise
-        except EnvError as exc:
-            raise RolloutError(f"{exc} (for {where})") from None
-        except Exception as exc:
-            raise RolloutError(f"the environment's {what} raised {exc!r} for {where}") from exc
-        if what == "reset":  # a group's environments: a timeout of one's step fails the others' at once
-            Episode.new_group(value[0])
-        return value
-
     async def _call_reward(self, fn: Callable[..., Any], /, *args: Any, where: str, key: Any, group: Any) -> Any:
         """``fn(*args)`` on a reward thread, retried and its failures explained as :meth:`reward` says."""
-        attempt = 0
-        while True:
+        timeout = self.config.reward_timeout
+
+        async def attempt(n: int) -> Any:
             try:
-                return await self._rewards.call(
-                    fn, *args, timeout=self._reward_timeout, key=key, group=group, label=where
-                )
+                return await self._rewards.call(fn, *args, timeout=timeout, key=key, group=group, label=where)
             except BadValue as bad:
                 which = "the reward function" if bad.function is None else f"the reward function {bad.function!r}"
                 may_skip = "" if bad.function is None else ", or None when it does not apply to the sample"
@@ -780,7 +561,7 @@ class GroupRunner:
                 if late.earlier:
                     raise RolloutError(f"the reward function was not called for {where}: {late.fate()}") from None
                 raise RolloutError(
-                    f"the reward function did not return within reward_timeout={self._reward_timeout} s for {where}; "
+                    f"the reward function did not return within reward_timeout={timeout} s for {where}; "
                     f"not retried ({late.fate()})"
                 ) from None
             except PoolFull as full:
@@ -788,15 +569,10 @@ class GroupRunner:
                     f"the reward function was not called for {where}: {full} earlier calls that timed out "
                     "or were cancelled are still running; is it stuck?"
                 ) from None
-            except (asyncio.CancelledError, ClosedError):
-                raise
-            except EngineError as exc:  # a dead engine does not come back: no retry
-                self._machine.engine_died(exc)
-                raise
-            except Exception as exc:
-                attempt += 1
-                if attempt > self._max_retries:
-                    name = raised_by(exc)
-                    which = "the reward function" if name is None else f"the reward function {name!r}"
-                    raise RolloutError(f"{which} raised {exc!r} {attempt} times for {where}") from exc
-                self._counts.retries += 1
+
+        def gave_up(attempts: int, exc: Exception) -> str:
+            name = raised_by(exc)
+            which = "the reward function" if name is None else f"the reward function {name!r}"
+            return f"{which} raised {exc!r} {attempts} times for {where}"
+
+        return await self._retried(attempt, gave_up)

@@ -17,12 +17,14 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from rlnb._errors import ClosedError, PromptError, RolloutError
+from rlnb._errors import ClosedError, ConfigError, PromptError, RolloutError
 from rlnb._samples import Group, PromptItem
 from rlnb.buffer import ReplayBuffer
+from rlnb.config import RolloutConfig
 from rlnb.engines import Engine, PauseMode, SamplingParams
 from rlnb.rollout._accounting import Counters, RolloutStatistics, Ticket, is_cancellation
-from rlnb.rollout._group import Conversations, GroupRewardFn, GroupRunner, RewardFn
+from rlnb.rollout._conversation import Conversations
+from rlnb.rollout._group import GroupRewardFn, GroupRunner, RewardFn
 from rlnb.rollout._quiesce import Quiescence
 from rlnb.rollout._reward import RunningCall
 from rlnb.rollout._state import RolloutState, StateMachine
@@ -31,7 +33,10 @@ from rlnb.rollout._waits import all_or_first_error, call_soon, pause_limited
 
 __all__ = ["Rollouter"]
 
-_DEFAULT_SAMPLING = SamplingParams()
+# What sizes the parts a rollouter makes at the start (its capacity, its thread pools):
+# a live change cannot change them.
+_FIXED = ("max_inflight", "reward_workers", "env_workers")
+
 # Bad prompts skipped in a row before the stream counts as broken: a task none of whose
 # prompts fit would otherwise hold the event loop for ever, looking for one that does.
 MAX_SKIPPED_IN_A_ROW = 1000
@@ -40,6 +45,11 @@ MAX_SKIPPED_IN_A_ROW = 1000
 class Rollouter:
     """Dispatches prompts as groups of samples to ``engine`` and puts rewarded groups in ``buffer``.
 
+    ``config`` (:class:`~rlnb.RolloutConfig`) says how: the group size, the capacity
+    (``max_inflight`` samples at once), the policy-lag budget, continuations, retries,
+    the reward's timeout and threads; ``sampling`` how samples are drawn (the config's
+    temperature, top-p and top-k, with the task's ``max_new_tokens`` where the config
+    has none). ``seed`` (``Config.seed``) and each prompt's id seed its samples.
     ``prompts`` yields :class:`PromptItem`; ``encode``/``decode`` map text to token
     ids; ``reward_fn(item, completion)`` scores a completion, and
     ``group_reward_fn(item, samples)`` (if given) each group once its samples are
@@ -56,52 +66,43 @@ class Rollouter:
     when the buffer evicts it. None: no bound (only a full buffer holds dispatch
     back). Each policy update comes through :meth:`publish`, which opens the budget
     again and wakes dispatch. Create and use it on the bridge
-    loop; the session wraps it for cells. ``on_bad_prompt``: "raise" (a prompt the
-    task could not make is raised, once, as :class:`~rlnb.PromptError`) or "skip".
-    ``reward_workers``: reward calls that may run at once (1: in order).
+    loop; the session wraps it for cells. ``on_bad_prompt`` (``DataConfig.on_bad_prompt``):
+    "raise" (a prompt the task could not make is raised, once, as
+    :class:`~rlnb.PromptError`) or "skip".
     ``conversations``: samples are conversations with environments (:class:`Conversations`).
     ``max_context``: the model's context (``ModelConfig.max_len``; None: not known): a
     prompt too long for it with ``max_new_tokens`` is a bad prompt, raised as a
     :class:`~rlnb.RolloutError` naming it before anything is generated, or skipped.
-    Raises ValueError if ``max_inflight`` is smaller than ``group_size``.
+    A live change hands over a new config: :meth:`configure`.
     """
 
     def __init__(
         self,
         engine: Engine,
+        config: RolloutConfig,
         *,
+        sampling: SamplingParams,
         prompts: Iterator[PromptItem],
         encode: Callable[[str | tuple[dict[str, str], ...]], list[int]],
         decode: Callable[[list[int]], str],
         reward_fn: RewardFn,
         buffer: ReplayBuffer,
-        group_size: int = 8,
-        max_inflight: int = 64,
-        max_policy_lag: int | None = 1,
-        groups_per_step: int = 16,
-        sampling: SamplingParams = _DEFAULT_SAMPLING,
-        max_continuations: int = 4,
-        max_retries: int = 2,
-        reward_timeout: float | None = None,
-        seed: int = 0,
-        on_bad_prompt: str = "raise",
-        reward_workers: int = 1,
+        seed: int,
+        on_bad_prompt: str,
+        max_context: int | None,
         group_reward_fn: GroupRewardFn | None = None,
         conversations: Conversations | None = None,
-        max_context: int | None = None,
     ) -> None:
-        if max_inflight < group_size:
-            raise ValueError(f"max_inflight ({max_inflight}) must be >= group_size ({group_size})")
         self._prompts = prompts
         self._buffer = buffer
         self._returned: collections.deque[PromptItem] = collections.deque()  # taken, not rolled out
-        self._max_policy_lag = max_policy_lag
-        self._groups_per_step = groups_per_step
         self._counts = Counters()
         self._tasks = TaskSupervisor()
         self._machine = StateMachine(engine, tasks=self._tasks, drained=self._counts.drained)
         self._runner = GroupRunner(
             engine,
+            config,
+            sampling=sampling,
             machine=self._machine,
             tasks=self._tasks,
             counters=self._counts,
@@ -109,18 +110,12 @@ class Rollouter:
             encode=encode,
             decode=decode,
             reward_fn=reward_fn,
-            group_size=group_size,
-            sampling=sampling,
-            max_continuations=max_continuations,
-            max_retries=max_retries,
-            reward_timeout=reward_timeout,
-            reward_workers=reward_workers,
             seed=seed,
+            max_context=max_context,
             group_reward_fn=group_reward_fn,
             conversations=conversations,
-            max_context=max_context,
         )
-        self._capacity = asyncio.Semaphore(max_inflight)
+        self._capacity = asyncio.Semaphore(config.max_inflight)
         self._version = 0
         self._updating_on = 0  # groups the learner took for the update in progress (updating_on)
         self._dispatcher: asyncio.Task[None] | None = None
@@ -263,15 +258,25 @@ class Rollouter:
         self._runner.reward_fn = reward_fn
         self._runner.group_reward_fn = group_reward_fn
 
-    async def configure(
-        self, *, group_size: int, sampling: SamplingParams, max_policy_lag: int | None, groups_per_step: int
-    ) -> None:
-        """Settings for every group dispatched from now on (in-flight groups keep their
-        size and sampling; ``statistics().old_settings_in_flight`` counts their samples),
-        and the policy-lag budget, which dispatch looks at again at once. The caller
-        has checked the values (``RolloutConfig``); ``group_size`` is at most the capacity."""
-        self._runner.configure(group_size, sampling)
-        self._max_policy_lag, self._groups_per_step = max_policy_lag, groups_per_step
+    @property
+    def config(self) -> RolloutConfig:
+        """The settings in force: the last :meth:`configure`'s, or the constructor's."""
+        return self._runner.config
+
+    async def configure(self, config: RolloutConfig, sampling: SamplingParams) -> None:
+        """``config`` and ``sampling`` for every group dispatched from now on (in-flight
+        groups keep their size and sampling; ``statistics().old_settings_in_flight``
+        counts their samples), and its policy-lag budget, which dispatch looks at again
+        at once. Raises ConfigError, changing nothing, where ``config`` changes what
+        sized the rollouter when it was made (``max_inflight``, ``reward_workers``,
+        ``env_workers``)."""
+        old = self._runner.config
+        if fixed := [f for f in _FIXED if getattr(config, f) != getattr(old, f)]:
+            raise ConfigError(
+                f"Rollouter.configure(): RolloutConfig.{fixed[0]} cannot change ({getattr(old, fixed[0])!r} to "
+                f"{getattr(config, fixed[0])!r}): it sized the rollouter when it was made; make a new one"
+            )
+        self._runner.configure(config, sampling)
         if self._machine.state is not RolloutState.CLOSED:
             await self._machine.notify()
 
@@ -311,11 +316,12 @@ class Rollouter:
         """``(live, allowed)``: groups bound for the learner that are generating or in
         the buffer, and how many the policy-lag budget allows (None: no bound)."""
         live = self._generating_groups + self._buffer.size() + self._buffer.held()
-        if self._max_policy_lag is None:
+        lag, per_step = self.config.max_policy_lag, self.config.groups_per_step
+        if lag is None:
             return live, None
         # The learner is updating on a batch it took: a group dispatched now waits for
         # the update after that one, so the budget is a batch smaller until the publish.
-        return live, max(0, (self._max_policy_lag + 1) * self._groups_per_step - self._updating_on)
+        return live, max(0, (lag + 1) * per_step - self._updating_on)
 
     def updating_on(self, n_groups: int) -> None:
         """The learner took ``n_groups`` for the update in progress (0: none, the update

@@ -147,8 +147,7 @@ def make_tracker(config: Config, *, name: str, run_id: str | None) -> Tracker:
 
 
 def make_buffer(config: Config) -> ReplayBuffer:
-    b = config.buffer
-    return ReplayBuffer(b.capacity, partitions=b.partitions, max_staleness=b.max_staleness)
+    return ReplayBuffer(config.buffer)
 
 
 def make_learner(config: Config, model: ModelConfig, tokenizer: Tokenizer) -> Learner:

@@ -55,18 +55,19 @@ def roll_out_calling(env: ToolEnv, turn: str) -> rlnb.RolloutError:
     )
 
     async def main() -> rlnb.RolloutError:
-        buffer = ReplayBuffer(64)
+        buffer = ReplayBuffer(rlnb.BufferConfig(capacity=64))
         rollouter = Rollouter(
             FakeEngine(lengths=lambda request: 3),
+            rlnb.RolloutConfig(group_size=4, max_inflight=8, reward_timeout=0.5),
+            sampling=NO_LENGTH_CUT,
             prompts=prompt_stream(),
             encode=lambda text: encode(str(text)),
             decode=lambda ids: turn,
             reward_fn=constant_reward,
             buffer=buffer,
-            group_size=4,
-            max_inflight=8,
-            sampling=NO_LENGTH_CUT,
-            reward_timeout=0.5,
+            seed=0,
+            on_bad_prompt="raise",
+            max_context=None,
             conversations=convs,
         )
         try:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import rlnb
 from rlnb.buffer import ReplayBuffer
+from rlnb.config import BufferConfig, RolloutConfig
 from rlnb.engines import FakeEngine, GenerateRequest, GenerateResult, PauseMode, SamplingParams
 from rlnb.rollout import PromptItem, Rollouter
 
@@ -81,6 +83,20 @@ class RecordingEngine(FakeEngine):
         await super().update_weights(state, version)
 
 
+ROLLOUT_FIELDS = {field.name for field in dataclasses.fields(RolloutConfig)}
+
+
+def rollout_config(**fields: Any) -> RolloutConfig:
+    """A RolloutConfig of ``fields``; ``group_size=1``, which a config refuses (a group
+    of one learns nothing), is let through: a test of one sample reads simpler."""
+    if fields.get("group_size") != 1:
+        return RolloutConfig(**fields)
+    config = RolloutConfig(**{**fields, "group_size": 2, "max_inflight": max(2, fields.get("max_inflight", 2))})
+    object.__setattr__(config, "group_size", 1)
+    object.__setattr__(config, "max_inflight", fields.get("max_inflight", config.max_inflight))
+    return config
+
+
 @contextlib.asynccontextmanager
 async def make_rollouter(
     engine: FakeEngine,
@@ -90,10 +106,18 @@ async def make_rollouter(
     buffer_max_staleness: int | None = None,
     **kwargs: Any,
 ) -> AsyncIterator[tuple[Rollouter, ReplayBuffer]]:
+    """A Rollouter on a scripted prompt stream; ``kwargs`` are RolloutConfig's fields
+    (the config's defaults otherwise) and the Rollouter's other arguments."""
+    config = rollout_config(**{k: kwargs.pop(k) for k in list(kwargs) if k in ROLLOUT_FIELDS})
     kwargs.setdefault("sampling", NO_LENGTH_CUT)
     kwargs.setdefault("encode", encode)
-    buffer = ReplayBuffer(buffer_capacity, max_staleness=buffer_max_staleness)
-    rollouter = Rollouter(engine, prompts=prompt_stream(), decode=decode, reward_fn=reward_fn, buffer=buffer, **kwargs)
+    kwargs.setdefault("seed", 0)
+    kwargs.setdefault("on_bad_prompt", "raise")
+    kwargs.setdefault("max_context", None)
+    buffer = ReplayBuffer(BufferConfig(capacity=buffer_capacity, max_staleness=buffer_max_staleness))
+    rollouter = Rollouter(
+        engine, config, prompts=prompt_stream(), decode=decode, reward_fn=reward_fn, buffer=buffer, **kwargs
+    )
     try:
         yield rollouter, buffer
     finally:

@@ -9,7 +9,6 @@ Every test runs its own event loop with ``asyncio.run`` and closes what it made.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -100,13 +99,12 @@ class Script:
         return Env()
 
 
-def conversations(env: Callable[[], Any], max_turns: int = 3, max_context: int | None = None) -> Conversations:
+def conversations(env: Callable[[], Any], max_turns: int = 3) -> Conversations:
     return Conversations(
         env=env,
         max_turns=max_turns,
         encode_prompt=lambda prompt, tools: encode(prompt),
         encode_observation=observe,
-        max_context=max_context,
     )
 
 
@@ -159,7 +157,7 @@ def test_a_conversation_ends_at_max_turns_and_where_the_context_is_full() -> Non
         engine = RecordingEngine(lengths=turn_lengths(2))
         prompt = len(encode("0+0="))
         async with make_rollouter(
-            engine, group_size=1, max_inflight=1, conversations=conversations(script, 3, max_context=prompt + 5)
+            engine, group_size=1, max_inflight=1, conversations=conversations(script, 3), max_context=prompt + 5
         ) as (r, _):
             [group] = await r.collect(1)
             [sample] = group.samples
@@ -512,8 +510,11 @@ def test_environment_calls_run_env_workers_at_once_and_the_queue_is_counted(work
 
     async def main() -> None:
         engine = RecordingEngine(lengths=turn_lengths(2, 2))
-        conv = dataclasses.replace(conversations(tools, 2), workers=workers)
-        async with make_rollouter(engine, group_size=8, max_inflight=8, conversations=conv) as (r, _):
+        conv = conversations(tools, 2)
+        async with make_rollouter(engine, group_size=8, max_inflight=8, env_workers=workers, conversations=conv) as (
+            r,
+            _,
+        ):
             task = asyncio.create_task(r.collect(1))
             queued = 0
             while not task.done():

@@ -8,6 +8,7 @@ Assertions are on ordering and counts, never on wall-clock thresholds.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pickle
 
 import pytest
@@ -332,6 +333,44 @@ def test_policy_lag_budget_stops_background_dispatch_until_the_learner_takes_a_b
             await settle()
             assert r.statistics().groups_dispatched == 4
             assert buffered_ids(buffer) == [2, 3]
+
+    asyncio.run(main())
+
+
+def test_a_new_config_reaches_the_groups_dispatched_after_it_and_the_budget_at_once() -> None:
+    # Session.set hands the rollouter a whole RolloutConfig: each live field must take effect.
+    seen: list[GenerateRequest] = []
+
+    def two_tokens(request: GenerateRequest) -> int:
+        seen.append(request)
+        return 2
+
+    async def main() -> None:
+        engine = RecordingEngine(lengths=two_tokens)
+        async with make_rollouter(engine, group_size=2, max_inflight=16, max_policy_lag=0, groups_per_step=2) as (
+            r,
+            buffer,
+        ):
+            await r.start()
+            await until(lambda: r.statistics().groups_finished == 2, "2 groups in the buffer")
+            await settle()
+            assert r.statistics().groups_dispatched == 2  # the budget is spent
+
+            sampling = SamplingParams(temperature=0.5, max_new_tokens=10**9)
+            config = dataclasses.replace(r.config, group_size=4, max_policy_lag=1, groups_per_step=3)
+            await r.configure(config, sampling)
+            assert r.config == config and r.statistics().groups_allowed == 6  # (1 + 1) x 3
+            await until(lambda: r.statistics().groups_finished == 6, "4 more groups, under the new budget")
+            await settle()
+            assert r.statistics().groups_dispatched == 6
+            groups = buffer.get_nowait(6)
+            assert [len(g.samples) for g in groups] == [2, 2, 4, 4, 4, 4]
+            temperatures = {(parse_id(q.request_id)[0] >= 2, q.sampling.temperature) for q in seen}
+            assert temperatures == {(False, 1.0), (True, 0.5)}  # the groups dispatched after the change
+
+            with pytest.raises(rlnb.ConfigError, match=r"RolloutConfig\.max_inflight cannot change"):
+                await r.configure(dataclasses.replace(config, max_inflight=32), sampling)
+            assert r.config == config  # nothing changed
 
     asyncio.run(main())
 

@@ -14,7 +14,7 @@ import pytest
 
 import rlnb
 from rlnb.buffer import ReplayBuffer
-from rlnb.engines import GenerateRequest
+from rlnb.engines import GenerateRequest, SamplingParams
 from rlnb.rollout import Rollouter, RolloutState
 from tests.helpers import assert_counts_add_up
 from tests.rollout.helpers import (
@@ -255,16 +255,19 @@ def test_a_weight_sync_that_ends_after_aclose_leaves_the_rollouter_closed() -> N
 def test_after_aclose_every_call_raises_closed_and_no_task_is_left() -> None:
     async def main() -> None:
         engine = RecordingEngine(lengths=10**6, token_delay=0.005)
-        buffer = ReplayBuffer(16)
+        buffer = ReplayBuffer(rlnb.BufferConfig(capacity=16))
         r = Rollouter(
             engine,
+            rlnb.RolloutConfig(group_size=2, max_inflight=8),
+            sampling=SamplingParams(),
             prompts=prompt_stream(),
             encode=encode,
             decode=decode,
             reward_fn=constant_reward,
             buffer=buffer,
-            group_size=2,
-            max_inflight=8,
+            seed=0,
+            on_bad_prompt="raise",
+            max_context=None,
         )
         await r.start()
         await until(lambda: engine.statistics().running == 8, "generation running")
