@@ -5,6 +5,7 @@ close every widget closed and the display swapped for the static copy."""
 from __future__ import annotations
 
 import queue
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -173,10 +174,7 @@ def test_a_click_made_during_a_foreground_train_is_refused_not_run_late(
         # ~2.5 s of steps (a tenth of a second each at least): the ticker sees the call
         ok(kc, SLOW_STEPS)
         msg_id = kc.execute(f"open({str(started)!r}, 'w').close(); sess.train(25, progress=False)")
-        deadline = time.monotonic() + TIMEOUT
-        while not started.exists():
-            assert time.monotonic() < deadline, "the cell never started"
-            time.sleep(0.01)
+        wait_until(started.exists, "the cell to start", TIMEOUT)
         click(kc, pause)  # the kernel is busy: it holds the click until train() returns
 
         def refused(msgs: list[dict[str, Any]]) -> bool:
@@ -225,10 +223,7 @@ def test_through_a_subshell_pause_and_resume_work_beside_a_foreground_train(
         assert ok(kc, "print(sess.dashboard().live_clicks)").strip() == "True"
         started = tmp_path / "training"
         msg_id = kc.execute(f"open({str(started)!r}, 'w').close(); sess.train(30, progress=False)")
-        deadline = time.monotonic() + TIMEOUT
-        while not started.exists():
-            assert time.monotonic() < deadline, "the cell never started"
-            time.sleep(0.01)
+        wait_until(started.exists, "the cell to start", TIMEOUT)
 
         def busy(msgs: list[dict[str, Any]]) -> bool:
             return any('data-state="foreground"' in v for v in states(msgs, state, "value"))
@@ -254,6 +249,20 @@ def test_through_a_subshell_pause_and_resume_work_beside_a_foreground_train(
         ok(kc, "sess.close()")
 
 
+def stepped_in_the_foreground(state: str) -> Callable[[list[dict[str, Any]]], bool]:
+    """Whether the messages show the state panel ``state`` with a foreground call at
+    policy version 1 or later: a step into the call."""
+
+    def done(msgs: list[dict[str, Any]]) -> bool:
+        for value in states(msgs, state, "value"):
+            version = re.search(r"policy version</th><td[^>]*>(\d+) ", value)
+            if 'data-state="foreground"' in value and version is not None and int(version[1]) >= 1:
+                return True
+        return False
+
+    return done
+
+
 def send_value(kc: BlockingKernelClient, comm_id: str, value: Any, *, subshell: str) -> None:
     """What the page sends when something is typed into an input widget."""
     data = {"method": "update", "state": {"value": value}, "buffer_paths": []}
@@ -277,21 +286,31 @@ def test_through_a_subshell_apply_reads_what_was_typed_beside_a_foreground_train
         pause, resume = widget(opened, button="pause"), widget(opened, button="resume")
         lr, apply = widget(opened, css="rlnb-setting-lr"), widget(opened, css="rlnb-settings-apply")
         message, said = widget(opened, css="rlnb-message"), widget(opened, css="rlnb-settings-message")
+        state = widget(opened, css="rlnb-state")
         click(kc, pause, subshell=subshell)
-        read_until(kc, paused_and_on(message, resume), "the pause")
+        seen = read_until(kc, paused_and_on(message, resume), "the pause")
         click(kc, resume, subshell=subshell)
-        read_until(kc, lambda m: "resumed" in "".join(states(m, message, "value")), "the resume")
-        time.sleep(1.2)  # two of the ticker's ticks: the first routes the inputs' messages to the subshell
+        seen += read_until(kc, lambda m: "resumed" in "".join(states(m, message, "value")), "the resume")
+
+        def routed(msgs: list[dict[str, Any]]) -> bool:
+            # the ticker, having seen a click through the subshell, sends each input's state
+            # as caused by it; ipykernel then routes what the page sends about it there
+            return any(
+                m["msg_type"] == "comm_msg"
+                and m["content"]["comm_id"] == lr
+                and "disabled" in m["content"]["data"].get("state", {})
+                and m["parent_header"].get("subshell_id") == subshell
+                for m in seen + msgs
+            )
+
+        read_until(kc, routed, "the inputs' messages routed to the subshell")
         started = tmp_path / "training"
         msg_id = kc.execute(f"open({str(started)!r}, 'w').close(); sess.train(30, progress=False)")
-        deadline = time.monotonic() + TIMEOUT
-        while not started.exists():
-            assert time.monotonic() < deadline, "the cell never started"
-            time.sleep(0.01)
-        time.sleep(0.5)
+        wait_until(started.exists, "the cell to start", TIMEOUT)
+        during = read_until(kc, stepped_in_the_foreground(state), "a step of the foreground train")
         send_value(kc, lr, 2e-4, subshell=subshell)
         click(kc, apply, subshell=subshell)
-        during = read_until(kc, lambda m: bool(states(m, said, "value")), "Apply's outcome")
+        during += read_until(kc, lambda m: bool(states(m, said, "value")), "Apply's outcome")
         ended = [m for m in during if m["msg_type"] == "status" and m["parent_header"].get("msg_id") == msg_id]
         assert not [m for m in ended if m["content"]["execution_state"] == "idle"], "the cell had ended: not beside it"
         assert "set at step" in states(during, said, "value")[-1], states(
