@@ -51,7 +51,6 @@ from rlnb.config import (
     WarmupConfig,
 )
 from rlnb.engines import PauseMode
-from rlnb.notebook import load_ipython_extension, unload_ipython_extension
 from rlnb.runtime import AsyncBridge, close_all, sessions
 from rlnb.session import Session, SessionStatistics
 from rlnb.track import Tracker, TrackerError
@@ -62,7 +61,13 @@ __version__ = "0.1.0"
 # at their first use, so ``import rlnb`` stays light and ``rlnb.learn.Callback`` works.
 _LAZY_SUBMODULES = frozenset({"bench", "learn", "models", "testing"})
 # Functions exported from a module that is imported at their first use: name -> module.
-_LAZY_ATTRIBUTES = {"compare": "rlnb.notebook"}
+# The notebook layer's (``%load_ext rlnb`` asks for the hooks) wait for it: its widgets
+# need ipywidgets, and a script or a test that shows none never loads them.
+_LAZY_ATTRIBUTES = {
+    "compare": "rlnb.notebook",
+    "load_ipython_extension": "rlnb.notebook",
+    "unload_ipython_extension": "rlnb.notebook",
+}
 
 
 def __getattr__(name: str) -> object:

@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlnb.session import SessionStatistics
+    from rlnb.session.reports import SessionStatistics
 
 __all__ = ["CLICK_GRACE", "made_at", "page_message", "refusal", "send_as_caused_by", "through_a_subshell"]
 
@@ -92,7 +92,7 @@ def refusal(method: str, stats: SessionStatistics, *, off: bool, why_off: str, m
     from rlnb.notebook import _panels
 
     call, last = stats.training.foreground, stats.training.last_foreground
-    if call is not None and method not in _panels.beside(call):  # delivered at once, beside the call
+    if call is not None and method not in _panels.beside(call.call):  # delivered at once, beside the call
         return f"{method}: not run. {call.call} is running in the foreground: one training call at a time."
     ended = None if call is not None or last is None or last.thread_id != threading.get_ident() else last.ended
     held = ended is not None and time.monotonic() - ended < CLICK_GRACE and (made is None or made < ended)

@@ -43,7 +43,8 @@ from rlnb.runtime import release_output_pipes, snapshot
 if TYPE_CHECKING:
     from rlnb.config import Change
     from rlnb.notebook._explorer import Explorer
-    from rlnb.session import Session, SessionStatistics
+    from rlnb.notebook._protocol import NotebookSession
+    from rlnb.session.reports import SessionStatistics
 
 __all__ = ["Dashboard", "dashboard"]
 
@@ -59,10 +60,10 @@ _JOIN_TIMEOUT = 2.0
 PAUSE_MODES = ("abort", "keep", "wait")
 # (session method, icon, what it calls); the buttons are keyed, and labelled, by the method
 _CONTROLS = (
-    ("start", "play", "sess.start()"),
-    ("stop", "stop", "sess.stop(); sess.stop_rollouts(): training and background generation"),
-    ("pause", "pause", "sess.pause(mode)"),
-    ("resume", "play-circle", "sess.resume()"),
+    ("start", "play", "sess.training.start()"),
+    ("stop", "stop", "sess.training.stop(); sess.rollouts.stop(): training and background generation"),
+    ("pause", "pause", "sess.rollouts.pause(mode)"),
+    ("resume", "play-circle", "sess.rollouts.resume()"),
     ("step", "step-forward", "sess.step()"),
     ("evaluate", "check", "sess.evaluate()"),
     ("save", "save", "sess.save(path)"),
@@ -72,7 +73,7 @@ _CACHE: weakref.WeakKeyDictionary[Any, Dashboard] = weakref.WeakKeyDictionary()
 _CACHE_LOCK = threading.RLock()  # a session closing while its dashboard is made closes it inside
 
 
-def dashboard(session: Session, *, interval: float = DEFAULT_INTERVAL) -> Dashboard:
+def dashboard(session: NotebookSession, *, interval: float = DEFAULT_INTERVAL) -> Dashboard:
     """The live :class:`Dashboard` of ``session``: made (and its ticker started) on
     the first call, the same one afterwards until it or the session closes.
     ``interval`` applies to a new one. Raises :class:`~rlnb.ClosedError` for a
@@ -100,7 +101,7 @@ class Dashboard:
     - ``widget``: the ``ipywidgets.VBox`` holding everything below;
     - ``buttons``: ``ipywidgets.Button`` by the session method each calls (``start``,
       ``stop``, ``pause``, ``resume``, ``step``, ``evaluate``, ``save``; ``stop`` also
-      stops background generation: ``sess.stop(); sess.stop_rollouts()``);
+      stops background generation: ``sess.training.stop(); sess.rollouts.stop()``);
       ``pause_mode`` (a ``Dropdown``) and ``save_path`` (a ``Text``) are their arguments;
     - ``notice``: why buttons are off, when they are (``HTML``);
     - ``message``: the last action's result or error (``HTML``);
@@ -133,7 +134,7 @@ class Dashboard:
     held back while a blocking call ran is refused, saying so (see ``_clicks``).
     """
 
-    def __init__(self, session: Session, *, interval: float = DEFAULT_INTERVAL) -> None:
+    def __init__(self, session: NotebookSession, *, interval: float = DEFAULT_INTERVAL) -> None:
         if not (isinstance(interval, int | float) and interval > 0):
             raise ValueError(f"Dashboard(interval={interval!r}): use a positive number of seconds")
         if session.closed:
@@ -263,7 +264,7 @@ class Dashboard:
         return self._closed
 
     @property
-    def session(self) -> Session | None:
+    def session(self) -> NotebookSession | None:
         """The session, while it is alive (the dashboard holds only a weak reference)."""
         return self._session()
 
@@ -360,7 +361,7 @@ class Dashboard:
                 self._shown_batch = step
                 self.rollouts.value = _panels.rollouts_html(groups, step, decode=self._decode)
 
-    def _diagnose(self, sess: Session) -> None:
+    def _diagnose(self, sess: NotebookSession) -> None:
         """The findings banner from ``sess.diagnose()`` (nothing logged, nothing raised),
         at most every ``DIAGNOSE_INTERVAL`` s and at most 1/_TIME_SHARE of the time. A
         failure shows in the banner; the last findings stay."""

@@ -50,7 +50,8 @@ from rlnb.notebook._explorer_html import (
 )
 
 if TYPE_CHECKING:
-    from rlnb.session import Session
+    # what the explorer uses of a session: rlnb.session imports this layer, never the reverse
+    from rlnb.notebook._protocol import NotebookSession as Session
 
 __all__ = ["COLORS", "FINISHES", "SIGNS", "SORTS", "Explorer"]
 

@@ -19,8 +19,8 @@ from rlnb.notebook._explorer import _talks
 from rlnb.runtime import Snapshot
 
 if TYPE_CHECKING:
-    from rlnb.learn._foreground import ForegroundCall
-    from rlnb.session import Session, SessionStatistics
+    from rlnb.notebook._protocol import NotebookSession
+    from rlnb.session.reports import SessionStatistics
 
 __all__ = [
     "LastBatch",
@@ -308,13 +308,14 @@ def diagnosis_failed_html(exc: BaseException) -> str:
 # -- the buttons ---------------------------------------------------------------------------
 
 
-def beside(call: ForegroundCall) -> frozenset[str]:
-    """The buttons that may run beside the blocking ``call`` (on another thread):
-    pause and resume, the settings' ``apply`` (``Session.set`` changes settings
-    between two steps, the foreground's as the background's), and stop while
-    ``wait()`` waits on the background run."""
+def beside(call: str) -> frozenset[str]:
+    """The buttons that may run beside the blocking ``call`` (its text in the
+    statistics, e.g. ``"train(until=150)"``), on another thread: pause and resume, the
+    settings' ``apply`` (``Session.set`` changes settings between two steps, the
+    foreground's as the background's), and stop while ``wait()`` waits on the
+    background run."""
     both = {"pause", "resume", "apply"}
-    return frozenset({*both, "stop"} if call.call == "wait()" else both)
+    return frozenset({*both, "stop"} if call == "wait()" else both)
 
 
 def settings_usable(stats: SessionStatistics | None, *, live_clicks: bool = False) -> bool:
@@ -345,7 +346,7 @@ def usable(stats: SessionStatistics | None, *, live_clicks: bool = False) -> dic
         "save": not training,
     }
     if (call := stats.training.foreground) is not None:
-        allowed = beside(call) if live_clicks else frozenset()
+        allowed = beside(call.call) if live_clicks else frozenset()
         now = {method: on and method in allowed for method, on in now.items()}
     return now
 
@@ -360,7 +361,7 @@ def controls_notice(stats: SessionStatistics | None, *, live_clicks: bool = Fals
         what = f"{t.foreground.call} is running in the foreground" + (f", at {progress}" if progress else "")
         stop = "stop waiting (training goes on)" if t.foreground.call == "wait()" else "stop it"
         if live_clicks:
-            works = " and ".join(sorted(beside(t.foreground) & set(METHODS), key=METHODS.index))
+            works = " and ".join(sorted(beside(t.foreground.call) & set(METHODS), key=METHODS.index))
             return (
                 f"{what}: {works} work meanwhile, and so does the settings' apply; the other buttons are off "
                 f"until it returns; interrupt the kernel (■) to {stop}"
@@ -376,12 +377,12 @@ def controls_notice(stats: SessionStatistics | None, *, live_clicks: bool = Fals
     return ""
 
 
-def call(sess: Session, method: str, *, pause_mode: str, save_path: str) -> str:
+def call(sess: NotebookSession, method: str, *, pause_mode: str, save_path: str) -> str:
     """Call the session's public ``method`` (a button's) and say what it did, in a line.
     The stop button ends background training and background generation both:
-    ``sess.stop(); sess.stop_rollouts()``."""
+    ``sess.training.stop(); sess.rollouts.stop()``."""
     if method == "pause":
-        sess.pause(pause_mode)
+        sess.rollouts.pause(pause_mode)
         r = sess.statistics().rollout
         if pause_mode == "abort":
             return f"paused (abort): {r.kept_partial} samples kept as partial rollouts"
@@ -392,7 +393,7 @@ def call(sess: Session, method: str, *, pause_mode: str, save_path: str) -> str:
         return f"pausing (wait): {r.in_flight} samples in flight finish first"
     if method == "resume":
         kept = sess.statistics().rollout.kept_partial
-        sess.resume()
+        sess.rollouts.resume()
         return f"resumed: {kept} partial rollouts continue"
     if method == "step":
         metrics = sess.step()
@@ -403,11 +404,11 @@ def call(sess: Session, method: str, *, pause_mode: str, save_path: str) -> str:
     if method == "save":
         return f"saved to {sess.save(save_path)}"
     if method == "start":
-        sess.start()
+        sess.training.start()
         return "training in the background; stop ends it at a step boundary, and background generation with it"
     if method == "stop":
-        sess.stop()
-        sess.stop_rollouts()
+        sess.training.stop()
+        sess.rollouts.stop()
         r = sess.statistics().rollout
         finishing = f"; {r.in_flight} samples in flight finish into the buffer" if r.in_flight else ""
         return f"stopped at step {sess.version}: training and background generation{finishing}"

@@ -31,9 +31,7 @@ __all__ = [
     "close_all",
     "install_hooks",
     "lookup_session",
-    "make_view",
     "register_session",
-    "register_view",
     "replace_session",
     "sessions",
     "unregister_session",
@@ -87,27 +85,6 @@ def replace_session(name: str) -> None:
         previous.close()
         # stdout: a notice, not an error (a notebook shows stderr in red)
         print(f"rlnb: closed the earlier session {name!r} before making its replacement")
-
-
-# Views of a session made by the layer above it (the notebook's dashboard): the
-# session asks for them by name without importing that layer.
-_VIEWS: dict[str, Callable[..., Any]] = {}
-
-
-def register_view(name: str, factory: Callable[..., Any]) -> None:
-    """Make ``factory(session, **options)`` the view called ``name`` (``Session.dashboard()``
-    asks for "dashboard", ``Session.explore(batch)`` for "explorer" with ``batch=``)."""
-    _VIEWS[name] = factory
-
-
-def make_view(name: str, session: Any, /, **options: Any) -> Any:
-    """The view ``name`` of ``session``, made by its factory with ``options`` as keyword
-    arguments; ``LookupError`` naming the known views if none is registered."""
-    try:
-        factory = _VIEWS[name]
-    except KeyError:
-        raise LookupError(f"no {name!r} view is registered (known: {sorted(_VIEWS)}); import rlnb.notebook") from None
-    return factory(session, **options)
 
 
 def sessions() -> list[Any]:

@@ -84,7 +84,7 @@ def shown(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, FakeHandl
 
 def test_importing_the_notebook_layer_loads_no_widgets() -> None:
     code = (
-        "import sys, rlnb.notebook; from rlnb.runtime import make_view; "
+        "import sys, rlnb.notebook; "
         "print(sorted(m for m in ('torch', 'ipywidgets', 'matplotlib', 'IPython') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -141,14 +141,14 @@ def test_start_stop_step_evaluate_and_save_call_the_session(tmp_path: Path) -> N
 
         assert buttons["stop"].disabled and not buttons["start"].disabled
         buttons["start"].click()
-        assert sess.training and "training in the background" in dash.message.value
+        assert sess.training.running and "training in the background" in dash.message.value
         # the click refreshes the buttons unless the ticker is mid-tick: then its tick does
         wait_until(lambda: buttons["start"].disabled and not buttons["stop"].disabled, "the training buttons")
         assert buttons["step"].disabled and buttons["evaluate"].disabled and buttons["save"].disabled
         assert buttons["start"].description == "start"  # busy only while its handler runs
 
         buttons["stop"].click()
-        assert not sess.training
+        assert not sess.training.running
         assert f"stopped at step {sess.version}" in dash.message.value
         wait_until(lambda: not buttons["start"].disabled and buttons["stop"].disabled, "the idle buttons")
         assert not buttons["step"].disabled
@@ -158,13 +158,13 @@ def test_start_stop_step_evaluate_and_save_call_the_session(tmp_path: Path) -> N
 def test_pause_in_each_mode_then_resume(mode: str) -> None:
     with rlnb.Session(CONFIG.replace(mode="async"), name=f"dash-pause-{mode}") as sess:
         dash = sess.dashboard()
-        sess.start_rollouts()
+        sess.rollouts.start()
         wait_until(lambda: sess.statistics().rollout.finished > 0, "rollouts to go on")
         dash.pause_mode.value = mode
         dash.buttons["pause"].click()
         if mode == "wait":
             assert re.search(r"paus(ed|ing) \(wait\)", dash.message.value), dash.message.value
-            sess.wait_paused(timeout=20)
+            sess.rollouts.wait_paused(timeout=20)
         else:
             assert f"paused ({mode}):" in dash.message.value
         stats = sess.statistics().rollout
@@ -192,7 +192,7 @@ def test_a_clicks_effect_shows_at_once_even_when_its_refresh_met_the_tickers() -
     with rlnb.Session(CONFIG.replace(mode="async"), name="dash-again") as sess:
         dash = rlnb.notebook.Dashboard(sess, interval=60.0)
         try:
-            sess.start_rollouts()
+            sess.rollouts.start()
             wait_until(lambda: not dash.buttons["pause"].disabled, "the pause button to come on")
             with dash._tick_lock:  # the ticker is mid-tick: the click's refresh is skipped
                 dash.buttons["pause"].click()
@@ -208,7 +208,7 @@ def test_an_error_shows_inline_and_nothing_reaches_stderr(capsys: pytest.Capture
     with rlnb.Session(CONFIG, name="dash-error") as sess:
         dash = sess.dashboard()
         capsys.readouterr()
-        sess.start()
+        sess.training.start()
         busy: list[tuple[bool, str]] = []
         button = dash.buttons["step"]
         button.observe(lambda change: busy.append((button.disabled, change["new"])), names="description")
@@ -216,8 +216,8 @@ def test_an_error_shows_inline_and_nothing_reaches_stderr(capsys: pytest.Capture
         assert busy[0] == (True, "step…") and busy[-1][1] == "step"
         assert "rlnb-error" in dash.message.value
         assert "step() failed: RuntimeError: step() cannot run while training goes on" in dash.message.value
-        assert sess.training  # nothing else happened
-        sess.stop()
+        assert sess.training.running  # nothing else happened
+        sess.training.stop()
     out = capsys.readouterr()
     assert out.err == "" and out.out == ""
 
@@ -243,7 +243,7 @@ def test_state_and_gauges_follow_the_session() -> None:
         assert "model</th><td" in dash.state.value and "tiny policy (d_model 32, 1 layer) on CPU" in dash.state.value
         threads_before, _ = gauge(dash, "threads")
 
-        sess.start()  # a training thread, rollouts dispatching, tokens generated
+        sess.training.start()  # a training thread, rollouts dispatching, tokens generated
         wait_until(lambda: sess.version >= 2, "two steps")
         wait_until(lambda: gauge(dash, "threads")[0] > threads_before, "the training thread in the gauges")
         wait_until(lambda: gauge(dash, "event loops")[1] == 1, "the session's bridge loop in the gauges")
@@ -254,7 +254,7 @@ def test_state_and_gauges_follow_the_session() -> None:
         wait_until(lambda: "<table>" in dash.rollouts.value, "the last rollouts")
         assert re.search(r"the batch of step \d+: 2 of 4 groups", dash.rollouts.value), dash.rollouts.value
         training_threads = gauge(dash, "threads")[0]
-        sess.stop()
+        sess.training.stop()
         shows_version = re.compile(rf"policy version</th><td[^>]*>{sess.version} \(engine {sess.version}\)")
         wait_until(lambda: shows_version.search(dash.state.value) is not None, "the last version")
         wait_until(lambda: gauge(dash, "threads")[0] < training_threads, "the training thread to go")
@@ -378,7 +378,7 @@ def test_a_background_failure_shows_in_the_dashboard() -> None:
 
     with rlnb.Session(CONFIG, name="dash-boom", callbacks=[Boom()]) as sess:
         dash = sess.dashboard()
-        sess.start()
+        sess.training.start()
         wait_until(lambda: "background training failed" in dash.message.value, "the failure in the message")
         assert "boom" in dash.message.value and "rlnb-error" in dash.message.value
         with pytest.raises(rlnb.TrainingError) as info:  # the dashboard did not swallow it
@@ -463,8 +463,8 @@ def test_wait_is_a_foreground_call_with_a_progress_bar(capsys: pytest.CaptureFix
 
         sess.callbacks.append(_OnStep(2, in_wait))
         capsys.readouterr()
-        sess.start(steps=4)
-        sess.wait()
+        sess.training.start(steps=4)
+        sess.training.wait()
         assert sess.version == 4
         (during,) = shown
         assert during.running and during.foreground is not None and during.foreground.call == "wait()"
@@ -476,15 +476,15 @@ def test_wait_is_a_foreground_call_with_a_progress_bar(capsys: pytest.CaptureFix
 def test_training_on_while_generation_pauses_says_where_its_batches_come_from() -> None:
     with rlnb.Session(CONFIG.replace(mode="async"), name="dash-paused-training") as sess:
         dash = sess.dashboard()
-        sess.start()
+        sess.training.start()
         wait_until(lambda: sess.version >= 1 and sess.statistics().buffer.sizes.get("train", 0) >= 1, "a batch")
-        sess.pause("abort")
+        sess.rollouts.pause("abort")
         wait_until(lambda: state_word(dash) == "PAUSED (abort)", "generation paused")
         # the learner may go on from what the buffer holds: legitimate, and said so
         assert training_word(dash) == "BACKGROUND"
         wait_until(lambda: "generation is paused, so it trains on the" in row(dash, "training"), "the reason")
-        sess.resume()
-        sess.stop()
+        sess.rollouts.resume()
+        sess.training.stop()
 
 
 @pytest.mark.slow  # seconds of waiting or drawing: the integration tier
@@ -502,7 +502,7 @@ def test_the_last_frame_shows_the_figures_the_session_closed_with(
         return "the batch of step 4:" in dash.rollouts.value
 
     wait_until(drawn, "step 4's batch")
-    sess.start()
+    sess.training.start()
     wait_until(lambda: sess.version >= 7, "background steps")
     sess.close()
     version = sess.version
@@ -518,7 +518,7 @@ def test_the_last_frame_shows_the_figures_the_session_closed_with(
 def test_stop_ends_background_generation_too() -> None:
     with rlnb.Session(CONFIG.replace(mode="async"), name="dash-stop") as sess:
         dash = sess.dashboard()
-        sess.start_rollouts()  # generating into the buffer, nothing training
+        sess.rollouts.start()  # generating into the buffer, nothing training
         wait_until(lambda: not dash.buttons["stop"].disabled, "stop on for background rollouts")
         dash.buttons["stop"].click()
         assert not sess.statistics().rollout.dispatching
@@ -528,10 +528,10 @@ def test_stop_ends_background_generation_too() -> None:
         wait_until(lambda: sess.version >= 1 and sess.statistics().rollout.dispatching, "training")
         dash.buttons["stop"].click()
         stats = sess.statistics()
-        assert not sess.training and not stats.rollout.dispatching
+        assert not sess.training.running and not stats.rollout.dispatching
         assert f"stopped at step {sess.version}: training and background generation" in dash.message.value
         wait_until(lambda: dash.buttons["stop"].disabled, "stop off once everything stopped")
-        assert "sess.stop_rollouts()" in dash.buttons["stop"].tooltip
+        assert "sess.rollouts.stop()" in dash.buttons["stop"].tooltip
 
 
 def test_a_session_that_tracks_nothing_holds_no_tracker_run() -> None:

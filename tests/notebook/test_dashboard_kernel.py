@@ -339,7 +339,7 @@ sess = rlnb.Session(rlnb.Config(
     track=rlnb.TrackConfig(backends=("console",), console_every=2),
 ), name="k")
 dash = sess.dashboard()
-sess.start(steps=6)
+sess.training.start(steps=6)
 """
 
 
@@ -349,7 +349,7 @@ def test_close_returns_once_what_it_closed_is_gone_and_the_last_frame_says_so(op
         # JupyterLab asks the kernel for a subshell once a notebook is open: its thread
         # and FDs are the kernel's, made after the session's baseline
         make_subshell(kc)
-        ok(kc, "sess.wait()")  # the training thread wrote console lines: ipykernel gave it a pipe
+        ok(kc, "sess.training.wait()")  # the training thread wrote console lines: ipykernel gave it a pipe
         out = ok(kc, "sess.close(); print(snapshot().new_since(sess.baseline))")
         assert out.strip() == "{}", out  # at once: close() returned once everything was gone
         gauges = ok(kc, "print(dash.gauges.value)")  # the last frame was drawn after that
@@ -358,9 +358,9 @@ def test_close_returns_once_what_it_closed_is_gone_and_the_last_frame_says_so(op
 
 def test_a_background_runs_console_line_stays_where_it_appeared(open_kernel: OpenKernel) -> None:
     with open_kernel() as (_, kc):
-        ok(kc, CLOSE_LEAVES_NOTHING.replace("sess.start(steps=6)", "sess.start(steps=30)"))
+        ok(kc, CLOSE_LEAVES_NOTHING.replace("sess.training.start(steps=6)", "sess.training.start(steps=30)"))
         msgs = execute(kc, "import time; time.sleep(0.5)")
-        msgs += execute(kc, "sess.wait()")  # ipykernel 7 sends a thread's output to the cell that ran last
+        msgs += execute(kc, "sess.training.wait()")  # ipykernel 7 sends a thread's output to the cell that ran last
         msgs += execute(kc, "sess.close()")
         lines = [m for m in msgs if m["msg_type"] in ("display_data", "update_display_data")]
         lines = [m for m in lines if m["content"]["data"].get("text/plain", "").startswith(("step ", "rlnb: run"))]

@@ -138,19 +138,19 @@ def test_a_real_paused_and_resumed_rollout_spans_two_policy_versions() -> None:
     the continued samples' tokens come from two versions, and the explorer shows both."""
     config = small_config(mode="async")
     with rlnb.Session(config, name="explore-pause", engine=FakeEngine(lengths=8, token_delay=TOKEN_DELAY)) as sess:
-        sess.start_rollouts()
+        sess.rollouts.start()
         wait_until(lambda: sum(sess.statistics().buffer.sizes.values()) >= 8, "8 groups in the buffer", 30)
         sess.step()  # room in the budget: new groups go in flight
         wait_until(lambda: sess.statistics().engine.running > 0, "the engine to decode new groups", 30)
         # The fake engine's tokens come with its clock, one every token_delay, and show only
         # when a request ends: two tokens' time leaves most of the eight still to come.
         time.sleep(2 * TOKEN_DELAY)
-        sess.pause("abort")
+        sess.rollouts.pause("abort")
         assert sess.statistics().rollout.kept_partial > 0
         sess.step()  # a new version while they wait
-        sess.resume()
+        sess.rollouts.resume()
         sess.step()
-        sess.stop_rollouts()
+        sess.rollouts.stop()
         index = next(i for i, b in enumerate(sess.batches) if any(s.continued_at for g in b.groups for s in g.samples))
         ex = sess.explore(index)
         ex.show(color="version")

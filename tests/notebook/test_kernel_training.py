@@ -61,25 +61,25 @@ def test_background_training_leaves_the_kernel_free_and_ctrl_c_is_one_line(
 ) -> None:
     with open_kernel() as (km, kc):
         ok(kc, SETUP.format(run_dir=str(tmp_path / "run")))
-        ok(kc, "sess.start()")
+        ok(kc, "sess.training.start()")
         started = time.monotonic()
         ok(kc, "1 + 1")  # a quick cell returns while training goes on
         quick = time.monotonic() - started
         first = int(value(kc, "sess.version"))
-        assert value(kc, "sess.training") == "True"
+        assert value(kc, "sess.training.running") == "True"
         marker = tmp_path / "waiting"
         # The interrupt button while a cell waits on the background run: the wait stops,
         # the run goes on (SIGINT reaches the kernel's main thread only).
-        reply = interrupt_when(km, kc, f"open({str(marker)!r}, 'w').close(); sess.wait()", str(marker))
+        reply = interrupt_when(km, kc, f"open({str(marker)!r}, 'w').close(); sess.training.wait()", str(marker))
         assert reply["status"] == "error" and reply["ename"] == "Interrupted", reply
         assert len(reply["traceback"]) == 1 and "the background run goes on" in reply["traceback"][0]
-        assert value(kc, "sess.training") == "True"
+        assert value(kc, "sess.training.running") == "True"
         deadline = time.monotonic() + TIMEOUT
         while int(value(kc, "sess.version")) <= first + 2:
             if time.monotonic() > deadline:  # say why: the statistics name what a step waits for
                 pytest.fail(f"background training stopped after the interrupt:\n{value(kc, 'sess.statistics()')}")
-        ok(kc, "sess.stop()")
-        assert value(kc, "sess.training") == "False"
+        ok(kc, "sess.training.stop()")
+        assert value(kc, "sess.training.running") == "False"
 
         # Ctrl-C in a foreground train(): one line that says what was kept; train() goes on.
         marker = tmp_path / "training"
@@ -123,7 +123,7 @@ def test_a_restart_while_training_with_the_dashboard_and_wandb_is_graceful(
     run_dir = tmp_path / "run"
     with open_kernel() as (km, kc):
         ok(kc, SETUP.format(run_dir=str(run_dir)))
-        ok(kc, "board = sess.dashboard(); sess.start()")
+        ok(kc, "board = sess.dashboard(); sess.training.start()")
         deadline = time.monotonic() + TIMEOUT
         while int(value(kc, "sess.version")) < 2:
             assert time.monotonic() < deadline, "background training made no step"
@@ -170,12 +170,12 @@ b, seen = board.buttons, {{}}
 b["step"].click(); seen["step"] = sess.version
 b["evaluate"].click(); seen["evaluate"] = len(sess.evaluations)
 board.save_path.value = {path!r}; b["save"].click(); seen["save"] = board.message.value
-b["start"].click(); seen["start"] = sess.training
+b["start"].click(); seen["start"] = sess.training.running
 for mode in ("abort", "keep", "wait"):
-    board.pause_mode.value = mode; b["pause"].click(); sess.wait_paused(timeout=60)
+    board.pause_mode.value = mode; b["pause"].click(); sess.rollouts.wait_paused(timeout=60)
     seen[mode] = sess.statistics().rollout.state
     b["resume"].click(); seen[mode + " resumed"] = sess.statistics().rollout.state
-b["stop"].click(); seen["stop"] = sess.training
+b["stop"].click(); seen["stop"] = sess.training.running
 print(json.dumps(seen))
 """
 

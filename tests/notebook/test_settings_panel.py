@@ -174,7 +174,7 @@ class _OnStep(Callback):
 
 def test_apply_while_training_in_the_background(sess: rlnb.Session) -> None:
     dash = sess.dashboard()
-    sess.start()
+    sess.training.start()
     try:
         wait_until(lambda: sess.version >= 2, "two background steps")
         wait_until(lambda: not dash.apply_button.disabled, "apply on beside background training")
@@ -185,7 +185,7 @@ def test_apply_while_training_in_the_background(sess: rlnb.Session) -> None:
         # a step under way keeps the lr it started with; the one after it has the new one
         wait_until(lambda: sess.version >= change.step + 2, "two steps after the change", timeout=60)
     finally:
-        sess.stop()
+        sess.training.stop()
     after = {int(m["version"]): m["lr"] for m in sess.history if m["version"] > change.step}
     assert after[change.step + 2] == 2e-4 and set(after.values()) <= {1e-4, 2e-4}
     first = min(v for v, lr in after.items() if lr == 2e-4)
