@@ -18,6 +18,8 @@ if "torch" not in _sys.modules:
 
 from rlnb import probe
 from rlnb._errors import (
+    BackgroundError,
+    BatchIndexError,
     BridgeReentryError,
     BufferEmpty,
     BufferFull,
@@ -27,12 +29,17 @@ from rlnb._errors import (
     EngineError,
     FeederError,
     Interrupted,
+    InvalidTypeError,
+    InvalidValueError,
     LeakError,
     PromptError,
     RlnbError,
     RolloutError,
+    StateError,
     TrainingError,
     TrainingInterrupted,
+    UnknownNameError,
+    WaitTimeoutError,
     WeightSyncError,
 )
 from rlnb._samples import Group, PromptItem, RolloutBatch, Sample
@@ -88,6 +95,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "AsyncBridge",
+    "BackgroundError",
+    "BatchIndexError",
     "BridgeReentryError",
     "BufferConfig",
     "BufferEmpty",
@@ -103,6 +112,8 @@ __all__ = [
     "FeederError",
     "Group",
     "Interrupted",
+    "InvalidTypeError",
+    "InvalidValueError",
     "LeakError",
     "LearnConfig",
     "LoraConfig",
@@ -119,11 +130,14 @@ __all__ = [
     "Sample",
     "Session",
     "SessionStatistics",
+    "StateError",
     "TrackConfig",
     "Tracker",
     "TrackerError",
     "TrainingError",
     "TrainingInterrupted",
+    "UnknownNameError",
+    "WaitTimeoutError",
     "WarmupConfig",
     "WeightSyncError",
     "close_all",

@@ -1,10 +1,12 @@
 """Exceptions raised by rlnb, and the exit code a run ended by one reports. Every
-public error derives from :class:`RlnbError`."""
+error rlnb raises on purpose derives from :class:`RlnbError` and, where it stands for
+one, from the builtin (``except ValueError`` catches an :class:`InvalidValueError`).
+Only these are shown short in a notebook (:func:`public_call`): anything else is a
+bug, which keeps every frame, and ``RLNB_FULL_TRACEBACKS=1`` keeps every frame of all."""
 
 from __future__ import annotations
 
 import contextlib
-import dis
 import functools
 import os
 import sys
@@ -43,6 +45,48 @@ class BridgeReentryError(RlnbError, RuntimeError):
 
 class ConfigError(RlnbError, ValueError):
     """A configuration value is invalid; the message names the field and the fix."""
+
+
+class InvalidValueError(RlnbError, ValueError):
+    """A value given to a call is invalid: out of range, of the wrong shape, not one of
+    the choices, or a file that is not what its path should hold. The message names the
+    argument (or file), the value and the fix. A config's field gets a :class:`ConfigError`."""
+
+
+class InvalidTypeError(RlnbError, TypeError):
+    """An argument is of the wrong type (a string where a function goes); the message
+    names the argument, what it got and what to pass."""
+
+
+class BatchIndexError(RlnbError, IndexError):
+    """An index into the kept batches (``sess.batches``) is out of range; the message
+    gives the range (``LearnConfig.keep_batches`` sets how many are kept)."""
+
+
+class UnknownNameError(RlnbError, KeyError):
+    """A name looked up is not known (a buffer partition, a tracker backend); the
+    message lists the known ones. Shown as its message, without ``KeyError``'s quotes."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if len(self.args) == 1 else super().__str__()
+
+
+class StateError(RlnbError, RuntimeError):
+    """The call cannot run now: training goes on in the background, another thread's
+    call is in progress, nothing was trained yet, or it was made from inside a reward
+    function it would wait for. The message says what to do first. (A closed object
+    gives a :class:`ClosedError`.)"""
+
+
+class WaitTimeoutError(RlnbError, TimeoutError):
+    """A call that waits ran out of its time (its ``timeout`` argument, or
+    ``Config.step_timeout``); the message says what it waited for and what was kept."""
+
+
+class BackgroundError(RlnbError, RuntimeError):
+    """Work rlnb ran on another thread or process failed, or could not start: a
+    comparison's ticker, a benchmark's kernel or child process. The cause is chained,
+    or the process's last output quoted."""
 
 
 class BufferEmpty(RlnbError):
@@ -99,6 +143,8 @@ class Interrupted(KeyboardInterrupt):
     ``_render_traceback_``); it is still a KeyboardInterrupt everywhere else."""
 
     def _render_traceback_(self) -> list[str]:
+        if full_tracebacks():
+            return _render(self, self.__traceback__)
         return [f"KeyboardInterrupt: {self}"]
 
 
@@ -125,82 +171,74 @@ def running_user_code(what: str) -> Iterator[None]:
         _inside.what = previous
 
 
+def full_tracebacks() -> bool:
+    """``RLNB_FULL_TRACEBACKS`` is set (to anything but ``0``): no error is shortened,
+    and a Ctrl-C shows where it landed (for debugging rlnb itself)."""
+    return os.environ.get("RLNB_FULL_TRACEBACKS", "0") not in ("", "0")
+
+
 def public_call(after_interrupt: str, *, waits_for_rollouts: bool = False) -> Callable[[_F], _F]:
-    """Make a method a call users make from a cell: an error rlnb raises on purpose
-    (a ``raise`` in rlnb's code) shows as the call's own line and the message, without
-    the bridge's and futures' frames under it, nor this wrapper's in IPython (causes
-    keep theirs: a failing reward function's traceback still shows); an error Python
-    raised inside rlnb, a bug, keeps every frame. Ctrl-C becomes one line,
-    :class:`Interrupted`, ending with ``after_interrupt`` (what was kept, how to go on).
-    ``waits_for_rollouts``: the call is refused at once (RuntimeError) from inside a
-    reward function, where it would wait for that very reward."""
+    """Make a method a call users make from a cell: an :class:`RlnbError` (an error
+    rlnb gives on purpose) shows as the user's own lines and the message, without the
+    frames of rlnb, the bridge and futures under them (in IPython none at all; causes
+    keep theirs: a failing reward function's traceback still shows). Any other error
+    is a bug and keeps every frame; so does everything under ``RLNB_FULL_TRACEBACKS=1``.
+    Ctrl-C becomes one line, :class:`Interrupted`, ending with ``after_interrupt``
+    (what was kept, how to go on). ``waits_for_rollouts``: the call is refused at once
+    (:class:`StateError`) from inside a reward function, where it would wait for that
+    very reward."""
 
     def decorate(fn: _F) -> _F:
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            if waits_for_rollouts and (inside := getattr(_inside, "what", None)) is not None:
-                raise RuntimeError(
-                    f"{fn.__name__}() was called from inside {inside}: it waits for rollouts, which wait for "
-                    f"{inside} to return, so it would hang; compute what {inside} needs without the session"
-                )
             try:
+                if waits_for_rollouts and (inside := getattr(_inside, "what", None)) is not None:
+                    raise StateError(
+                        f"{fn.__name__}() was called from inside {inside}: it waits for rollouts, which wait for "
+                        f"{inside} to return, so it would hang; compute what {inside} needs without the session"
+                    )
                 return fn(*args, **kwargs)
             except Interrupted:
                 raise
-            except KeyboardInterrupt:
-                raise Interrupted(f"{fn.__name__}() was interrupted; {after_interrupt}") from None
-            except Exception as exc:
-                if not _raised_on_purpose(exc):
+            except KeyboardInterrupt as exc:
+                interrupted = Interrupted(f"{fn.__name__}() was interrupted; {after_interrupt}")
+                raise interrupted from (exc if full_tracebacks() else None)
+            except RlnbError as exc:
+                if full_tracebacks():
                     raise
-                # IPython shows a traceback's last frame whatever hides it, and this one
-                # would be it: the error renders itself without it (_render_short).
+                # IPython shows a traceback's last frame whatever hides it, and this
+                # wrapper's would be it: the error renders itself without rlnb's frames.
                 exc._render_traceback_ = functools.partial(_render_short, exc)  # type: ignore[attr-defined]
                 raise exc.with_traceback(None)  # noqa: B904 (the same error, its traceback from here on)
 
-        _WRAPPERS.add(call.__code__)  # type: ignore[attr-defined]  # (functools.wraps hides it from mypy)
         return cast(_F, call)
 
     return decorate
 
 
-_WRAPPERS: set[types.CodeType] = set()  # public_call's wrapper: one code object for every call
-_RAISE = dis.opmap["RAISE_VARARGS"]
-
-
-def _raised_on_purpose(exc: BaseException) -> bool:
-    """``exc`` came from a ``raise`` statement in rlnb's code: an error rlnb means to
-    give. An error Python raised inside rlnb (an AttributeError, a failed assert) is a
-    bug, which keeps every frame."""
-    if type(exc) is AssertionError:
-        return False
-    tb = exc.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    code = tb.tb_frame.f_code
-    if not code.co_filename.startswith(_PACKAGE):
-        return False
-    return code in _WRAPPERS or code.co_code[tb.tb_lasti] == _RAISE
-
-
 def _render_short(exc: BaseException) -> list[str]:
-    """What IPython shows for an error ``public_call`` gave: its traceback (the
-    user's lines) less the wrapper's frame at its end; causes keep all of theirs."""
+    """What IPython shows for an error ``public_call`` shortened: its traceback (the
+    user's lines) less rlnb's frames at its end (the wrapper's, and any rlnb code the
+    user's code called it through); causes keep all of theirs."""
     frames: list[types.TracebackType] = []
     tb = exc.__traceback__
     while tb is not None:
         frames.append(tb)
         tb = tb.tb_next
-    while frames and frames[-1].tb_frame.f_code in _WRAPPERS:
+    while frames and frames[-1].tb_frame.f_code.co_filename.startswith(_PACKAGE):
         frames.pop()
     short: types.TracebackType | None = None
     for entry in reversed(frames):
         short = types.TracebackType(short, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return _render(exc, short)
+
+
+def _render(exc: BaseException, tb: types.TracebackType | None) -> list[str]:
+    """``exc`` with traceback ``tb`` as IPython shows it (as Python does, outside IPython)."""
     shell = _ipython()
     if shell is None:
-        return "".join(traceback.format_exception(type(exc), exc, short)).splitlines()
-    return cast(list[str], shell.InteractiveTB.structured_traceback(type(exc), exc, short))
+        return "".join(traceback.format_exception(type(exc), exc, tb)).splitlines()
+    return cast(list[str], shell.InteractiveTB.structured_traceback(type(exc), exc, tb))
 
 
 def _ipython() -> Any:

@@ -8,6 +8,8 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rlnb._errors import InvalidTypeError, InvalidValueError
+
 __all__ = ["Group", "PromptItem", "RolloutBatch", "Sample", "messages_text"]
 
 FINISH_REASONS = ("stop", "length", "aborted")
@@ -56,19 +58,23 @@ class Sample:
         for field in ("logprobs", "versions"):
             got = len(getattr(self, field))
             if got not in (0, n):
-                raise ValueError(f"Sample.{field} has {got} entries but token_ids has {n}: give one per token or none")
+                raise InvalidValueError(
+                    f"Sample.{field} has {got} entries but token_ids has {n}: give one per token or none"
+                )
         mask = tuple(self.mask) if self.mask else (1,) * n
         if len(mask) != n:
-            raise ValueError(f"Sample.mask has {len(mask)} entries but token_ids has {n}: give one 0/1 per token")
+            raise InvalidValueError(
+                f"Sample.mask has {len(mask)} entries but token_ids has {n}: give one 0/1 per token"
+            )
         if any(m not in (0, 1) for m in mask):
-            raise ValueError(f"Sample.mask must hold only 0 and 1, got {sorted(set(mask) - {0, 1})[:3]}")
+            raise InvalidValueError(f"Sample.mask must hold only 0 and 1, got {sorted(set(mask) - {0, 1})[:3]}")
         object.__setattr__(self, "mask", mask)
         turns = tuple(self.turns) if self.turns else (0,)
         if turns[0] != 0 or any(b < a for a, b in itertools.pairwise(turns)) or turns[-1] > n:
-            raise ValueError(f"Sample.turns={turns} must start at 0 and not fall, within the {n} tokens")
+            raise InvalidValueError(f"Sample.turns={turns} must start at 0 and not fall, within the {n} tokens")
         object.__setattr__(self, "turns", turns)
         if self.finish_reason not in FINISH_REASONS:
-            raise ValueError(f"Sample.finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
+            raise InvalidValueError(f"Sample.finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe fields (floats round-trip exactly through ``json``)."""
@@ -117,14 +123,16 @@ class Group:
 
     def __post_init__(self) -> None:
         if not isinstance(self.samples, Sequence) or isinstance(self.samples, str):
-            raise TypeError(f"Group.samples must be a sequence of Sample, got {type(self.samples).__name__}")
+            raise InvalidTypeError(f"Group.samples must be a sequence of Sample, got {type(self.samples).__name__}")
         if not self.samples:
-            raise ValueError("Group.samples is empty: a group needs at least one Sample")
+            raise InvalidValueError("Group.samples is empty: a group needs at least one Sample")
         for s in self.samples:
             if not isinstance(s, Sample):
-                raise TypeError(f"Group.samples must hold Sample objects, got {type(s).__name__}")
+                raise InvalidTypeError(f"Group.samples must hold Sample objects, got {type(s).__name__}")
         if not isinstance(self.prompt_ids, Sequence) or isinstance(self.prompt_ids, str):
-            raise TypeError(f"Group.prompt_ids must be a sequence of token ids, got {type(self.prompt_ids).__name__}")
+            raise InvalidTypeError(
+                f"Group.prompt_ids must be a sequence of token ids, got {type(self.prompt_ids).__name__}"
+            )
         # Lists would make it mutable.
         object.__setattr__(self, "samples", tuple(self.samples))
         object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))

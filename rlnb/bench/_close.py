@@ -13,6 +13,7 @@ from __future__ import annotations
 import tempfile
 import threading
 
+from rlnb._errors import InvalidValueError
 from rlnb.bench._common import BenchResult, Target, median, p99, time_ms
 from rlnb.buffer import ReplayBuffer
 from rlnb.runtime import close_all as close_all_sessions
@@ -61,7 +62,7 @@ def _wandb_close_ms(run_dir: str) -> float:
 def run(*, repeats: int = 50, poll_interval: float = 5.0, tracker: str | None = None) -> BenchResult:
     """Measure; blocks for a few seconds (tens with ``tracker="wandb"``)."""
     if tracker not in (None, "wandb"):
-        raise ValueError(f"bench close --tracker {tracker!r}: only 'wandb' is measured")
+        raise InvalidValueError(f"bench close --tracker {tracker!r}: only 'wandb' is measured")
     feeder = [_feeder_close_ms(poll_interval) for _ in range(repeats)]
     session = []
     for i in range(repeats):

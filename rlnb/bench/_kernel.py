@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rlnb._errors import BackgroundError
+
 __all__ = ["Kernel"]
 
 TIMEOUT = 120.0
@@ -22,7 +24,7 @@ class Kernel:
             import zmq
             from jupyter_client import KernelManager
         except ImportError as exc:  # pragma: no cover - the dev and notebook extras have it
-            raise RuntimeError("this benchmark needs jupyter_client: pip install 'rlnb[dev]'") from exc
+            raise BackgroundError("this benchmark needs jupyter_client: pip install 'rlnb[dev]'") from exc
         self._ctx = zmq.Context()
         self._km = KernelManager(kernel_name="python3", context=self._ctx, connection_file=str(workdir / "kernel.json"))
         self._km.start_kernel(env={**os.environ, "IPYTHONDIR": str(workdir / "ipython")}, cwd=str(workdir))
@@ -39,7 +41,7 @@ class Kernel:
 
         reply = self._kc.execute_interactive(code, timeout=timeout, output_hook=hook)["content"]
         if reply["status"] != "ok":
-            raise RuntimeError(f"the kernel raised {reply.get('ename')}: {reply.get('evalue')}")
+            raise BackgroundError(f"the kernel raised {reply.get('ename')}: {reply.get('evalue')}")
         return "".join(out)
 
     def close(self) -> None:

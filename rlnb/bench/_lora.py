@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlnb._errors import BackgroundError
 from rlnb.bench._common import BenchResult, Target
 from rlnb.config import Config
 
@@ -134,7 +135,7 @@ def _in_fresh_process(spec: dict[str, Any]) -> dict[str, Any]:
     if proc.returncode != 0 or not lines:
         tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
         kind = "full" if spec["lora_r"] is None else "LoRA"
-        raise RuntimeError(f"rlnb bench lora: the {kind} variant's process exited {proc.returncode}:\n{tail}")
+        raise BackgroundError(f"rlnb bench lora: the {kind} variant's process exited {proc.returncode}:\n{tail}")
     figures: dict[str, Any] = json.loads(lines[-1])
     return figures
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlnb._errors import InvalidValueError
 from rlnb.config import Config
 
 __all__ = ["RunResult", "run"]
@@ -246,7 +247,7 @@ def _env_demo_settings(env: str) -> tuple[Config, dict[str, Any]]:
     from rlnb.config import LearnConfig, ModelConfig, RolloutConfig, WarmupConfig
 
     if env != "calculator":
-        raise ValueError(f"demo --env {env!r}: the demo environments are 'calculator'")
+        raise InvalidValueError(f"demo --env {env!r}: the demo environments are 'calculator'")
     config = Config(
         task="calculator",
         seed=0,

@@ -75,7 +75,7 @@ import psutil
 from torch.utils.data import IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from rlnb._errors import ConfigError, PromptError, RlnbError
+from rlnb._errors import ClosedError, ConfigError, PromptError, RlnbError
 from rlnb._samples import PromptItem
 from rlnb.data._records import PromptSource
 from rlnb.data._tasks import Task
@@ -387,7 +387,7 @@ class PromptLoader:
     def __next__(self) -> PromptItem:
         """The next prompt; blocks while the workers make it (they keep some ready)."""
         if self._iterator is None:
-            raise RuntimeError("the prompt loader is closed")
+            raise ClosedError("the prompt loader is closed")
         self._failure = self._failure or self._dead_worker()
         if self._failure is not None:
             raise PromptLoaderError(self._failure)

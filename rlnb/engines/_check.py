@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from rlnb._errors import InvalidValueError
 from rlnb.engines._protocol import Engine, GenerateRequest
 
 __all__ = ["compare_logprobs"]
@@ -24,7 +25,7 @@ async def compare_logprobs(engine: Engine, model: Any, requests: Sequence[Genera
 
     for r in requests:
         if r.sampling.top_k or r.sampling.top_p < 1:
-            raise ValueError(f"request {r.request_id}: compare_logprobs needs top_k=0 and top_p=1")
+            raise InvalidValueError(f"request {r.request_id}: compare_logprobs needs top_k=0 and top_p=1")
     results = await asyncio.gather(*(engine.generate(r) for r in requests))
     worst = 0.0
     for request, result in zip(requests, results, strict=True):

@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from rlnb._errors import ClosedError, EngineError
+from rlnb._errors import ClosedError, EngineError, WeightSyncError
 from rlnb.engines._guard import Guard
 from rlnb.engines._process_server import serve
 from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
@@ -347,7 +347,7 @@ class Mailbox:
         unexpected = sorted(state.keys() - self.views.keys())
         shapes = [k for k, v in self.views.items() if k in state and tuple(state[k].shape) != tuple(v.shape)]
         if missing or unexpected or shapes:
-            raise RuntimeError(
+            raise WeightSyncError(
                 "update_weights: the state_dict does not fit the served policy "
                 f"(missing keys {missing[:3]}, unexpected keys {unexpected[:3]}, other shapes {shapes[:3]})"
             )

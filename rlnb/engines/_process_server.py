@@ -29,6 +29,9 @@ import signal
 import threading
 from typing import Any
 
+from rlnb._errors import InvalidValueError
+from rlnb.runtime import block_on
+
 __all__ = ["PROCESS_NAME", "serve"]
 
 PROCESS_NAME = "rlnb::engine"
@@ -68,7 +71,7 @@ def serve(conn: Any, served: bytes, mailbox: Any, options: dict[str, Any]) -> No
     try:
         conn.send(("ready", os.getpid()))
         del policy  # the engine serves a copy of its own
-        asyncio.run(_Server(conn, engine, mailbox).run())
+        block_on(_Server(conn, engine, mailbox).run())
     finally:
         engine.close()
         conn.close()
@@ -150,7 +153,7 @@ class _Server:
                 await self.engine.update_weights(self.mailbox.views, args[0])
                 outcome = self.engine.statistics().version
             else:
-                raise ValueError(f"unknown control {kind!r}")
+                raise InvalidValueError(f"unknown control {kind!r}")
         except Exception as exc:
             outcome = _portable(exc)
         self._send(("done", ticket, outcome, self._stats()))

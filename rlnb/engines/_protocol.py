@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from rlnb._checks import check_int, check_sampling
-from rlnb._errors import RlnbError
+from rlnb._errors import InvalidValueError, RlnbError
 
 __all__ = [
     "Engine",
@@ -39,7 +39,7 @@ class PauseMode(enum.StrEnum):
 
     @classmethod
     def _missing_(cls, value: object) -> PauseMode:
-        raise ValueError(f"pause(mode={value!r}) is invalid: use one of 'abort', 'keep', 'wait'")
+        raise InvalidValueError(f"pause(mode={value!r}) is invalid: use one of 'abort', 'keep', 'wait'")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from rlnb._errors import ClosedError, EngineError
+from rlnb._errors import ClosedError, EngineError, InvalidValueError
 from rlnb.engines._guard import Guard
 from rlnb.engines._leftovers import engine_files, listening_sockets, remove_leftovers, socket_dir
 from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode, PromptTooLong
@@ -426,9 +426,11 @@ class VLLMEngine:
         for name, value in state.items():
             want = self._shapes.get(name)
             if want is None:
-                raise ValueError(f"update_weights: {name!r} is not a tensor of the served checkpoint")
+                raise InvalidValueError(f"update_weights: {name!r} is not a tensor of the served checkpoint")
             if tuple(value.shape) != want:
-                raise ValueError(f"update_weights: {name!r} has shape {tuple(value.shape)}, the checkpoint's is {want}")
+                raise InvalidValueError(
+                    f"update_weights: {name!r} has shape {tuple(value.shape)}, the checkpoint's is {want}"
+                )
 
     def _params(self, request: GenerateRequest, used: int) -> Any:
         from vllm import SamplingParams

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rlnb._errors import ConfigError
+from rlnb._errors import ConfigError, RlnbError
 from rlnb._reprs import short_repr
 from rlnb.envs._protocol import Observation, Turn
 from rlnb.rewards import BadValue, cancellable, reward_value
@@ -28,7 +28,7 @@ __all__ = ["EnvError", "Episode", "check_factory"]
 CLOSE_WAIT_S = 1.0
 
 
-class EnvError(Exception):
+class EnvError(RlnbError):
     """An environment broke its protocol (a bad return value) or raised; the message
     says which method, with what, and the fix."""
 
@@ -124,6 +124,9 @@ class Episode:
         if not inspect.isawaitable(value):
             return value
         if self._runner is None:
+            # One loop for the whole conversation, not rlnb.runtime.block_on's new loop per
+            # call: an environment's async methods may keep what is bound to a loop (a
+            # client, a queue, a lock) from reset() to its last step().
             self._runner = asyncio.Runner()
         return self._runner.run(cancellable(value))
 

@@ -16,6 +16,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from rlnb._errors import InvalidValueError
+
 __all__ = ["Demonstration", "Environment", "Message", "Observation", "Turn"]
 
 # A chat message, {"role": ..., "content": ...}; a tool's result has role "tool".
@@ -72,5 +74,5 @@ class Demonstration:
 
     def __init__(self, *turns: str) -> None:
         if not turns or not all(isinstance(t, str) for t in turns):
-            raise ValueError(f"Demonstration{turns!r}: give the turns as strings, the policy's first")
+            raise InvalidValueError(f"Demonstration{turns!r}: give the turns as strings, the policy's first")
         object.__setattr__(self, "turns", tuple(turns))

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rlnb._errors import TrainingError
+from rlnb._errors import StateError, TrainingError
 
 __all__ = ["BackgroundRun"]
 
@@ -91,7 +91,7 @@ class BackgroundRun:
         if self.started_at is None:
             return True
         if self.on_own_thread():
-            raise RuntimeError(
+            raise StateError(
                 "wait() was called from inside the background run (a callback), where it would wait for "
                 "itself; call stop() there to end the run after this step"
             )

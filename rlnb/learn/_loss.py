@@ -22,6 +22,8 @@ import dataclasses
 
 import torch
 
+from rlnb._errors import InvalidValueError
+
 __all__ = ["FLOAT32_SAFE", "LossTerms", "grpo_advantages", "policy_loss"]
 
 
@@ -44,7 +46,7 @@ def grpo_advantages(rewards: torch.Tensor, *, scale: bool = True, eps: float = 1
     ``scale=False`` such a group's advantages may not fit float32.
     """
     if rewards.dim() != 2:
-        raise ValueError(f"rewards must be [groups, group_size], got shape {tuple(rewards.shape)}")
+        raise InvalidValueError(f"rewards must be [groups, group_size], got shape {tuple(rewards.shape)}")
     narrow = _advantages(rewards.to(torch.float32), scale, eps)
     wide = rewards.abs().amax(dim=1, keepdim=True) > FLOAT32_SAFE if rewards.numel() else None
     if wide is None or not bool(wide.any()):
@@ -87,14 +89,14 @@ def policy_loss(
     (mask marks completion tokens), ``advantages`` is [N]. ``ref_logp`` is needed
     when ``kl_coef > 0``. Raises ``ValueError`` on mismatched shapes."""
     if not (logp.shape == prox_logp.shape == behav_logp.shape == mask.shape):
-        raise ValueError(
+        raise InvalidValueError(
             "logp, prox_logp, behav_logp and mask must share a shape, got "
             f"{tuple(logp.shape)}, {tuple(prox_logp.shape)}, {tuple(behav_logp.shape)}, {tuple(mask.shape)}"
         )
     if advantages.shape != logp.shape[:1]:
-        raise ValueError(f"advantages must be [N]={tuple(logp.shape[:1])}, got {tuple(advantages.shape)}")
+        raise InvalidValueError(f"advantages must be [N]={tuple(logp.shape[:1])}, got {tuple(advantages.shape)}")
     if kl_coef > 0 and ref_logp is None:
-        raise ValueError("kl_coef > 0 needs ref_logp (the frozen reference policy's log-probs)")
+        raise InvalidValueError("kl_coef > 0 needs ref_logp (the frozen reference policy's log-probs)")
     mask_f = mask.to(logp.dtype)
     n_tokens = mask_f.sum().clamp_min(1.0)
     adv = advantages[:, None].to(logp.dtype)

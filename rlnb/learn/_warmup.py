@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from rlnb._errors import InvalidValueError
 from rlnb.config import Config
 from rlnb.data import Task, get_task
 from rlnb.envs import Demonstration
@@ -82,7 +83,7 @@ class Warmup:
         cfg = self._config.warmup
         n_steps = cfg.steps if n_steps is None else n_steps
         if not isinstance(n_steps, int) or isinstance(n_steps, bool) or n_steps < 0:
-            raise ValueError(f"warmup(n_steps={n_steps!r}): use an int >= 0")
+            raise InvalidValueError(f"warmup(n_steps={n_steps!r}): use an int >= 0")
         optimizer = self._make_optimizer()
         history: list[dict[str, float]] = []
         try:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlnb._errors import ConfigError
+from rlnb._errors import ConfigError, InvalidValueError
 from rlnb._files import check_owned, clean_leftovers, save_place, write_dir
 from rlnb.config import ModelConfig
 
@@ -76,26 +76,26 @@ def load_policy(cls: type[TinyPolicy], directory: str | os.PathLike[str]) -> Tin
     config_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
     for p in (config_path, weights_path):
         if not p.is_file():
-            raise ValueError(
+            raise InvalidValueError(
                 f"{p} is missing: a TinyPolicy checkpoint directory holds {CONFIG_FILE} and {WEIGHTS_FILE}"
             )
     try:
         raw = json.loads(config_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{config_path} is not valid JSON: {e}") from e
+        raise InvalidValueError(f"{config_path} is not valid JSON: {e}") from e
     try:
         config, seed = _config_and_seed(raw)
         model = cls(config, seed=seed)  # checks what ModelConfig leaves open: vocab_size set, the seed
     except ConfigError as e:
-        raise ValueError(f"{config_path} does not describe a ModelConfig and seed: {e}") from e
+        raise InvalidValueError(f"{config_path} does not describe a ModelConfig and seed: {e}") from e
     try:
         # Read the bytes ourselves: no file handle or mmap outlives this call.
         tensors = load_safetensors(weights_path.read_bytes())
     except Exception as e:  # safetensors raises its own error type for every kind of damage
-        raise ValueError(f"{weights_path} is not a readable safetensors file: {e}") from e
+        raise InvalidValueError(f"{weights_path} is not a readable safetensors file: {e}") from e
     problems = _mismatches(model.state_dict(), tensors)
     if problems:
-        raise ValueError(f"{weights_path} does not match {config_path}: " + "; ".join(problems))
+        raise InvalidValueError(f"{weights_path} does not match {config_path}: " + "; ".join(problems))
     model.load_state_dict(tensors)
     return model
 

@@ -12,6 +12,8 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from rlnb._errors import InvalidValueError
+
 __all__ = ["KVCache"]
 
 
@@ -28,7 +30,7 @@ class KVCache:
 
     def __post_init__(self) -> None:
         if self.k.dim() != 5 or self.k.shape != self.v.shape:
-            raise ValueError(
+            raise InvalidValueError(
                 f"KVCache needs k and v of one shape [n_layers, slots, n_heads, max_len, head_dim], "
                 f"got {tuple(self.k.shape)} and {tuple(self.v.shape)}; use TinyPolicy.new_cache(slots)"
             )

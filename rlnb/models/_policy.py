@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlnb._checks import check_int, is_int, require
-from rlnb._errors import ConfigError
+from rlnb._errors import ConfigError, InvalidValueError
 from rlnb.config import ModelConfig
 from rlnb.models import _io
 from rlnb.models._kvcache import KVCache, _DecodePlan
@@ -156,7 +156,7 @@ class TinyPolicy(nn.Module):
         positions. Raises ``ValueError`` for a wrong shape or a too-long sequence.
         """
         if ids.dim() != 2 or not 1 <= ids.shape[1] <= self.config.max_len:
-            raise ValueError(
+            raise InvalidValueError(
                 f"TinyPolicy.forward needs ids of shape [B, T] with 1 <= T <= max_len={self.config.max_len}, "
                 f"got {tuple(ids.shape)}"
             )
@@ -187,7 +187,7 @@ class TinyPolicy(nn.Module):
             or prompt_lengths.shape != prompts.shape[:1]
             or group_of.shape != completions.shape[:1]
         ):
-            raise ValueError(
+            raise InvalidValueError(
                 "TinyPolicy.forward_shared needs prompts [P, Tp], prompt_lengths [P], completions [N, Tc] and "
                 f"group_of [N], got {tuple(prompts.shape)}, {tuple(prompt_lengths.shape)}, "
                 f"{tuple(completions.shape)} and {tuple(group_of.shape)}"
@@ -195,7 +195,7 @@ class TinyPolicy(nn.Module):
         n_prompts, tp = prompts.shape
         n, tc = completions.shape
         if not 1 <= tp <= self.config.max_len or tc >= self.config.max_len:
-            raise ValueError(
+            raise InvalidValueError(
                 f"TinyPolicy.forward_shared needs 1 <= Tp <= max_len={self.config.max_len} and "
                 f"Tc < max_len, got Tp={tp}, Tc={tc}"
             )
@@ -228,7 +228,7 @@ class TinyPolicy(nn.Module):
         Raises ``ValueError`` if ``slots`` is not a positive int.
         """
         if not is_int(slots) or slots < 1:
-            raise ValueError(f"TinyPolicy.new_cache needs slots >= 1, got {slots!r}")
+            raise InvalidValueError(f"TinyPolicy.new_cache needs slots >= 1, got {slots!r}")
         c = self.config
         w = self.tok_emb.weight
         shape = (c.n_layers, slots, c.n_heads, c.max_len, c.head_dim)
@@ -241,7 +241,7 @@ class TinyPolicy(nn.Module):
         expected = (c.n_layers, c.n_heads, c.max_len, c.head_dim)
         shape = cache.k.shape
         if (shape[0], *shape[2:]) != expected:
-            raise ValueError(
+            raise InvalidValueError(
                 f"KVCache of shape {tuple(shape)} does not fit this TinyPolicy (it needs "
                 f"[{c.n_layers}, slots, {c.n_heads}, {c.max_len}, {c.head_dim}]); use TinyPolicy.new_cache(slots)"
             )
@@ -259,13 +259,13 @@ class TinyPolicy(nn.Module):
         """
         self._check_cache(cache)
         if ids.dim() != 2 or slots.shape != (ids.shape[0],) or lengths.shape != (ids.shape[0],):
-            raise ValueError(
+            raise InvalidValueError(
                 f"TinyPolicy.prefill needs slots [N], ids [N, T] and lengths [N], got {tuple(slots.shape)}, "
                 f"{tuple(ids.shape)} and {tuple(lengths.shape)}"
             )
         n, t = ids.shape
         if not 1 <= t <= self.config.max_len:
-            raise ValueError(f"TinyPolicy.prefill needs 1 <= T <= max_len={self.config.max_len}, got T={t}")
+            raise InvalidValueError(f"TinyPolicy.prefill needs 1 <= T <= max_len={self.config.max_len}, got T={t}")
         x = self.tok_emb(ids) + self.pos_emb(self._positions[:t])
         for i, block in enumerate(self._blocks()):
             x, k, v = block(x)
@@ -287,7 +287,7 @@ class TinyPolicy(nn.Module):
         """
         self._check_cache(cache)
         if ids.dim() != 1 or slots.shape != ids.shape or positions.shape != ids.shape:
-            raise ValueError(
+            raise InvalidValueError(
                 f"TinyPolicy.decode needs slots, ids and positions of one shape [A], got {tuple(slots.shape)}, "
                 f"{tuple(ids.shape)} and {tuple(positions.shape)}"
             )
@@ -298,7 +298,7 @@ class TinyPolicy(nn.Module):
         # attend over only the first `context` positions (short prompts: a few of max_len).
         context = int(positions.max()) + 1
         if context > self.config.max_len:
-            raise ValueError(
+            raise InvalidValueError(
                 f"TinyPolicy.decode got position {context - 1}, past the context: positions run to "
                 f"max_len - 1 = {self.config.max_len - 1}"
             )

@@ -6,7 +6,7 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from rlnb._errors import ConfigError
+from rlnb._errors import ConfigError, InvalidValueError
 from rlnb._samples import messages_text
 
 __all__ = ["CharTokenizer"]
@@ -64,7 +64,7 @@ class CharTokenizer:
         try:
             body = [ids[c] for c in text]
         except KeyError as e:
-            raise ValueError(
+            raise InvalidValueError(
                 f"CharTokenizer cannot encode {e.args[0]!r} (in {text!r}): it is not in the alphabet {self._alphabet!r}"
             ) from None
         if bos:
@@ -98,7 +98,7 @@ class CharTokenizer:
                 continue
             j = i - self._N_SPECIAL
             if not 0 <= j < len(alphabet):
-                raise ValueError(f"CharTokenizer cannot decode id {i}: ids run from 0 to {self.vocab_size - 1}")
+                raise InvalidValueError(f"CharTokenizer cannot decode id {i}: ids run from 0 to {self.vocab_size - 1}")
             out.append(alphabet[j])
         return "".join(out)
 

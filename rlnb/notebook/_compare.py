@@ -28,7 +28,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlnb._errors import ClosedError
+from rlnb._errors import BackgroundError, ClosedError, InvalidTypeError, InvalidValueError
 from rlnb.notebook._curves import drawable, off_chart
 
 if TYPE_CHECKING:
@@ -197,13 +197,13 @@ _Source = _SessionSource | _DirSource
 def _check_metrics(metrics: Any) -> tuple[str, ...]:
     fix = 'use a non-empty sequence of metric names, e.g. metrics=("reward_mean", "eval_accuracy")'
     if isinstance(metrics, str):
-        raise TypeError(f"rlnb.compare(metrics={metrics!r}) is invalid: {fix[:-1]} or metrics=({metrics!r},)")
+        raise InvalidTypeError(f"rlnb.compare(metrics={metrics!r}) is invalid: {fix[:-1]} or metrics=({metrics!r},)")
     if not isinstance(metrics, Sequence) or not all(isinstance(m, str) and m for m in metrics):
-        raise TypeError(f"rlnb.compare(metrics={metrics!r}) is invalid: {fix}")
+        raise InvalidTypeError(f"rlnb.compare(metrics={metrics!r}) is invalid: {fix}")
     if not metrics:
-        raise ValueError(f"rlnb.compare(metrics={metrics!r}) is empty: {fix}")
+        raise InvalidValueError(f"rlnb.compare(metrics={metrics!r}) is empty: {fix}")
     if len(set(metrics)) != len(metrics):
-        raise ValueError(f"rlnb.compare(metrics={metrics!r}) names a metric twice: name each once")
+        raise InvalidValueError(f"rlnb.compare(metrics={metrics!r}) names a metric twice: name each once")
     return tuple(metrics)
 
 
@@ -225,13 +225,13 @@ def _source(run: Any, position: int, metrics: Sequence[str]) -> tuple[Any, Path 
     """``(session, None)`` or ``(None, metrics file)``; raises for anything else."""
     where = f"rlnb.compare() argument {position}"
     if isinstance(run, bytes) or (isinstance(run, os.PathLike) and isinstance(os.fspath(run), bytes)):
-        raise TypeError(f"{where} is a bytes path ({run!r:.60}): use a str or pathlib.Path")
+        raise InvalidTypeError(f"{where} is a bytes path ({run!r:.60}): use a str or pathlib.Path")
     if isinstance(run, str | os.PathLike):
         return None, _metrics_file(run, position)
     if all(hasattr(run, a) for a in ("name", "closed", "history", "evaluations")):
         return run, None
     fix = "unpack it: rlnb.compare(*runs)" if isinstance(run, list | tuple) else _SOURCE_HINT
-    raise TypeError(f"{where} is {run!r:.60} (type {type(run).__name__}): {fix}")
+    raise InvalidTypeError(f"{where} is {run!r:.60} (type {type(run).__name__}): {fix}")
 
 
 def compare(*runs: Any, metrics: Sequence[str] = DEFAULT_METRICS) -> Comparison:
@@ -252,7 +252,7 @@ def compare(*runs: Any, metrics: Sequence[str] = DEFAULT_METRICS) -> Comparison:
     """
     metrics = _check_metrics(metrics)
     if not runs:
-        raise ValueError(
+        raise InvalidValueError(
             "rlnb.compare() got no runs: pass sessions or run directories, "
             'e.g. rlnb.compare(sess_a, sess_b, "runs/baseline")'
         )
@@ -324,11 +324,11 @@ class Comparison:
         """Write the comparison drawn now to ``path``, PNG or SVG by its suffix (making
         its parent directories); returns the path. Blocks while drawing (~0.2 s)."""
         if not isinstance(path, str | os.PathLike) or isinstance(os.fspath(path), bytes):
-            raise TypeError(f"Comparison.save(path={path!r}): use a str or pathlib.Path ending in .png or .svg")
+            raise InvalidTypeError(f"Comparison.save(path={path!r}): use a str or pathlib.Path ending in .png or .svg")
         out = Path(path)
         kind = out.suffix.lower().lstrip(".")
         if kind not in ("png", "svg"):
-            raise ValueError(f"Comparison.save(path={os.fspath(path)!r}): use a path ending in .png or .svg")
+            raise InvalidValueError(f"Comparison.save(path={os.fspath(path)!r}): use a path ending in .png or .svg")
         figure = self.figure()
         out.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -437,7 +437,7 @@ class Comparison:
     def _raise_ticker_error(self) -> None:
         error, self._error = self._error, None
         if error is not None:
-            raise RuntimeError(f"the comparison's refresh on its ticker thread failed: {error!r}") from error
+            raise BackgroundError(f"the comparison's refresh on its ticker thread failed: {error!r}") from error
 
     # -- the widget and its ticker -------------------------------------------------------
 

@@ -36,7 +36,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from rlnb._errors import ClosedError, ConfigError
+from rlnb._errors import ClosedError, ConfigError, InvalidValueError
 from rlnb.notebook import _clicks
 from rlnb.runtime import release_output_pipes, snapshot
 
@@ -136,7 +136,7 @@ class Dashboard:
 
     def __init__(self, session: NotebookSession, *, interval: float = DEFAULT_INTERVAL) -> None:
         if not (isinstance(interval, int | float) and interval > 0):
-            raise ValueError(f"Dashboard(interval={interval!r}): use a positive number of seconds")
+            raise InvalidValueError(f"Dashboard(interval={interval!r}): use a positive number of seconds")
         if session.closed:
             raise ClosedError(f"session {session.name!r} is closed; a dashboard needs a live session")
         from rlnb.notebook import _curves, _panels, _settings

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlnb import _reprs
+from rlnb._errors import InvalidValueError
 from rlnb.runtime import close_all, install_hooks, sessions, snapshot
 
 __all__ = ["SessionList", "load_ipython_extension", "rlnb_magic", "unload_ipython_extension"]
@@ -81,9 +82,9 @@ def rlnb_magic(line: str) -> Any:
         chosen = [s for s in live if len(words) == 1 or s.name == words[1]]
         if not chosen:
             known = [s.name for s in live]
-            raise ValueError(f"%rlnb dashboard: no live session {' '.join(words[1:])!r}; live: {known}")
+            raise InvalidValueError(f"%rlnb dashboard: no live session {' '.join(words[1:])!r}; live: {known}")
         return chosen[-1].dashboard()
-    raise ValueError(f"%rlnb {line!r}: unknown; {USAGE}")
+    raise InvalidValueError(f"%rlnb {line!r}: unknown; {USAGE}")
 
 
 def load_ipython_extension(ipython: Any) -> None:

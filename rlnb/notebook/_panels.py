@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlnb import _reprs
+from rlnb._errors import InvalidValueError
 from rlnb._samples import Group, RolloutBatch, Sample
 from rlnb.learn import Callback
 from rlnb.notebook._explorer import _talks
@@ -412,7 +413,7 @@ def call(sess: NotebookSession, method: str, *, pause_mode: str, save_path: str)
         r = sess.statistics().rollout
         finishing = f"; {r.in_flight} samples in flight finish into the buffer" if r.in_flight else ""
         return f"stopped at step {sess.version}: training and background generation{finishing}"
-    raise ValueError(f"no dashboard control calls {method!r}")
+    raise InvalidValueError(f"no dashboard control calls {method!r}")
 
 
 # -- engine replicas, gauges, the last batch ------------------------------------------------

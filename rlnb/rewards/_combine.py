@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from rlnb._checks import check_reward_weights, plain
-from rlnb._errors import ConfigError
+from rlnb._errors import ConfigError, InvalidValueError
 from rlnb._reprs import clip, short_repr
 from rlnb._samples import Sample
 from rlnb.rewards._isolation import run_coroutine
@@ -296,7 +296,7 @@ class Rewards:
         if weights is None:
             return self
         if len(weights) != len(self.functions):
-            raise ValueError(f"{len(self.functions)} reward functions need as many weights, got {len(weights)}")
+            raise InvalidValueError(f"{len(self.functions)} reward functions need as many weights, got {len(weights)}")
         return Rewards(
             tuple(dataclasses.replace(f, weight=float(w)) for f, w in zip(self.functions, weights, strict=True))
         )

@@ -14,6 +14,7 @@ import asyncio
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from rlnb._errors import StateError
 from rlnb.engines import PauseMode
 from rlnb.rollout._state import RolloutState
 
@@ -46,7 +47,7 @@ class Quiescence:
         its group's end. Raises TimeoutError as ``wait_paused()`` does after the
         timeout; failed or cancelled, it restores the rollouts before it raises."""
         if self._entered:
-            raise RuntimeError("a Quiescence is entered once: call Rollouter.quiesce() for another")
+            raise StateError("a Quiescence is entered once: call Rollouter.quiesce() for another")
         self._entered = True
         r = self._rollouter
         self._was = (r.state, r.dispatching)  # before the first change

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from rlnb._errors import WaitTimeoutError
 from rlnb.rollout._state import StateMachine
 
 __all__ = ["all_or_first_error", "call_soon", "pause_limited"]
@@ -32,7 +33,7 @@ async def pause_limited(machine: StateMachine, coro: Coroutine[Any, Any, _T], li
             if not task.done() and machine.not_running_for() > limit:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-                raise TimeoutError(
+                raise WaitTimeoutError(
                     f"{call} waited {limit:g} s while rollouts were {machine.state.value}: "
                     "resume() them and call it again; nothing was lost (Config.step_timeout sets the wait)"
                 )

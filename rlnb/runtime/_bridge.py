@@ -22,7 +22,7 @@ from collections.abc import Callable, Coroutine
 from types import FrameType
 from typing import Any, TypeVar
 
-from rlnb._errors import BridgeReentryError, ClosedError
+from rlnb._errors import BridgeReentryError, ClosedError, InvalidTypeError, WaitTimeoutError
 from rlnb.runtime._interrupts import defer_interrupts
 
 __all__ = ["AsyncBridge"]
@@ -143,7 +143,7 @@ class AsyncBridge:
         Raises :class:`~rlnb.ClosedError` once the bridge is closed.
         """
         if not asyncio.iscoroutine(coro):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"AsyncBridge.submit() takes a coroutine object, got {type(coro).__name__}; "
                 "call the async function first: bridge.submit(fn(*args))"
             )
@@ -190,7 +190,7 @@ class AsyncBridge:
                 "which would deadlock; inside a coroutine on the bridge, use `await coro`"
             )
         if not asyncio.iscoroutine(coro):
-            raise TypeError(f"AsyncBridge.run() takes a coroutine object, got {type(coro).__name__}")
+            raise InvalidTypeError(f"AsyncBridge.run() takes a coroutine object, got {type(coro).__name__}")
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
         # Ctrl-C may land on any bytecode: from here on every path cancels the call.
         try:
@@ -203,11 +203,13 @@ class AsyncBridge:
             if fut.done():  # the coroutine itself raised TimeoutError, or it just finished
                 return fut.result()
             if self._cancel_call(fut, coro):
-                raise TimeoutError(
+                raise WaitTimeoutError(
                     f"AsyncBridge.run() timed out after {timeout:.3g} s before the call could start, so it was "
                     f"cancelled: {self._where_stuck()}"
                 ) from None
-            raise TimeoutError(f"AsyncBridge.run() timed out after {timeout} s; the coroutine was cancelled") from None
+            raise WaitTimeoutError(
+                f"AsyncBridge.run() timed out after {timeout} s; the coroutine was cancelled"
+            ) from None
         except KeyboardInterrupt:
             self._cancel_call(fut, coro)
             raise

@@ -24,6 +24,7 @@ from rlnb._errors import (
     EXIT_SIGTERM,
     ConfigError,
     RlnbError,
+    UnknownNameError,
     exit_code_for,
 )
 from rlnb.runtime import register_run, unregister_run
@@ -142,7 +143,7 @@ class Tracker:
         for b in self._backends:
             if b.name == name:
                 return b
-        raise KeyError(f"this tracker has no {name!r} backend; it has {self.backends}")
+        raise UnknownNameError(f"this tracker has no {name!r} backend; it has {self.backends}")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         """Send ``metrics`` at ``step`` to every backend. A backend that fails is

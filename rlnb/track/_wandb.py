@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rlnb._errors import ClosedError
+
 __all__ = ["WandbBackend", "wandb_mode_from_env"]
 
 _OPEN_LOCK = threading.Lock()
@@ -63,7 +65,7 @@ class WandbBackend:
         with self._lock:
             if self._run is None:
                 if self._finished:
-                    raise RuntimeError("this wandb backend has finished; it makes no new run")
+                    raise ClosedError("this wandb backend has finished; it makes no new run")
                 self._run = self._start(**self._init)
             return self._run
 

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rlnb._errors import InvalidValueError
+
 __all__ = ["WandbRunFile", "read_records", "read_run"]
 
 _FILE_HEADER = struct.Struct("<4sHB")
@@ -33,10 +35,10 @@ def read_records(path: str | Path) -> Iterator[Any]:
 
     data = Path(path).read_bytes()
     if len(data) < _FILE_HEADER.size:
-        raise ValueError(f"{path}: {len(data)} bytes, shorter than the 7-byte header")
+        raise InvalidValueError(f"{path}: {len(data)} bytes, shorter than the 7-byte header")
     ident, magic, _version = _FILE_HEADER.unpack_from(data)
     if ident != b":W&B" or magic != 0xBEE1:
-        raise ValueError(f"{path}: not a wandb run file (header {data[:7]!r})")
+        raise InvalidValueError(f"{path}: not a wandb run file (header {data[:7]!r})")
     pos, pending = _FILE_HEADER.size, b""
     while pos + _CHUNK_HEADER.size <= len(data):
         left = _BLOCK - pos % _BLOCK
@@ -52,7 +54,7 @@ def read_records(path: str | Path) -> Iterator[Any]:
         if len(chunk) < length:
             return  # torn tail
         if zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != crc:
-            raise ValueError(f"{path}: checksum mismatch in the chunk at byte {pos}")
+            raise InvalidValueError(f"{path}: checksum mismatch in the chunk at byte {pos}")
         pos = start + length
         if kind == _FULL:
             whole = chunk
@@ -65,7 +67,7 @@ def read_records(path: str | Path) -> Iterator[Any]:
         elif kind == _LAST:
             whole, pending = pending + chunk, b""
         else:
-            raise ValueError(f"{path}: unknown chunk type {kind} at byte {pos}")
+            raise InvalidValueError(f"{path}: unknown chunk type {kind} at byte {pos}")
         record = wandb_internal_pb2.Record()
         record.ParseFromString(whole)
         yield record
