@@ -25,7 +25,7 @@ from rlnb.engines._process_server import PROCESS_NAME
 from rlnb.engines._tiny import TinyEngine
 from rlnb.models import CharTokenizer, TinyPolicy
 from rlnb.runtime import AsyncBridge
-from tests.helpers import exited, guard_processes, wait_until
+from tests.helpers import exited, guard_processes, wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow  # each test spawns an engine process (~2 s to import torch)
 
@@ -98,6 +98,10 @@ async def decoded(engine: ProcessEngine) -> int:
     return engine.statistics().decode_steps
 
 
+async def decoded_past(engine: ProcessEngine, steps: int) -> bool:
+    return await decoded(engine) >= steps
+
+
 def test_every_pause_mode_and_a_weight_sync_through_shared_memory(policy: TinyPolicy, bridge: AsyncBridge) -> None:
     long_policy = TinyPolicy(dataclasses.replace(policy.config, max_len=200))
     other = TinyPolicy(long_policy.config, seed=1)
@@ -108,8 +112,7 @@ def test_every_pause_mode_and_a_weight_sync_through_shared_memory(policy: TinyPo
             asyncio.create_task(engine.generate(request(f"r{i}", max_new_tokens=150, ignore_eos=True)))
             for i in range(4)
         ]
-        while await decoded(engine) < 5:
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: decoded_past(engine, 5), "5 decode steps", every=0.01)
         await engine.pause(PauseMode.KEEP)
         assert engine.statistics().paused == "keep"
         await engine.update_weights(other.state_dict(), 1)  # while kept: later tokens carry v1
@@ -126,8 +129,7 @@ def test_every_pause_mode_and_a_weight_sync_through_shared_memory(policy: TinyPo
         await engine.resume()
         assert (await queued).versions == (1, 1, 1)
         first = asyncio.create_task(engine.generate(request("first", max_new_tokens=150, ignore_eos=True)))
-        while await decoded(engine) < 3:
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: decoded_past(engine, 3), "3 decode steps", every=0.01)
         await engine.pause(PauseMode.WAIT)
         second = asyncio.create_task(engine.generate(request("second", max_new_tokens=2)))
         assert (await first).finish_reason == "length"  # in flight: runs to its end

@@ -13,6 +13,7 @@ from __future__ import annotations
 import _thread
 import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import threading
@@ -114,6 +115,25 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 20.0) 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         tick.wait(0.005)
+
+
+async def wait_until_async(
+    predicate: Callable[[], bool | Awaitable[bool]], what: str, timeout: float = 20.0, *, every: float = 0.001
+) -> None:
+    """:func:`wait_until` on the running loop, for a coroutine: poll ``predicate``
+    (which may return an awaitable, such as a question to an engine) every ``every``
+    seconds; the deadline only turns a hang into a failure."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+
+    async def holds() -> bool:
+        answer = predicate()
+        return bool(await answer) if inspect.isawaitable(answer) else bool(answer)
+
+    while not await holds():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(every)
 
 
 def exited(proc: psutil.Process) -> bool:

@@ -18,6 +18,7 @@ from rlnb.buffer import ReplayBuffer
 from rlnb.config import BufferConfig, RolloutConfig
 from rlnb.engines import FakeEngine, GenerateRequest, GenerateResult, PauseMode, SamplingParams
 from rlnb.rollout import PromptItem, Rollouter
+from tests.helpers import wait_until_async
 
 EOS = 2  # FakeEngine ends every "stop" sequence with this token
 DELAY = 0.01  # FakeEngine seconds per token where a test acts mid-generation
@@ -127,12 +128,7 @@ async def make_rollouter(
 
 async def until(predicate: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
     """Poll ``predicate`` on the loop; the timeout only turns a hang into a failure."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.001)
+    await wait_until_async(predicate, what, timeout)
 
 
 async def settle(iterations: int = 50) -> None:

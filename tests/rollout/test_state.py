@@ -203,7 +203,7 @@ def test_pause_resume_and_sync_during_a_weight_sync_wait_for_it_then_take_effect
             await until(lambda: r.state is RolloutState.SYNCING, "the sync to start")
             pause = asyncio.create_task(r.pause("abort"))
             second = asyncio.create_task(r.sync_weights({"w": 2.0}, version=2))
-            await asyncio.sleep(0.01)
+            await settle()
             assert not pause.done() and not second.done()  # they wait for the sync in progress
             assert r.state is RolloutState.SYNCING
             engine.update_gate.set()
