@@ -26,6 +26,7 @@ from typing import Any
 
 from rlnb.bench._common import BenchResult, Target, median
 from rlnb.engines import Engine, GenerateRequest, PauseMode, SamplingParams
+from rlnb.runtime import block_on
 
 PROMPTS, SAMPLES, TOKENS = 16, 8, 5
 MAX_LEN = 64
@@ -89,7 +90,7 @@ def _run(start: Callable[[], Awaitable[Engine]], tokenizer: Any, weights: Callab
             closed = time.perf_counter() - begin
         return {**figures, "start_s": started, "close_s": closed}
 
-    return asyncio.run(main())
+    return block_on(main())
 
 
 def _vllm_installed() -> bool:

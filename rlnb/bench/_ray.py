@@ -26,6 +26,7 @@ from typing import Any
 
 from rlnb.bench._common import BenchResult, Target, median
 from rlnb.engines import Engine, GenerateRequest, SamplingParams
+from rlnb.runtime import block_on
 
 PROMPTS, SAMPLES, TOKENS = 16, 8, 5
 HOPS = 60
@@ -67,7 +68,7 @@ def _measure(engine: Engine, state: dict[str, Any]) -> dict[str, Any]:
             "sync_ms": median([await sync(v) for v in range(1, 6)]),
         }
 
-    return asyncio.run(main())
+    return block_on(main())
 
 
 def run() -> BenchResult:

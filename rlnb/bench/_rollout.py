@@ -31,7 +31,7 @@ from rlnb.buffer import ReplayBuffer
 from rlnb.config import BufferConfig, Config, ModelConfig, RolloutConfig
 from rlnb.engines import FakeEngine, GenerateRequest, PauseMode, SamplingParams
 from rlnb.rollout import Rollouter
-from rlnb.runtime import AsyncBridge
+from rlnb.runtime import AsyncBridge, block_on
 from rlnb.session import Session
 
 
@@ -202,7 +202,7 @@ def _batching_tokens_per_s(requests: int) -> dict[str, float]:
 def run(*, trials: int = 200, pause_trials: int = 50, requests: int = 1024) -> BenchResult:
     """Measure; blocks for half a minute or so."""
     figures: dict[str, object] = {}
-    figures.update(asyncio.run(_resume_latency(trials)))
+    figures.update(block_on(_resume_latency(trials)))
     figures.update(_pause_abort_latency(pause_trials))
     figures.update(_batching_tokens_per_s(requests))
     speedup = float(figures["continuous_tokens_per_s"]) / float(figures["static_tokens_per_s"])  # type: ignore[arg-type]

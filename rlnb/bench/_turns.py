@@ -28,6 +28,7 @@ from typing import Any
 
 from rlnb.bench._common import BenchResult
 from rlnb.engines import Engine, GenerateRequest, SamplingParams
+from rlnb.runtime import block_on
 
 CONVERSATIONS, TURNS, TOKENS, OBSERVATION = 32, 4, 4, 40
 ROUNDS = 3
@@ -69,7 +70,7 @@ def _run(start: Callable[[], Awaitable[Engine]], tokenizer: Any) -> dict[str, fl
         later = statistics.median(t for r in rounds for t in r[1:])
         return {"first_turn_ms": first * 1e3, "later_turn_ms": later * 1e3, "later_over_first": later / first}
 
-    return asyncio.run(main())
+    return block_on(main())
 
 
 def run() -> BenchResult:

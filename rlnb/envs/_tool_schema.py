@@ -8,12 +8,9 @@ strictly before the function runs (``async def`` ones to their end).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import inspect
 import re
-import threading
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -21,7 +18,7 @@ from typing import Any, Literal, cast
 
 from rlnb._errors import ConfigError
 from rlnb._reprs import short_repr
-from rlnb.rewards import Cancelled, IsolatedError, current_scope, run_coroutine, scope_of
+from rlnb.rewards import Cancelled, IsolatedError, run_coroutine
 
 __all__ = ["BadCall", "Tool", "tool_name", "tool_schema"]
 
@@ -185,7 +182,7 @@ class Tool:
         try:
             result = self.fn(*bound.args, **bound.kwargs)
             if inspect.isawaitable(result):
-                result = _run_coroutine(result)
+                result = run_coroutine(result)  # on a thread of its own under a running loop
         except Cancelled:
             # The call's timeout stopped it (its task cancelled, its worker process
             # killed): the step fails, it is no answer for the policy to read.
@@ -330,31 +327,3 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
         elif current is not None and indent > arg_indent:
             args[current] = f"{args[current]} {stripped}".strip()
     return " ".join(description), args
-
-
-def _run_coroutine(awaitable: Any) -> Any:
-    """Run an ``async def`` tool's coroutine to its end on an event loop of its own,
-    closed before this returns (on a thread of its own when this thread already runs a
-    loop, as a notebook's does). In a rollout it runs as a task that the call's timeout
-    cancels (:class:`~rlnb.rewards.Cancelled`), so a tool that never returns leaves no
-    loop, thread or FD behind."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return run_coroutine(awaitable)
-    scope = current_scope()  # the helper thread runs the call as this thread's: the same timeout stops it
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            with scope_of(scope) if scope is not None else contextlib.nullcontext():
-                box["value"] = run_coroutine(awaitable)
-        except BaseException as exc:  # handed to the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, name="rlnb-tool")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]

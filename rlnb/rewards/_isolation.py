@@ -44,7 +44,7 @@ from typing import Any
 
 from rlnb._errors import ConfigError, RlnbError
 from rlnb._reprs import short_repr
-from rlnb.runtime import spawn_without_main
+from rlnb.runtime import block_on, spawn_without_main
 
 __all__ = ["Cancelled", "IsolatedError", "Scope", "Workers", "current_scope", "isolated", "run_coroutine", "scope_of"]
 
@@ -161,11 +161,19 @@ def current_scope() -> Scope | None:
 
 
 def run_coroutine(awaitable: Awaitable[Any]) -> Any:
-    """Run ``awaitable`` to its end on a new event loop in this thread, closed before
-    it returns; raises :class:`Cancelled` when the current scope is stopped first (the
-    task is cancelled: an abandoned call leaves no loop and no FD behind)."""
-    with asyncio.Runner() as runner:
-        return runner.run(cancellable(awaitable))
+    """Run ``awaitable`` to its end on a new event loop (:func:`rlnb.runtime.block_on`:
+    in this thread, or on a thread of its own when this one already runs a loop, as a
+    notebook's does), closed before it returns; raises :class:`Cancelled` when the
+    current scope is stopped first (the task is cancelled: an abandoned call leaves no
+    loop, thread or FD behind)."""
+    return block_on(_in_scope(current_scope(), awaitable))
+
+
+async def _in_scope(scope: Scope | None, awaitable: Awaitable[Any]) -> Any:
+    """:func:`cancellable` under ``scope``, the caller's: the loop may run on a thread of
+    its own, and the same timeout must stop the call there."""
+    with scope_of(scope) if scope is not None else contextlib.nullcontext():
+        return await cancellable(awaitable)
 
 
 async def cancellable(awaitable: Awaitable[Any]) -> Any:
@@ -489,7 +497,7 @@ def _serve(conn: Connection, start_method: str) -> None:
             if args is not None:
                 value = fn(*args, **kwargs)
                 if inspect.isawaitable(value):
-                    value = asyncio.run(_awaited(value))
+                    value = block_on(value)
         except BaseException as exc:  # everything goes back to the caller
             data = _with_traceback(exc)
         else:
@@ -499,10 +507,6 @@ def _serve(conn: Connection, start_method: str) -> None:
                 error = IsolatedError(f"its result {short_repr(value)} cannot be sent back: {exc!r}")
                 data = pickle.dumps((False, error, None))
         conn.send_bytes(data)
-
-
-async def _awaited(value: Awaitable[Any]) -> Any:
-    return await value
 
 
 def _with_traceback(exc: BaseException) -> bytes:

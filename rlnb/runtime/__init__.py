@@ -5,6 +5,7 @@ This layer never imports torch, wandb, ray or ipywidgets.
 """
 
 from rlnb.runtime._bridge import AsyncBridge, warm_up_loop_backend
+from rlnb.runtime._coroutines import block_on
 from rlnb.runtime._interrupts import Deferred, defer_interrupts
 from rlnb.runtime._ipython import notebook_cell, release_output_pipes
 from rlnb.runtime._probe import (
@@ -35,6 +36,7 @@ __all__ = [
     "ChildInfo",
     "Deferred",
     "Snapshot",
+    "block_on",
     "close_all",
     "defer_interrupts",
     "install_hooks",
