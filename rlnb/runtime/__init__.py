@@ -1,5 +1,5 @@
-"""Lifecycle runtime: the sync→async bridge, the resource probe, the session registry
-and the Ctrl-C guard.
+"""Lifecycle runtime: the sync→async bridge and ``block_on``, the resource probe, the
+session registry and the Ctrl-C guard.
 
 This layer never imports torch, wandb, ray or ipywidgets.
 """
