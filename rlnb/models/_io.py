@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -19,10 +20,25 @@ from rlnb._errors import ConfigError, InvalidValueError
 from rlnb._files import check_owned, clean_leftovers, save_place, write_dir
 from rlnb.config import ModelConfig
 
-if TYPE_CHECKING:
-    from rlnb.models._policy import TinyPolicy
-
 __all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "load_policy", "save_policy"]
+
+
+class Saved(Protocol):
+    """What saving reads of a policy, and loading fills in of the one it makes: a
+    :class:`TinyPolicy`, whose module calls these (so this one does not import it)."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> object: ...
+
+
+P = TypeVar("P", bound=Saved)
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -32,7 +48,7 @@ CONFIG_FILE = "config.json"
 _SHAPE = ("vocab_size", "d_model", "n_layers", "n_heads", "max_len", "mlp_ratio")
 
 
-def save_policy(policy: TinyPolicy, directory: str | os.PathLike[str]) -> Path:
+def save_policy(policy: Saved, directory: str | os.PathLike[str]) -> Path:
     """Write ``policy``'s weights and config into ``directory`` (``~`` expanded, missing
     parents made); returns it, absolute. As ``Session.save`` writes a checkpoint: beside
     it first, then swapped in, so a kill leaves the old or the new one whole. A directory
@@ -65,7 +81,7 @@ def _not_a_policys(root: Path) -> list[str] | None:
     return sorted(repr(p.name + "/" * p.is_dir()) for p in root.iterdir() if p.name not in (CONFIG_FILE, WEIGHTS_FILE))
 
 
-def load_policy(cls: type[TinyPolicy], directory: str | os.PathLike[str]) -> TinyPolicy:
+def load_policy(cls: Callable[..., P], directory: str | os.PathLike[str]) -> P:
     """The policy :func:`save_policy` wrote into ``directory``, built by ``cls``.
 
     Raises ``ValueError`` naming the file and the problem; see :meth:`TinyPolicy.load`.

@@ -12,22 +12,43 @@ from __future__ import annotations
 
 import asyncio
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rlnb._errors import StateError
 from rlnb.engines import PauseMode
 from rlnb.rollout._state import RolloutState
 
-if TYPE_CHECKING:
-    from rlnb.rollout._rollouter import Rollouter
-
 __all__ = ["Quiescence"]
+
+
+class QuiesceTarget(Protocol):
+    """What a quiescence drives of the :class:`~rlnb.rollout.Rollouter` (which makes
+    it in ``quiesce()``, so this module does not import it back)."""
+
+    @property
+    def state(self) -> RolloutState: ...
+
+    @property
+    def dispatching(self) -> bool: ...
+
+    @property
+    def engine_dead(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def pause(self, mode: PauseMode) -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def wait_paused(self, timeout: float | None) -> None: ...
 
 
 class Quiescence:
     """An async context manager: see :meth:`Rollouter.quiesce`. Use it once."""
 
-    def __init__(self, rollouter: Rollouter, timeout: float | None) -> None:
+    def __init__(self, rollouter: QuiesceTarget, timeout: float | None) -> None:
         self._rollouter = rollouter
         self._timeout = timeout
         self._entered = False
