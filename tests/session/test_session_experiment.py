@@ -70,18 +70,18 @@ def test_in_flight_samples_keep_their_settings_and_are_counted() -> None:
     config = small_config(mode="async", rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4))
     engine = FakeEngine(lengths=4, token_delay=0.02)  # slow enough to pause with samples in flight
     with rlnb.Session(config, name="live", engine=engine) as sess:
-        sess.start_rollouts()
+        sess.rollouts.start()
         wait_until(lambda: sess.statistics().rollout.in_flight > 0, "samples in flight")
-        sess.pause("abort")  # in-flight samples become partial rollouts, waiting to continue
+        sess.rollouts.pause("abort")  # in-flight samples become partial rollouts, waiting to continue
         before = sess.statistics().rollout
         live = before.in_flight + before.kept_partial
         assert live > 0 and before.old_settings_in_flight == 0
         sess.set(temperature=0.5)
         assert sess.statistics().rollout.old_settings_in_flight >= live
-        sess.resume()
+        sess.rollouts.resume()
         sess.step()
         wait_until(lambda: sess.statistics().rollout.old_settings_in_flight == 0, "the old groups to end")
-        sess.stop_rollouts()
+        sess.rollouts.stop()
 
 
 def test_a_bad_change_raises_the_configs_error_and_changes_nothing() -> None:
@@ -111,11 +111,11 @@ def test_a_bad_change_raises_the_configs_error_and_changes_nothing() -> None:
 
 def test_set_while_training_in_the_background_takes_effect_at_a_step_boundary() -> None:
     with rlnb.Session(small_config(mode="async"), name="live") as sess:
-        sess.start()
+        sess.training.start()
         wait_until(lambda: len(sess.history) >= 2, "two background steps")
         (change,) = sess.set(lr=2e-3)
         wait_until(lambda: sess.version >= change.step + 3, "three more steps")
-        sess.stop()
+        sess.training.stop()
         lrs = {int(m["version"]): m["lr"] for m in sess.history}
         assert all(lr == pytest.approx(1e-4) for v, lr in lrs.items() if v <= change.step)
         # The step updating when set() came keeps its lr; every later one has the new one.
@@ -155,8 +155,8 @@ def test_reward_weights_change_the_rewards_of_later_groups() -> None:
         for group in sess.batches[-1].groups:
             for s in group.samples:
                 assert s.reward == pytest.approx(2.0 * (s.rewards["short"] or 0.0))
-        sess.set_reward(lambda completion, answer: 1.0)
-        with pytest.raises(rlnb.ConfigError, match="a custom reward from set_reward"):
+        sess.rollouts.set_reward(lambda completion, answer: 1.0)
+        with pytest.raises(rlnb.ConfigError, match=r"a custom reward from sess\.rollouts\.set_reward\(\)"):
             sess.set(reward_weights=(1.0, 1.0))
 
 
@@ -265,10 +265,10 @@ def test_a_fork_with_changes_and_its_parent_train_side_by_side_in_the_background
             assert (child.config.rollout.temperature, child.config.learn.lr) == (1.5, 5e-4)
             assert parent.config.rollout.temperature == 1.0 and parent.changes == []
             assert [(c.step, c.field) for c in child.changes] == [(2, "lr"), (2, "temperature")]
-            parent.start(steps=2)
-            child.start(steps=2)
-            parent.wait()
-            child.wait()
+            parent.training.start(steps=2)
+            child.training.start(steps=2)
+            parent.training.wait()
+            child.training.wait()
             assert parent.version == child.version == 4
             assert child.history[-1]["lr"] == pytest.approx(5e-4) and parent.history[-1]["lr"] == pytest.approx(1e-4)
         finally:
@@ -287,12 +287,12 @@ def test_a_fork_is_refused_before_anything_is_made() -> None:
                 parent.fork(name)  # type: ignore[arg-type]
         with pytest.raises(rlnb.ConfigError, match=r"LearnConfig\.lr=0 is invalid"):
             parent.fork("child", lr=0)
-        parent.start()
+        parent.training.start()
         try:
             with pytest.raises(RuntimeError, match=r"fork\(\) cannot run while training .* call stop\(\) first"):
                 parent.fork("child")
         finally:
-            parent.stop()
+            parent.training.stop()
         assert rlnb.sessions() == [parent]
         parent.step()
 
@@ -302,9 +302,9 @@ def test_a_fork_carries_a_custom_reward() -> None:
         return 0.25
 
     with rlnb.Session(small_config(), name="parent") as parent:
-        parent.set_reward(always)
+        parent.rollouts.set_reward(always)
         with parent.fork("child") as child:
-            assert child.reward_name == parent.reward_name
+            assert child.rollouts.reward_name == parent.rollouts.reward_name
             assert child.step()["reward_mean"] == pytest.approx(0.25)
 
 
@@ -332,10 +332,10 @@ def test_what_if_and_rescore_leave_the_session_as_a_twin_that_did_not_ask() -> N
 
 def test_what_if_without_changes_matches_the_baseline_and_works_in_the_background() -> None:
     with rlnb.Session(small_config(mode="async"), name="asks") as sess:
-        sess.start()
+        sess.training.start()
         wait_until(lambda: len(sess.batches) >= 2, "two kept batches")
         result = sess.what_if()
-        sess.stop()
+        sess.training.stop()
     assert {k: result.changed[k] for k in result.changed if k not in TIMING_METRICS} == pytest.approx(
         {k: result.baseline[k] for k in result.baseline if k not in TIMING_METRICS}
     )
@@ -411,13 +411,13 @@ def test_a_fork_never_replaces_a_live_session_not_even_its_own_earlier_fork() ->
         rlnb.Session(small_config(), name="parent") as parent,
     ):
         parent.step()
-        other.start()
+        other.training.start()
         try:
             with pytest.raises(rlnb.ConfigError, match=r"a live session is called 'other' .* pick another name"):
                 parent.fork("other")
-            assert not other.closed and other.training
+            assert not other.closed and other.training.running
         finally:
-            other.stop()
+            other.training.stop()
         with parent.fork("a") as first:
             with pytest.raises(rlnb.ConfigError, match=r"fork\(name='a'\) is invalid: a live session is called 'a'"):
                 parent.fork("a")

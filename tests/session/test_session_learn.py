@@ -138,8 +138,8 @@ def test_async_ctrl_c_while_waiting_takes_nothing_and_during_update_completes() 
     with rlnb.Session(config, name="async-ctrl-c", engine=engine, callbacks=[recorder, hooks]) as sess:
         sess.step()
         # No new groups arrive, and none still finishing lands later: the next step waits.
-        sess.pause("wait")
-        sess.wait_paused()
+        sess.rollouts.pause("wait")
+        sess.rollouts.wait_paused()
         # Hold the finished groups aside (not dropped: they count against the
         # staleness budget, so dropping them could leave nothing to dispatch).
         held = sess.buffer.get_nowait(len(sess.buffer)) if len(sess.buffer) else []
@@ -152,7 +152,7 @@ def test_async_ctrl_c_while_waiting_takes_nothing_and_during_update_completes() 
         sess.buffer.put_back(held)
         taken = sess.statistics().buffer.taken
         assert sess.version == 1
-        sess.resume()
+        sess.rollouts.resume()
         interrupt_when(engine, hooks, "batch")  # taken: in async mode the step completes
         with pytest.raises(KeyboardInterrupt):
             sess.step()
@@ -187,7 +187,7 @@ def test_an_async_step_that_gets_no_batch_says_why() -> None:
     config = CONFIG.replace(mode="async", rollout=dataclasses.replace(CONFIG.rollout, max_policy_lag=0))
     engine = HookedEngine(config)
     with rlnb.Session(config, name="why-no-batch", engine=engine) as sess:
-        sess.pause()
+        sess.rollouts.pause()
         with pytest.raises(TimeoutError, match=r"rollouts are paused: call resume\(\)"):
             sess.step(timeout=0.2)
 
@@ -197,7 +197,7 @@ def test_an_async_step_that_gets_no_batch_says_why() -> None:
             await stuck.wait()
 
         engine.before_generate = hang
-        sess.resume()
+        sess.rollouts.resume()
         wait_until(lambda: sess.statistics().rollout.groups_live == 4, "4 groups dispatched")
         with pytest.raises(TimeoutError) as raised:
             sess.step(timeout=0.2)
@@ -227,11 +227,11 @@ def test_a_failed_weight_sync_keeps_the_trained_step_and_sends_it_at_the_next_ca
         assert len(recorder.metrics) == 1  # on_step_end comes once the step is live
 
         with pytest.raises(rlnb.WeightSyncError):  # still broken: still paused, nothing lost
-            sess.resume()
+            sess.rollouts.resume()
         assert failures == 2 and sess.statistics().rollout.state == "paused"
 
         engine.before_update = None
-        sess.resume()  # sends the weights, records the step, then resumes
+        sess.rollouts.resume()  # sends the weights, records the step, then resumes
         stats = sess.statistics()
         assert stats.engine.version == 2 and stats.rollout.state == "running"
         assert [m["version"] for m in sess.history] == [1.0, 2.0] and len(recorder.metrics) == 2

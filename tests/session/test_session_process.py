@@ -60,9 +60,9 @@ def test_an_async_session_pauses_resumes_and_close_leaves_no_process() -> None:
         assert sess.statistics().engine.extra["pid"] == child.pid
         for _ in range(3):
             sess.step()
-        sess.pause("abort")
+        sess.rollouts.pause("abort")
         assert sess.statistics().engine.running == 0
-        sess.resume()
+        sess.rollouts.resume()
         metrics = sess.step()
         assert metrics["version"] == 4 and sess.statistics().engine.version == 4
     assert exited(child)
@@ -96,7 +96,7 @@ sess = rlnb.Session(rlnb.Config(
     mode="async",
 ), name="process-kernel")
 sess.step()
-sess.start()
+sess.training.start()
 """
 
 

@@ -59,20 +59,20 @@ def test_rollout_returns_rewarded_groups_that_render_as_tables() -> None:
 
 def test_background_rollouts_fill_the_buffer_to_the_staleness_budget_through_pause_and_resume() -> None:
     with rlnb.Session(CONFIG, name="background") as sess:
-        sess.start_rollouts()
-        sess.pause()  # "abort": whatever is generating is kept as a partial rollout
+        sess.rollouts.start()
+        sess.rollouts.pause()  # "abort": whatever is generating is kept as a partial rollout
         stats = sess.statistics()
         assert stats.rollout.state == "paused"
         assert stats.engine.running == 0 and stats.engine.paused == "abort"  # quiescent
         assert_counts_add_up(stats.rollout)
 
-        sess.resume()
+        sess.rollouts.resume()
         wait_until(lambda: sess.statistics().buffer.sizes["train"] == BUDGET, f"{BUDGET} groups in the buffer")
         stats = sess.statistics()
         assert stats.rollout.groups_dispatched == BUDGET and stats.rollout.dispatching
         assert_counts_add_up(stats.rollout)
 
-        sess.stop_rollouts()
+        sess.rollouts.stop()
         stats = sess.statistics()
         assert not stats.rollout.dispatching and stats.rollout.state == "running"
         assert stats.rollout.in_flight == 0 and stats.rollout.kept_partial == 0
@@ -84,13 +84,13 @@ def test_background_rollouts_fill_the_buffer_to_the_staleness_budget_through_pau
 def test_bad_pause_mode_and_rollout_while_paused_raise_helpful_errors() -> None:
     with rlnb.Session(CONFIG, name="modes") as sess:
         with pytest.raises(ValueError, match="'abort', 'keep', 'wait'"):
-            sess.pause(mode="bogus")
+            sess.rollouts.pause(mode="bogus")
         assert sess.statistics().rollout.state == "running"  # the bad call changed nothing
 
-        sess.pause("keep")
+        sess.rollouts.pause("keep")
         with pytest.raises(rlnb.RolloutError, match=r"resume\(\)"):
             sess.rollout(1)
-        sess.resume()
+        sess.rollouts.resume()
         assert len(sess.rollout(1)) == 1
 
 
@@ -99,13 +99,13 @@ def test_closing_during_generation_leaves_nothing_behind() -> None:
     config = CONFIG.replace(rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=64))
     sess = rlnb.Session(config, name="close-early")
     assert len(engine_threads("close-early")) == 1
-    sess.start_rollouts()
+    sess.rollouts.start()
     wait_until(lambda: sess.statistics().engine.running > 0, "the engine to generate")
     sess.close()
     assert sess.closed and rlnb.sessions() == []
     assert engine_threads("close-early") == []
     with pytest.raises(rlnb.ClosedError):
-        sess.start_rollouts()
+        sess.rollouts.start()
 
 
 def test_an_engine_failure_surfaces_chained_on_the_next_call_and_the_session_recovers() -> None:
@@ -117,7 +117,7 @@ def test_an_engine_failure_surfaces_chained_on_the_next_call_and_the_session_rec
     engine = HookedEngine(CONFIG, name="rlnb-engine-failure-engine")
     with rlnb.Session(CONFIG, name="engine-failure", engine=engine) as sess:
         engine.before_generate = broken
-        sess.start_rollouts()
+        sess.rollouts.start()
 
         # The next public call after a group fails reports it, statistics() included.
         errors: list[rlnb.RolloutError] = []
@@ -146,7 +146,7 @@ def test_an_engine_failure_surfaces_chained_on_the_next_call_and_the_session_rec
         wait_until(settled, "the failing groups to settle")
         while True:
             try:
-                sess.stop_rollouts()
+                sess.rollouts.stop()
                 break
             except rlnb.RolloutError:
                 continue
@@ -175,10 +175,10 @@ def test_ctrl_c_during_rollout_raises_keyboard_interrupt_and_the_session_stays_u
 def test_pause_wait_drains_even_with_more_samples_in_flight_than_engine_slots() -> None:
     config = CONFIG.replace(engine=rlnb.EngineConfig(max_batch=1))
     with rlnb.Session(config, name="wait-drain") as sess:
-        sess.start_rollouts()
+        sess.rollouts.start()
         wait_until(lambda: sess.statistics().engine.waiting > 0, "requests queued in the engine")
-        sess.pause("wait")
-        sess.wait_paused(timeout=1.0)
+        sess.rollouts.pause("wait")
+        sess.rollouts.wait_paused(timeout=1.0)
         stats = sess.statistics()
         assert stats.rollout.state == "paused"
         assert stats.engine.running == 0 and stats.engine.waiting == 0
@@ -210,9 +210,9 @@ def test_a_loaded_async_session_dispatches_no_further_ahead_than_its_policy_lag_
     assert buffered <= BUDGET
     with rlnb.Session.load(tmp_path / "ckpt", name="lagload") as sess:
         assert sess.version == 3 and sess.statistics().buffer.sizes["train"] == buffered
-        sess.start_rollouts()
+        sess.rollouts.start()
         wait_until(lambda: sess.statistics().rollout.groups_live == BUDGET, "the budget to fill")
-        sess.stop_rollouts()  # the groups in flight finish into the buffer
+        sess.rollouts.stop()  # the groups in flight finish into the buffer
         stats = sess.statistics()
         assert stats.rollout.groups_dispatched == BUDGET - buffered
         assert stats.buffer.sizes["train"] == BUDGET
@@ -233,10 +233,10 @@ def test_rollout_during_background_training_waits_out_each_weight_sync() -> None
             await asyncio.sleep(0.02)
 
         engine.before_update = slow_sync
-        sess.start()
+        sess.training.start()
         for _ in range(30):
             assert len(sess.rollout(1)) == 1
-        sess.stop()
+        sess.training.stop()
         assert syncs >= 2, "no weight sync happened while rollout() was called"
 
 
@@ -267,7 +267,7 @@ def test_a_reward_that_calls_back_into_the_session_is_refused_at_once(call: str,
             getattr(sess, call)(*args)
             return 0.0
 
-        sess.set_reward(reward)
+        sess.rollouts.set_reward(reward)
         with pytest.raises(rlnb.RolloutError) as raised:
             sess.rollout(1)
         assert any(f"{call}() was called from inside a reward function" in str(e) for e in cause_chain(raised.value)), (

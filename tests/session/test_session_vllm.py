@@ -78,8 +78,8 @@ def test_a_vllm_session_trains_saves_loads_and_closes(tmp_path: Path) -> None:
         print(f"behaviour log-probs vs the adapted learner: {worst:.1e}; vs the model without it: {unadapted:.1e}")
         assert worst <= 1e-4, worst
         assert unadapted > 100 * 1e-4, unadapted
-        sess.pause("keep")
-        sess.resume()
+        sess.rollouts.pause("keep")
+        sess.rollouts.resume()
         assert sess.step()["version"] == 3
         sess.save(tmp_path / "ckpt")
         written = sess.complete(["12+34=", "56+78="], max_new_tokens=4)
