@@ -111,3 +111,11 @@ def test_the_readme_shows_python_early_and_every_notebook() -> None:
     readme = "\n".join(lines)
     for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
         assert f"`{notebook.stem}`" in readme, f"the README's notebook table lacks {notebook.stem}"
+
+
+def test_the_architecture_lists_every_module_and_no_other() -> None:
+    text = (DOCS / "architecture.md").read_text()
+    listed = set(re.findall(r"^\| `(rlnb/[\w/]+\.py)` \|", text[text.index("## 7. Every module") :], re.MULTILINE))
+    on_disk = {str(p.relative_to(ROOT)) for p in (ROOT / "rlnb").rglob("*.py") if "__pycache__" not in p.parts}
+    assert not on_disk - listed, f"docs/architecture.md section 7 lacks {sorted(on_disk - listed)}: add a line each"
+    assert not listed - on_disk, f"docs/architecture.md section 7 lists {sorted(listed - on_disk)}, which are gone"
