@@ -22,7 +22,17 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rlnb._checks import check_number
-from rlnb._errors import BufferEmpty, BufferFull, ClosedError, ConfigError, FeederError
+from rlnb._errors import (
+    BufferEmpty,
+    BufferFull,
+    ClosedError,
+    ConfigError,
+    FeederError,
+    InvalidTypeError,
+    InvalidValueError,
+    UnknownNameError,
+    WaitTimeoutError,
+)
 from rlnb._samples import Group
 from rlnb.config import BufferConfig
 
@@ -120,7 +130,7 @@ class ReplayBuffer:
                 if len(self._parts[partition]) < self._capacity:
                     break
                 if not self._wait(deadline):
-                    raise TimeoutError(
+                    raise WaitTimeoutError(
                         f"ReplayBuffer.put(partition={partition!r}) timed out after {timeout} s: "
                         f"the partition is full ({self._capacity} groups) and nobody took from it"
                     )
@@ -192,7 +202,7 @@ class ReplayBuffer:
                 if len(self._parts[partition]) >= n_groups:
                     return
                 if not self._wait(deadline):
-                    raise TimeoutError(self._timeout_message(n_groups, partition, timeout))
+                    raise WaitTimeoutError(self._timeout_message(n_groups, partition, timeout))
         finally:
             self._waiting -= 1
 
@@ -265,7 +275,7 @@ class ReplayBuffer:
         partitions are not this buffer's."""
         saved = set(state["partitions"])
         if saved != set(self._parts):
-            raise ValueError(f"the saved buffer has partitions {sorted(saved)}, this one {sorted(self._parts)}")
+            raise InvalidValueError(f"the saved buffer has partitions {sorted(saved)}, this one {sorted(self._parts)}")
         parts = {p: collections.deque(Group.from_dict(g) for g in groups) for p, groups in state["partitions"].items()}
         with self._cond:
             self._parts.update(parts)
@@ -329,21 +339,21 @@ class ReplayBuffer:
 
     def _check_group(self, group: Group, partition: str) -> None:
         if not isinstance(group, Group):
-            raise TypeError(f"ReplayBuffer.put() takes a rlnb.Group, got {type(group).__name__}")
+            raise InvalidTypeError(f"ReplayBuffer.put() takes a rlnb.Group, got {type(group).__name__}")
         self._check_partition(partition)
 
     def _check_request(self, n_groups: int, partition: str) -> None:
         if not isinstance(n_groups, int) or isinstance(n_groups, bool) or n_groups < 1:
-            raise ValueError(f"n_groups must be a positive int, got {n_groups!r}")
+            raise InvalidValueError(f"n_groups must be a positive int, got {n_groups!r}")
         if n_groups > self._capacity:
-            raise ValueError(
+            raise InvalidValueError(
                 f"n_groups={n_groups} exceeds the buffer's capacity ({self._capacity}) and could never be met"
             )
         self._check_partition(partition)
 
     def _check_partition(self, partition: str) -> None:
         if partition not in self._parts:
-            raise KeyError(f"unknown partition {partition!r}; this buffer has {sorted(self._parts)}")
+            raise UnknownNameError(f"unknown partition {partition!r}; this buffer has {sorted(self._parts)}")
 
     def _raise_pending(self) -> None:
         if self._error is not None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rlnb._errors import TrainingError
+from rlnb._errors import InvalidValueError, TrainingError
 from rlnb._samples import Group
 from rlnb.config import LearnConfig
 from rlnb.envs import Demonstration
@@ -79,7 +79,7 @@ def collate(
         rewards.append([float(s.reward or 0.0) for s in group.samples])
         for sample in group.samples:
             if len(sample.logprobs) != len(sample.token_ids):
-                raise ValueError(f"sample of prompt {group.prompt!r} has no behaviour log-probs for its tokens")
+                raise InvalidValueError(f"sample of prompt {group.prompt!r} has no behaviour log-probs for its tokens")
             targets.append(list(sample.token_ids))
             masks.append(list(sample.mask))
             behav.append(list(sample.logprobs))
@@ -194,7 +194,8 @@ class Learner:
         return policy.trainable_state_dict() if isinstance(policy, HFPolicy) else dict(policy.state_dict())
 
     def load_model_state(self, state: dict[str, Any]) -> None:
-        """Put back :meth:`model_state`'s tensors (``RuntimeError`` for others)."""
+        """Put back :meth:`model_state`'s tensors (others: torch's ``RuntimeError``, or
+        :class:`~rlnb.InvalidValueError` for a LoRA adapter's)."""
         if isinstance(self.policy, HFPolicy):
             self.policy.load_trainable_state_dict(state)
         else:
@@ -272,7 +273,7 @@ class Learner:
 
     def _step(self, groups: Sequence[Group]) -> dict[str, float]:
         if not groups:
-            raise ValueError("Learner.step() needs at least one group")
+            raise InvalidValueError("Learner.step() needs at least one group")
         # The settings that shape the loss are read once, here; lr (with its schedule) and
         # max_grad_norm at the first optimiser step, where they are used: a live change
         # (Session.set) made before that point applies to this step, and its record says so.
@@ -417,7 +418,7 @@ class Learner:
         :class:`~rlnb.TrainingError` for a loss or gradient that is not finite, before
         ``optimizer`` changes anything."""
         if not pairs:
-            raise ValueError("Learner.supervised_step() needs at least one (prompt, target) pair")
+            raise InvalidValueError("Learner.supervised_step() needs at least one (prompt, target) pair")
         rows, trained = [], []
         for prompt, target in pairs:
             row = list(self._encode(prompt))

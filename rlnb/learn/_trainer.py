@@ -24,7 +24,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from rlnb._checks import is_int
-from rlnb._errors import EngineError, TrainingInterrupted, WeightSyncError
+from rlnb._errors import (
+    EngineError,
+    InvalidValueError,
+    StateError,
+    TrainingInterrupted,
+    WaitTimeoutError,
+    WeightSyncError,
+)
 from rlnb._samples import Group
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Change, Config
@@ -361,7 +368,7 @@ class Trainer:
         Every prompt goes to the engine at once, so they share its batches like any
         rollouts; the record logged has ``eval_accuracy`` and what it cost, ``eval_seconds``."""
         if not is_int(n_prompts) or n_prompts < 1:
-            raise ValueError(f"evaluate(n_prompts={n_prompts!r}) is invalid: use an int >= 1")
+            raise InvalidValueError(f"evaluate(n_prompts={n_prompts!r}) is invalid: use an int >= 1")
         self.check_idle("evaluate()")
         with self.foreground.call("evaluate()"):
             return self._evaluate(n_prompts, seed)
@@ -410,7 +417,7 @@ class Trainer:
         """Train on the trainer's own thread until ``steps`` more steps are done (None:
         until :meth:`stop`); returns at once. Raises ``RuntimeError`` if a run is going."""
         if steps is not None and not (is_int(steps) and steps >= 1):
-            raise ValueError(f"start(steps={steps!r}): use a positive int, or None to train until stop()")
+            raise InvalidValueError(f"start(steps={steps!r}): use a positive int, or None to train until stop()")
         self.check_idle("start()")
         self.raise_pending()
         self._run = BackgroundRun(lambda cancel: self._step(None, cancel), steps=steps, name=f"rlnb-{self.name}-train")
@@ -421,7 +428,7 @@ class Trainer:
         completes; one still waiting trains nothing) and wait for it. Idempotent.
         Raises ``TimeoutError`` if it has not ended after ``timeout`` s."""
         if self._run is not None and not self._run.stop(timeout) and not self._run.on_own_thread():
-            raise TimeoutError(f"the background run did not stop within {timeout} s; it stops after its step")
+            raise WaitTimeoutError(f"the background run did not stop within {timeout} s; it stops after its step")
 
     def wait(self, timeout: float | None = None, *, progress: bool = True) -> None:
         """Block until the background run ends (its ``steps`` are done, or it was
@@ -431,7 +438,7 @@ class Trainer:
         if run is not None and run.running:
             with self.foreground.call("wait()"):
                 if not wait_with_progress(run, timeout, progress=progress, desc=f"rlnb {self.name} (background)"):
-                    raise TimeoutError(f"the background run is still training after {timeout} s")
+                    raise WaitTimeoutError(f"the background run is still training after {timeout} s")
         elif run is not None:
             run.wait_ended(timeout)  # ended: its thread is joined
         self.raise_pending()
@@ -459,13 +466,13 @@ class Trainer:
         on: a background run, or a blocking call made on another thread (two threads
         stepping one learner at once corrupt it)."""
         if self.training:
-            raise RuntimeError(
+            raise StateError(
                 f"{call} cannot run while training goes on in the background: call stop() first "
                 "(or wait() for it to finish)"
             )
         other = self.foreground.current
         if other is not None and other.thread_id != threading.get_ident():
-            raise RuntimeError(
+            raise StateError(
                 f"{call} cannot run while {other.call} runs on another thread ({other.thread}): "
                 "wait for it to return first"
             )
@@ -494,13 +501,15 @@ class Trainer:
 
 def _target(n_steps: int | None, until: int | None, version: int) -> int:
     if (n_steps is None) == (until is None):
-        raise ValueError("train() takes n_steps (that many more steps) or until= (a policy version), one of them")
+        raise InvalidValueError(
+            "train() takes n_steps (that many more steps) or until= (a policy version), one of them"
+        )
     if n_steps is not None:
         if not (is_int(n_steps) and n_steps >= 1):
-            raise ValueError(f"train(n_steps={n_steps!r}): use a positive int")
+            raise InvalidValueError(f"train(n_steps={n_steps!r}): use a positive int")
         return version + n_steps
     if not (is_int(until) and until >= 0):
-        raise ValueError(f"train(until={until!r}): use a policy version, an int >= 0")
+        raise InvalidValueError(f"train(until={until!r}): use a policy version, an int >= 0")
     return max(until, version)
 
 

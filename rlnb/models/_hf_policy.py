@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from rlnb._errors import ConfigError
+from rlnb._errors import ConfigError, InvalidValueError
 from rlnb._files import write_model_dir
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ class HFPolicy(nn.Module):
         from rlnb.models._lora import add_lora
 
         if self.lora is not None:
-            raise ValueError("HFPolicy.add_lora: the model has an adapter already")
+            raise InvalidValueError("HFPolicy.add_lora: the model has an adapter already")
         self.__dict__["_peft"] = add_lora(self.model, lora, self.source or type(self.model).__name__, seed=seed)
         self.lora = lora
         self.train(self.training)
@@ -218,7 +218,7 @@ class HFPolicy(nn.Module):
             return
         mine = self.trainable_state_dict()
         if set(state) != set(mine):
-            raise RuntimeError(
+            raise InvalidValueError(
                 f"the adapter's tensors are {sorted(mine)[:3]}..., got {sorted(set(state) ^ set(mine))[:3]}... besides"
             )
         with torch.no_grad():
@@ -231,7 +231,7 @@ class HFPolicy(nn.Module):
         (the reference a KL term compares with), at no memory cost."""
         peft_model = self.__dict__["_peft"]
         if peft_model is None:
-            raise ValueError("HFPolicy.adapter_disabled: the model has no adapter")
+            raise InvalidValueError("HFPolicy.adapter_disabled: the model has no adapter")
         with peft_model.disable_adapter():
             yield
 
@@ -306,7 +306,7 @@ class HFPolicy(nn.Module):
     def new_cache(self, slots: int) -> HFSlotCache:
         """An empty :class:`HFSlotCache` with ``slots`` sequence slots."""
         if not isinstance(slots, int) or slots < 1:
-            raise ValueError(f"HFPolicy.new_cache needs slots >= 1, got {slots!r}")
+            raise InvalidValueError(f"HFPolicy.new_cache needs slots >= 1, got {slots!r}")
         return HFSlotCache(slots, self.max_len, self._dtype, self.device)
 
     @torch.inference_mode()
@@ -316,7 +316,7 @@ class HFPolicy(nn.Module):
         """As :meth:`rlnb.models.TinyPolicy.prefill`: logits ``[N, V]`` at each input's end."""
         n, t = ids.shape
         if not 1 <= t <= self.max_len:
-            raise ValueError(f"HFPolicy.prefill needs 1 <= T <= max_len={self.max_len}, got T={t}")
+            raise InvalidValueError(f"HFPolicy.prefill needs 1 <= T <= max_len={self.max_len}, got T={t}")
 
         def store(k: torch.Tensor, v: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
             ck, cv = cache.layer(layer, k)
@@ -336,7 +336,9 @@ class HFPolicy(nn.Module):
         """As :meth:`rlnb.models.TinyPolicy.decode`: one token per slot, logits ``[A, V]``."""
         context = int(positions.max()) + 1
         if context > self.max_len:
-            raise ValueError(f"HFPolicy.decode got position {context - 1}, past max_len - 1 = {self.max_len - 1}")
+            raise InvalidValueError(
+                f"HFPolicy.decode got position {context - 1}, past max_len - 1 = {self.max_len - 1}"
+            )
 
         def step(k: torch.Tensor, v: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
             ck, cv = cache.layer(layer, k)
@@ -367,7 +369,7 @@ class HFPolicy(nn.Module):
                 "alone) or False (the whole model)"
             )
         if adapter_only and self.__dict__["_peft"] is None:
-            raise ValueError("HFPolicy.save_pretrained(adapter_only=True): the model has no LoRA adapter")
+            raise InvalidValueError("HFPolicy.save_pretrained(adapter_only=True): the model has no LoRA adapter")
         return write_model_dir(
             directory,
             functools.partial(self.write_pretrained, adapter_only=adapter_only),
@@ -381,7 +383,7 @@ class HFPolicy(nn.Module):
         if adapter_only:
             peft_model = self.__dict__["_peft"]
             if peft_model is None:
-                raise ValueError("HFPolicy.save_pretrained(adapter_only=True): the model has no LoRA adapter")
+                raise InvalidValueError("HFPolicy.save_pretrained(adapter_only=True): the model has no LoRA adapter")
             peft_model.save_pretrained(staging, safe_serialization=True)
             return
         self.serving_copy().model.save_pretrained(staging, safe_serialization=True)

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlnb._errors import ConfigError
+from rlnb._errors import ConfigError, InvalidValueError
 from rlnb._files import as_path, check_not_in_use
 from rlnb._samples import messages_text
 
@@ -78,7 +78,9 @@ class HFTokenizer:
         before = self._template(base)
         after = self._template(base + messages, add_generation_prompt=True)
         if after[: len(before)] != before:  # a template that renders earlier turns differently later
-            raise ValueError("the chat template renders a conversation's earlier turns differently once it goes on")
+            raise InvalidValueError(
+                "the chat template renders a conversation's earlier turns differently once it goes on"
+            )
         return after[len(before) :]
 
     def decode(self, ids: list[int]) -> str:

@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rlnb._errors import ClosedError
+from rlnb._errors import BatchIndexError, ClosedError, InvalidTypeError, InvalidValueError, StateError
 from rlnb._samples import FINISH_REASONS, Group, Sample
 from rlnb.notebook._explorer_html import (
     COLORS,
@@ -127,9 +127,9 @@ class Explorer:
             return made
         if isinstance(batch, Sequence) and not isinstance(batch, str) and all(isinstance(g, Group) for g in batch):
             if not batch:
-                raise ValueError("explore(batch=[]): the list holds no groups; pass sess.rollout(4), say")
+                raise InvalidValueError("explore(batch=[]): the list holds no groups; pass sess.rollout(4), say")
             return self._compute(sess, tuple(batch), kept=None)
-        raise TypeError(
+        raise InvalidTypeError(
             f"explore(batch={batch!r}): pass None (the last trained batch), an index into sess.batches, one of "
             "sess.batches, or groups such as sess.rollout(4)"
         )
@@ -142,7 +142,7 @@ class Explorer:
                 why = "this session keeps none (LearnConfig.keep_batches=0)"
             else:
                 why = "no step has been trained yet"
-            raise RuntimeError(
+            raise StateError(
                 f"explore(): there is no trained batch to show ({why}): train a step with sess.step(), "
                 "or look at fresh rollouts with sess.explore(sess.rollout(4))"
             )
@@ -152,7 +152,7 @@ class Explorer:
             return kept[index]
         except IndexError:
             n = len(kept)
-            raise IndexError(
+            raise BatchIndexError(
                 f"sess.batches[{index}] is out of range: {n} batches are kept (LearnConfig.keep_batches sets how "
                 f"many); use an index in [{-n}, {n})"
             ) from None
@@ -405,7 +405,9 @@ class Explorer:
             self._check_open()
             if page is not None:
                 if isinstance(page, bool) or not isinstance(page, int):
-                    raise TypeError(f"show(page={page!r}): pass an index into sess.batches, e.g. -1 for the last")
+                    raise InvalidTypeError(
+                        f"show(page={page!r}): pass an index into sess.batches, e.g. -1 for the last"
+                    )
                 sess = self._live("page through sess.batches")
                 self._batch = self._prepare(sess, self._kept(sess, page))
             self._state.update(changes)
@@ -444,7 +446,7 @@ class Explorer:
             sess = self._live("page through sess.batches")
             steps = [int(k.step) for k in sess.batches]
             if not steps:
-                raise RuntimeError("no batch has been trained yet: sess.step() trains one")
+                raise StateError("no batch has been trained yet: sess.step() trains one")
             here = self._batch.step
             if here is None:
                 target = len(steps) - 1 if by < 0 else None
@@ -579,6 +581,6 @@ def _check_choice(key: str, value: Any) -> None:
     if key == "lag":
         if value == "all" or (isinstance(value, int) and not isinstance(value, bool)):
             return
-        raise ValueError(f"show(lag={value!r}): pass 'all' or a version lag, a whole number such as 0 or 1")
+        raise InvalidValueError(f"show(lag={value!r}): pass 'all' or a version lag, a whole number such as 0 or 1")
     if value not in choices:
-        raise ValueError(f"show({key}={value!r}): choose one of {', '.join(map(repr, choices))}")
+        raise InvalidValueError(f"show({key}={value!r}): choose one of {', '.join(map(repr, choices))}")

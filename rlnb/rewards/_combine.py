@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from rlnb._checks import check_reward_weights, plain
-from rlnb._errors import ConfigError, InvalidValueError
+from rlnb._errors import ConfigError, InvalidValueError, RlnbError
 from rlnb._reprs import clip, short_repr
 from rlnb._samples import Sample
 from rlnb.rewards._isolation import run_coroutine
@@ -74,7 +74,7 @@ def batched(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-class BadValue(Exception):
+class BadValue(RlnbError):
     """A reward function returned something that is not a finite number (its repr in
     ``value``), or None where None is not allowed; ``function``: its name, if known.
     Also a sample's weighted sum beyond float32's range (``value`` says so, naming

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from rlnb._errors import ConfigError, RolloutError
+from rlnb._errors import BatchIndexError, ConfigError, InvalidTypeError, RolloutError, StateError
 from rlnb._reprs import short_repr
 from rlnb.config import LearnConfig
 
@@ -53,18 +53,18 @@ class BatchQuestions:
         if batch is None or (isinstance(batch, int) and not isinstance(batch, bool)):
             if not kept:
                 why = "LearnConfig.keep_batches is 0" if not kept.maxlen else "no step has been trained yet"
-                raise RuntimeError(f"{call}(): there is no kept batch to ask of ({why})")
+                raise StateError(f"{call}(): there is no kept batch to ask of ({why})")
             if batch is None:
                 return kept[-1].stamped(self.origin)
             try:
                 return list(kept)[batch].stamped(self.origin)
             except IndexError:
-                raise IndexError(
+                raise BatchIndexError(
                     f"{call}(batch={batch}): {len(kept)} batches are kept (sess.batches); use an index in "
                     f"[{-len(kept)}, {len(kept)})"
                 ) from None
         if isinstance(batch, bool) or not hasattr(batch, "groups") or not hasattr(batch, "metrics"):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"{call}(batch={batch!r}): pass one of sess.batches, an index into them, or None (the last)"
             )
         self.check_readable(batch, call)

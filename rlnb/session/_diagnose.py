@@ -18,7 +18,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlnb import _reprs
-from rlnb._errors import ConfigError
+from rlnb._errors import ConfigError, InvalidValueError
 from rlnb.config import Config
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class Finding:
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
-            raise ValueError(f"Finding(severity={self.severity!r}): use one of {SEVERITIES}")
+            raise InvalidValueError(f"Finding(severity={self.severity!r}): use one of {SEVERITIES}")
 
     def __str__(self) -> str:
         return f"{self.severity} [{self.code}] {self.what}; fix: {self.fix}"
@@ -242,7 +242,7 @@ def _state(s: SessionStatistics, config: Config) -> list[Finding]:
                 "critical" if stepping else "warning",
                 "paused",
                 f"rollouts are {r.state} ({kept}){waits}",
-                "rollouts are paused: resume() (sess.resume(), or the dashboard's resume)",
+                "rollouts are paused: sess.rollouts.resume() (or the dashboard's resume)",
             )
         )
     elif (
@@ -258,7 +258,7 @@ def _state(s: SessionStatistics, config: Config) -> list[Finding]:
                 "rollouts-stopped",
                 f"background rollouts are stopped while a step waits for a batch ({sum(s.buffer.sizes.values())} "
                 f"groups in the buffer, {config.rollout.groups_per_step} needed)",
-                "sess.start_rollouts() starts them again",
+                "sess.rollouts.start() starts them again",
             )
         )
     found += _policy_lag(s, config)

@@ -10,7 +10,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rlnb._errors import public_call
+from rlnb._errors import InvalidTypeError, public_call
 from rlnb.engines import PauseMode
 from rlnb.rollout import Rollouter, RolloutState
 
@@ -100,11 +100,11 @@ class Rollouts:
         that a custom reward was in force (code cannot be saved): ``Session.load`` then
         asks for it again."""
         if not callable(reward_fn):
-            raise TypeError(f"set_reward() takes a callable (completion, answer) -> float, not {reward_fn!r}")
+            raise InvalidTypeError(f"set_reward() takes a callable (completion, answer) -> float, not {reward_fn!r}")
         try:
             inspect.signature(reward_fn).bind("completion", "answer")
         except TypeError:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"set_reward({reward_fn!r}): it is called as reward_fn(completion, answer) -> float, "
                 "so it must take two arguments"
             ) from None

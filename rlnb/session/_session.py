@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlnb import checkpoint
-from rlnb._errors import ClosedError, public_call
+from rlnb._errors import ClosedError, InvalidTypeError, public_call
 from rlnb._samples import RolloutBatch
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Change, Config
@@ -493,7 +493,7 @@ class Session:
         by default. Nothing is rewarded, buffered or trained. Blocks."""
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         if not all(isinstance(t, str) for t in texts):
-            raise TypeError(f"complete(prompts={prompts!r}): pass a string or a list of strings")
+            raise InvalidTypeError(f"complete(prompts={prompts!r}): pass a string or a list of strings")
         sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
         out = self._bridge.run(
             self._check().complete(texts, sampling, seed=seed, paused_timeout=self._config.step_timeout)
@@ -882,7 +882,7 @@ class Session:
         return f"<rlnb.Session {self._name!r} open: step {self.version}, {self._config.mode} mode, {state}>"
 
     def __getstate__(self) -> Any:
-        raise TypeError("a Session owns threads, loops and files and cannot be pickled")
+        raise InvalidTypeError("a Session owns threads, loops and files and cannot be pickled")
 
 
 # What each old name became: the warning names the new one, and docs/api-changes.md lists them.
