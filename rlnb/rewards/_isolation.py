@@ -55,7 +55,7 @@ START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_met
 PREPARE_TIMEOUT = 120.0
 
 
-class Cancelled(Exception):
+class Cancelled(RlnbError):
     """The call was stopped (it timed out, or its caller gave up) before it returned."""
 
 
