@@ -251,14 +251,14 @@ def test_timings_and_failures_survive_new_weights() -> None:
 def test_a_constant_reward_is_zero_variance_and_a_flat_reward_and_is_logged(tmp_path: Path) -> None:
     track = rlnb.TrackConfig(backends=("jsonl",), run_dir=str(tmp_path))
     with rlnb.Session(small_config(track=track), name="diagnose") as sess:
-        sess.set_reward(lambda completion, answer: 0.0)
+        sess.rollouts.set_reward(lambda completion, answer: 0.0)
         sess.train(MIN_TREND_STEPS, progress=False)
         found = sess.diagnose()
         assert found[0].severity == "critical"
         assert codes(found)["zero-variance"] == "critical" and codes(found)["grad-norm-zero"] == "critical"
         assert codes(found)["reward-flat"] == "warning"
         assert "16 of the last 16 groups (100%)" in by_code(found, "zero-variance").what  # 4 batches of 4 groups
-        sess.set_reward(lambda completion, answer: 1.0)  # everyone right: solved, or a reward that says so
+        sess.rollouts.set_reward(lambda completion, answer: 1.0)  # everyone right: solved, or a reward that says so
         sess.train(RECENT_STEPS, progress=False)  # batches and accuracy: all at 1
         assert codes(sess.diagnose(track=False))["zero-variance"] == "info"
         version = sess.version
@@ -279,24 +279,24 @@ def test_a_too_short_completion_limit_names_its_value() -> None:
 
 def test_rollouts_left_paused_say_resume() -> None:
     with rlnb.Session(CONFIG, name="diagnose") as sess:
-        sess.pause()
+        sess.rollouts.pause()
         finding = by_code(sess.diagnose(), "paused")
-        assert finding.severity == "warning" and "rollouts are paused: resume()" in finding.fix
-        sess.resume()
+        assert finding.severity == "warning" and "rollouts are paused: sess.rollouts.resume()" in finding.fix
+        sess.rollouts.resume()
         assert "paused" not in codes(sess.diagnose())
 
 
 def test_a_stall_comes_first() -> None:
     with rlnb.Session(small_config(mode="async", stall_after=1.0), name="diagnose") as sess:
-        sess.pause()
-        sess.start(steps=1)
+        sess.rollouts.pause()
+        sess.training.start(steps=1)
         wait_until(lambda: sess.statistics().stall is not None, "a stall", timeout=15)
         found = sess.diagnose()
         assert found[0].code == "stall" and found[0].severity == "critical"
-        assert "(it waits on: paused)" in found[0].what and found[0].fix == "call sess.resume()"
+        assert "(it waits on: paused)" in found[0].what and found[0].fix == "call sess.rollouts.resume()"
         assert "paused" not in codes(found)  # the stall said it
-        sess.resume()
-        sess.wait(timeout=30)
+        sess.rollouts.resume()
+        sess.training.wait(timeout=30)
 
 
 def test_a_failing_reward_is_critical_and_names_its_last_error() -> None:
@@ -357,7 +357,7 @@ def test_the_dashboard_shows_the_worst_finding_in_a_banner_not_on_every_tick(mon
         dash = rlnb.notebook.dashboard(sess, interval=60.0)  # its ticker ticks once, then waits
         wait_until(lambda: dash.ticks == 1, "the ticker's one tick")
         assert 'data-code="no-steps"' in dash.diagnosis.value
-        sess.pause()
+        sess.rollouts.pause()
         calls: list[dict[str, Any]] = []
         diagnose_now = type(sess).diagnose
 
@@ -428,9 +428,9 @@ def test_environment_calls_waiting_for_a_thread_are_named_with_the_setting() -> 
     rollout = rlnb.RolloutConfig(group_size=4, groups_per_step=4, env_workers=1, max_policy_lag=None)
     config = small_config(mode="async", task="diagnose_slow_tool", rollout=rollout)
     with rlnb.Session(config, name="diagnose") as sess:
-        sess.start_rollouts()
+        sess.rollouts.start()
         wait_until(lambda: sess.statistics().rollout.env_calls_queued >= 8, "tool calls to queue up", timeout=30)
         finding = by_code(sess.diagnose(), "environment-calls-queued")
         assert finding.severity == "warning" and "RolloutConfig.env_workers=1 run at once" in finding.what
         assert "RolloutConfig(env_workers=...)" in finding.fix
-        sess.stop_rollouts()
+        sess.rollouts.stop()

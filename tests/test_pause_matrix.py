@@ -13,6 +13,7 @@ into a failure.
 from __future__ import annotations
 
 import asyncio
+import operator
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -137,7 +138,7 @@ def test_no_pause_can_deadlock(
     engine = HookedEngine(config)
     with rlnb.Session(config, engine=engine, name="matrix") as sess:
         if full:  # background rollouts fill the buffer, and finished groups wait for room
-            sess.start_rollouts()
+            sess.rollouts.start()
             wait_until(lambda: sess.buffer.size() == CAPACITY and sess.buffer.held() > 0, "a full buffer")
 
         async def hold(version: int) -> None:
@@ -148,7 +149,7 @@ def test_no_pause_can_deadlock(
             engine.before_update = hold
         cell = None
         if where == "background":
-            sess.start()
+            sess.training.start()
         else:
             cell = Foreground(sess, 3)
         if during_sync:
@@ -156,7 +157,7 @@ def test_no_pause_can_deadlock(
         else:
             wait_until(lambda: sess.version >= 1, "a first step")
 
-        pausing = threading.Thread(target=returns, args=(sess.pause, pause_mode), kwargs={"what": "pause()"})
+        pausing = threading.Thread(target=returns, args=(sess.rollouts.pause, pause_mode), kwargs={"what": "pause()"})
         pausing.start()
         if during_sync:  # the pause waits for the sync in progress, which now ends
             wait_until(lambda: sess.statistics().rollout.state == "syncing", "the sync to be seen")
@@ -164,14 +165,14 @@ def test_no_pause_can_deadlock(
             release.set()
         pausing.join(HANG + 1)
         assert not pausing.is_alive(), f"pause({pause_mode!r}) did not return: a deadlock"
-        returns(sess.wait_paused, what="wait_paused()")
+        returns(sess.rollouts.wait_paused, what="wait_paused()")
         # (a background step may be syncing its weights into the paused engine)
         rollout = sess.statistics().rollout
         assert rollout.state in ("paused", "syncing")
         if pause_mode == "wait" and rollout.state == "paused":  # a WAIT pause leaves nothing half-done
             assert rollout.in_flight == rollout.kept_partial == 0, rollout
 
-        returns(sess.resume, what="resume()")
+        returns(sess.rollouts.resume, what="resume()")
         assert sess.statistics().rollout.state in ("running", "syncing")
         version = sess.version
         if cell is not None:
@@ -179,12 +180,12 @@ def test_no_pause_can_deadlock(
             # A cell's step that found rollouts paused says so at once; otherwise it finished.
             if cell.error is not None:
                 assert isinstance(cell.error, rlnb.RolloutError), cell.error
-                assert "call resume() first" in str(cell.error), cell.error
+                assert "call sess.rollouts.resume() first" in str(cell.error), cell.error
             returns(lambda: sess.train(2, progress=False), what="train() after resume()")
             assert sess.version >= version + 2
         else:
             wait_until(lambda: sess.version >= version + 2, "background training to go on after resume()", HANG)
-            returns(sess.stop, 10.0, what="stop()")
+            returns(sess.training.stop, 10.0, what="stop()")
         assert_counts_add_up(sess.statistics().rollout)
 
 
@@ -198,9 +199,9 @@ class CallsBack(rlnb.learn.Callback):
         self.sess.statistics()
 
     def on_step_end(self, metrics: Any) -> None:
-        self.sess.pause(self.pause_mode)
-        self.sess.wait_paused()
-        self.sess.resume()
+        self.sess.rollouts.pause(self.pause_mode)
+        self.sess.rollouts.wait_paused()
+        self.sess.rollouts.resume()
         self.rounds += 1
 
 
@@ -215,8 +216,8 @@ def test_a_callback_that_pauses_and_resumes_its_own_session_does_not_deadlock(
         callback = CallsBack(sess, pause_mode)
         sess.callbacks.append(callback)
         if where == "background":
-            sess.start(steps=3)
-            returns(sess.wait, what="wait()")
+            sess.training.start(steps=3)
+            returns(sess.training.wait, what="wait()")
         else:
             returns(lambda: sess.train(3, progress=False), what="train()")
         assert callback.rounds == 3 and sess.version == 3
@@ -231,15 +232,15 @@ class StopsEarly(rlnb.learn.Callback):
 
     def on_step_end(self, metrics: Any) -> None:
         if self.sess.version >= self.at:
-            getattr(self.sess, self.call)()
+            getattr(self.sess.training, self.call)()
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_callback_can_stop_the_background_run_it_is_part_of(mode: str) -> None:
     with rlnb.Session(small_config(mode), name="matrix") as sess:
         sess.callbacks.append(StopsEarly(sess, 3, "stop"))
-        sess.start()  # no step limit: only the callback ends it
-        wait_until(lambda: not sess.training, "the run to end after the callback's stop()", HANG)
+        sess.training.start()  # no step limit: only the callback ends it
+        wait_until(lambda: not sess.training.running, "the run to end after the callback's stop()", HANG)
         assert sess.version == 3
         sess.train(1, progress=False)  # and the session goes on as usual
 
@@ -247,14 +248,14 @@ def test_a_callback_can_stop_the_background_run_it_is_part_of(mode: str) -> None
 def test_a_callback_that_waits_for_its_own_run_gets_an_error_not_a_hang() -> None:
     with rlnb.Session(small_config("sync"), name="matrix") as sess:
         sess.callbacks.append(StopsEarly(sess, 1, "wait"))
-        sess.start(steps=5)
-        wait_until(lambda: not sess.training, "the run to end", HANG)
+        sess.training.start(steps=5)
+        wait_until(lambda: not sess.training.running, "the run to end", HANG)
         with pytest.raises(rlnb.TrainingError) as raised:
-            sess.wait()
+            sess.training.wait()
         assert "would wait for itself" in str(raised.value.__cause__)
 
 
-@pytest.mark.parametrize("call", ["start", "step", "train", "evaluate", "save"])
+@pytest.mark.parametrize("call", ["training.start", "step", "train", "evaluate", "save"])
 def test_a_second_thread_cannot_train_beside_a_call_in_progress(call: str, tmp_path: Any) -> None:
     config = small_config("sync")
     engine = HookedEngine(config)
@@ -264,7 +265,7 @@ def test_a_second_thread_cannot_train_beside_a_call_in_progress(call: str, tmp_p
         assert started.wait(HANG)
         args = {"save": (tmp_path / "ckpt",)}.get(call, ())
         with pytest.raises(RuntimeError, match=r"cannot run while train\(until=1\) runs on another thread"):
-            getattr(sess, call)(*args)
+            operator.attrgetter(call)(sess)(*args)
         engine.before_generate = None
         cell.join()
         assert cell.error is None and sess.version == 1

@@ -36,7 +36,7 @@ def test_a_reward_that_hangs_is_named_with_its_prompt(capsys: pytest.CaptureFixt
 
     rollout = rlnb.RolloutConfig(group_size=4, groups_per_step=2, reward_timeout=None)
     with rlnb.Session(small_config(stall_after=1.0, rollout=rollout), name="stall") as sess:
-        sess.set_reward(hangs)
+        sess.rollouts.set_reward(hangs)
         step = threading.Thread(target=sess.step)
         step.start()
         try:
@@ -59,13 +59,13 @@ def test_a_reward_that_hangs_is_named_with_its_prompt(capsys: pytest.CaptureFixt
 
 def test_rollouts_left_paused_while_the_background_run_waits_say_resume() -> None:
     with rlnb.Session(small_config(mode="async", stall_after=1.0), name="stall") as sess:
-        sess.pause()
-        sess.start(steps=1)
+        sess.rollouts.pause()
+        sess.training.start(steps=1)
         stall = _stalled(sess)
-        assert stall.where == "paused" and stall.fix == "call sess.resume()", stall
+        assert stall.where == "paused" and stall.fix == "call sess.rollouts.resume()", stall
         assert "resume()" in sess.diagnose()[0].fix
-        sess.resume()
-        sess.wait()
+        sess.rollouts.resume()
+        sess.training.wait()
         assert sess.statistics().stall is None
 
 

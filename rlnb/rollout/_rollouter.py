@@ -17,7 +17,15 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from rlnb._errors import ClosedError, ConfigError, PromptError, RolloutError
+from rlnb._errors import (
+    ClosedError,
+    ConfigError,
+    InvalidTypeError,
+    InvalidValueError,
+    PromptError,
+    RolloutError,
+    WaitTimeoutError,
+)
 from rlnb._samples import Group, PromptItem
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import RolloutConfig
@@ -153,7 +161,9 @@ class Rollouter:
         RolloutError at once if rollouts are running (nothing would pause them), and
         TimeoutError after ``timeout`` s naming what the pause still waits for."""
         if self._machine.state is RolloutState.RUNNING:
-            raise RolloutError("wait_paused(): rollouts are running, so nothing will pause them; call pause() first")
+            raise RolloutError(
+                "wait_paused(): rollouts are running, so nothing will pause them; call sess.rollouts.pause() first"
+            )
         try:
             async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancel
                 await self._machine.wait_paused()
@@ -168,7 +178,9 @@ class Rollouter:
                 return
             if state is RolloutState.RUNNING:
                 what = "rollouts were resumed meanwhile"
-            raise TimeoutError(f"wait_paused() waited {timeout:g} s and rollouts are {state.value}: {what}") from None
+            raise WaitTimeoutError(
+                f"wait_paused() waited {timeout:g} s and rollouts are {state.value}: {what}"
+            ) from None
 
     def quiesce(self, timeout: float | None = None) -> Quiescence:
         """Rollouts with nothing generating inside an ``async with`` block (a checkpoint's).
@@ -253,7 +265,7 @@ class Rollouter:
         """Score every completion from now on with ``reward_fn``, and each group with
         ``group_reward_fn`` (None: none); samples already scored keep theirs."""
         if not callable(reward_fn):
-            raise TypeError(f"the reward function must be callable, got {type(reward_fn).__name__}")
+            raise InvalidTypeError(f"the reward function must be callable, got {type(reward_fn).__name__}")
         self._machine.check_open()
         self._runner.reward_fn = reward_fn
         self._runner.group_reward_fn = group_reward_fn
@@ -338,9 +350,9 @@ class Rollouter:
         if state is RolloutState.CLOSED:
             return "the rollouter is closed"
         if state is not RolloutState.RUNNING:
-            return f"rollouts are {state.value}: call resume()"
+            return f"rollouts are {state.value}: call sess.rollouts.resume()"
         if not self.dispatching:
-            return "background rollouts are stopped: call start_rollouts() or step() in async mode"
+            return "background rollouts are stopped: call sess.rollouts.start() or step() in async mode"
         if self._halted:
             return "dispatch halted after a group failed: its error was raised; the next step() goes on"
         if held := self._buffer.held():
@@ -501,7 +513,7 @@ class Rollouter:
 
     async def _collect(self, n_groups: int, into: list[Group] | None, wait: bool) -> list[Group]:
         if not isinstance(n_groups, int) or isinstance(n_groups, bool) or n_groups < 1:
-            raise ValueError(f"rollout(n_groups={n_groups!r}): use a positive int")
+            raise InvalidValueError(f"rollout(n_groups={n_groups!r}): use a positive int")
         if wait:
             self._machine.check_open()
             await self._machine.wait_running()
@@ -579,7 +591,7 @@ class Rollouter:
         self._machine.check_open()
         await self._machine.after_sync()
         if (state := self._machine.state) is not RolloutState.RUNNING:
-            raise RolloutError(f"rollouts are {state.value}; call resume() first")
+            raise RolloutError(f"rollouts are {state.value}; call sess.rollouts.resume() first")
 
     # -- figures and lifecycle ------------------------------------------------------------
 

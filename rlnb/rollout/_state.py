@@ -215,7 +215,8 @@ class StateMachine:
             ) from exc
         except Exception as exc:
             raise WeightSyncError(
-                f"weight sync to version {version} failed; rollouts stay paused (call resume() once fixed)"
+                f"weight sync to version {version} failed; rollouts stay paused "
+                "(call sess.rollouts.resume() once fixed)"
             ) from exc
         finally:
             if synced and previous is RolloutState.RUNNING and self._state is not RolloutState.CLOSED:

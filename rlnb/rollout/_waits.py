@@ -35,7 +35,8 @@ async def pause_limited(machine: StateMachine, coro: Coroutine[Any, Any, _T], li
                 await asyncio.gather(task, return_exceptions=True)
                 raise WaitTimeoutError(
                     f"{call} waited {limit:g} s while rollouts were {machine.state.value}: "
-                    "resume() them and call it again; nothing was lost (Config.step_timeout sets the wait)"
+                    "sess.rollouts.resume() them and call it again; nothing was lost "
+                    "(Config.step_timeout sets the wait)"
                 )
         return task.result()
     finally:

@@ -137,7 +137,7 @@ class StallWatch:
                 "paused",
                 f"rollouts are {rollouts.state} and the step waits for them "
                 f"({rollouts.kept_partial} partial rollouts kept)",
-                "call sess.resume()",
+                "call sess.rollouts.resume()",
             )
         if rollouts.state == "syncing":
             what = "a weight sync to the engine is in progress and has not ended"
