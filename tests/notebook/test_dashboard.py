@@ -215,7 +215,7 @@ def test_an_error_shows_inline_and_nothing_reaches_stderr(capsys: pytest.Capture
         button.click()  # disabled while training, but a click from code still reaches the handler
         assert busy[0] == (True, "step…") and busy[-1][1] == "step"
         assert "rlnb-error" in dash.message.value
-        assert "step() failed: RuntimeError: step() cannot run while training goes on" in dash.message.value
+        assert "step() failed: StateError: step() cannot run while training goes on" in dash.message.value
         assert sess.training.running  # nothing else happened
         sess.training.stop()
     out = capsys.readouterr()
