@@ -254,10 +254,18 @@ METHODS = [
     pytest.param(lambda s: s.train(until=-1), ValueError, "train(until=-1)", "an int >= 0", id="train-until"),
     pytest.param(lambda s: s.warmup(-1, progress=False), ValueError, "warmup(n_steps=-1)", ">= 0", id="warmup"),
     pytest.param(lambda s: s.rollout(0), ValueError, "rollout(n_groups=0)", "positive int", id="rollout"),
-    pytest.param(lambda s: s.pause("bogus"), ValueError, "pause(mode='bogus')", "'abort', 'keep', 'wait'", id="pause"),
-    pytest.param(lambda s: s.start(-1), ValueError, "start(steps=-1)", "None to train until stop()", id="start"),
     pytest.param(
-        lambda s: s.set_reward("x"), TypeError, "set_reward() takes a callable", "(completion, answer)", id="set-reward"
+        lambda s: s.rollouts.pause("bogus"), ValueError, "pause(mode='bogus')", "'abort', 'keep', 'wait'", id="pause"
+    ),
+    pytest.param(
+        lambda s: s.training.start(-1), ValueError, "start(steps=-1)", "None to train until stop()", id="start"
+    ),
+    pytest.param(
+        lambda s: s.rollouts.set_reward("x"),
+        TypeError,
+        "set_reward() takes a callable",
+        "(completion, answer)",
+        id="set-reward",
     ),
     pytest.param(lambda s: s.save(3), rlnb.CheckpointError, "Session.save(path=3)", "directory path", id="save"),
     pytest.param(
@@ -268,7 +276,7 @@ METHODS = [
         id="evaluate",
     ),
     pytest.param(
-        lambda s: s.set_reward(lambda completion: 1.0),
+        lambda s: s.rollouts.set_reward(lambda completion: 1.0),
         TypeError,
         "set_reward(",
         "(completion, answer)",

@@ -52,8 +52,8 @@ config = rlnb.Config(
 sess = rlnb.Session(config, name="small")
 sess""",
     "sess.dashboard()",
-    "sess.start(steps=5)",
-    "sess.wait()\nprint(sess.version)",
+    "sess.training.start(steps=5)",
+    "sess.training.wait()\nprint(sess.version)",
     'sess.close()\nprint(sess)\nprint("live sessions:", rlnb.sessions())',
 ]
 
@@ -198,7 +198,7 @@ def test_the_dashboard_pauses_resumes_and_stops_background_training_in_jupyterla
     notebooks.mkdir()
     nb = nbformat.read(PAUSE_RESUME, as_version=4)
     assert "sess.close()" in nb.cells[-1].source
-    nb.cells[-1] = nbformat.v4.new_code_cell("sess.start()")  # leave it training in the background
+    nb.cells[-1] = nbformat.v4.new_code_cell("sess.training.start()")  # leave it training in the background
     nb.cells.append(nbformat.v4.new_code_cell(AFTER_THE_CHANGE))  # says nothing until a change
     nbformat.write(nb, notebooks / PAUSE_RESUME.name)
     with open_lab(notebooks) as url, open_browser(height=1800) as page:
@@ -291,7 +291,7 @@ config = rlnb.Config(
 )
 sess = rlnb.Session(config, name="truth")
 sess.dashboard()""",
-    "sess.start()",
+    "sess.training.start()",
     "sess.train(30)",
     "sess.close()\nprint(sess.version)",
 ]
@@ -409,7 +409,7 @@ config = rlnb.Config(
     data=rlnb.DataConfig(num_workers=0),
 )
 sess = rlnb.Session(config, name="face")
-sess.set_reward(lambda completion, answer: 0.0)  # every group alike: findings with long fixes
+sess.rollouts.set_reward(lambda completion, answer: 0.0)  # every group alike: findings with long fixes
 sess.dashboard()""",
     "sess.train(12, progress=False)",
     "sess.close()",

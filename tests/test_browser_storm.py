@@ -63,18 +63,18 @@ SETUPS = {
 CHECK = """import json
 
 def answers():
-    sess.resume()
-    sess.stop()
-    sess.stop_rollouts()
-    sess.pause("wait")
-    sess.wait_paused(timeout=60)
+    sess.rollouts.resume()
+    sess.training.stop()
+    sess.rollouts.stop()
+    sess.rollouts.pause("wait")
+    sess.rollouts.wait_paused(timeout=60)
     s = sess.statistics()
     r, t = s.rollout, s.training
     assert r.dispatched == r.finished + r.kept_partial + r.failed + r.cancelled + r.in_flight, r
     assert min(r.finished, r.kept_partial, r.failed, r.cancelled, r.in_flight) >= 0, r
     assert r.state == "paused" and r.failed == 0 and not t.running and t.error is None, s
     assert all(size >= 0 for size in s.buffer.sizes.values()), s.buffer
-    sess.resume()
+    sess.rollouts.resume()
     return {"version": sess.version, "finished": r.finished, "kept_partial": r.kept_partial}
 
 print("ANSWERS", json.dumps(answers()))"""
@@ -90,7 +90,7 @@ if sess.config.warmup.steps:
     sess.warmup(progress=False)
 dash = sess.dashboard()
 dash""",
-        "sess.start()",  # 1: in the background
+        "sess.training.start()",  # 1: in the background
         CHECK,  # 2
         f"sess.train({FOREGROUND_STEPS[task]}, progress=False)",  # 3: in the foreground, longer than the storm
         CHECK,  # 4

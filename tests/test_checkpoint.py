@@ -217,14 +217,14 @@ def quarter(completion: str, answer: str) -> float:
 def test_a_custom_reward_is_asked_for_again_when_its_checkpoint_loads(tmp_path: Path) -> None:
     config = small_config(warmup=rlnb.WarmupConfig())
     with rlnb.Session(config, name="custom-reward") as sess:
-        sess.set_reward(quarter)
+        sess.rollouts.set_reward(quarter)
         sess.save(tmp_path / "ckpt")
     # Loading without it would silently score with the task's reward instead.
     with pytest.raises(rlnb.CheckpointError, match=r"custom reward function \(quarter.*reward=quarter"):
         rlnb.Session.load(tmp_path / "ckpt", name="loaded")
     assert rlnb.sessions() == []
     with rlnb.Session.load(tmp_path / "ckpt", name="loaded", reward=quarter) as sess:
-        assert sess.reward_name == "quarter"
+        assert sess.rollouts.reward_name == "quarter"
         assert {s.reward for g in sess.rollout(4) for s in g.samples} == {0.25}  # scored by it
         sess.save(tmp_path / "again")  # and it is recorded again
     with pytest.raises(rlnb.CheckpointError, match="quarter"):

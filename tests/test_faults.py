@@ -80,7 +80,7 @@ def test_an_engine_that_dies_mid_generation_during_background_training_fails_the
     engine = HookedEngine(config, name="rlnb-dying-engine")
     sess = rlnb.Session(config, name="dying-engine", engine=engine)
     try:
-        sess.start()
+        sess.training.start()
         wait_until(lambda: sess.version >= 1 and engine.statistics().running > 0, "a trained step, then decoding")
         broken = break_engine(engine)
 
@@ -153,7 +153,7 @@ SCRIPT = textwrap.dedent(
     sess = rlnb.Session(config, name="faults")
     sess.step()
     sess.save(os.path.join(run_dir, "ckpt"))
-    sess.start()
+    sess.training.start()
     deadline = time.monotonic() + 60
     while sess.version < 3 and time.monotonic() < deadline:
         threading.Event().wait(0.01)

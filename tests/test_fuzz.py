@@ -391,14 +391,14 @@ class Fuzz:
 
     def _round_pause(self, delay: float | None) -> None:
         mode = self.rng.choice(("abort", "abort", "keep", "wait"))
-        self.pressed("pause", lambda: self.sess.pause(mode), delay)
-        self.call(f"pause({mode!r}) again", lambda: self.sess.pause(mode))
+        self.pressed("pause", lambda: self.sess.rollouts.pause(mode), delay)
+        self.call(f"pause({mode!r}) again", lambda: self.sess.rollouts.pause(mode))
         if mode == "wait":
-            self.call("wait_paused()", lambda: self.sess.wait_paused(timeout=DEADLINE / 2))
+            self.call("wait_paused()", lambda: self.sess.rollouts.wait_paused(timeout=DEADLINE / 2))
         stats = self.sess.statistics()
         assert stats.rollout.state == "paused", stats.rollout
         assert_counts_add_up(stats.rollout)
-        self.call("resume()", self.sess.resume)
+        self.call("resume()", self.sess.rollouts.resume)
 
     def _round_save(self, delay: float | None) -> None:
         before = self.sess.statistics().rollout
@@ -706,7 +706,7 @@ def test_ctrl_c_while_the_bridge_starts_its_thread(monkeypatch: pytest.MonkeyPat
 def test_ctrl_c_as_resume_yields_leaves_the_engine_running() -> None:
     with rlnb.Session(CONFIG, name="fuzz-resume") as sess:
         sess.rollout(1)
-        sess.pause()
+        sess.rollouts.pause()
         rollouter = sess._rollouter
 
         async def resume_cancelled_at_its_first_await() -> None:  # as bridge.run() cancels it on Ctrl-C

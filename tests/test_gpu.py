@@ -131,6 +131,6 @@ def test_vllm_on_the_gpu_beside_the_learner_samples_what_the_learner_scores(llam
         groups = sess.rollout(2)
         assert {v for g in groups for s in g.samples for v in s.versions} == {1}
         assert _worst_logprob_gap(sess, groups, llama_dir) <= 1e-3
-        sess.pause("keep")
-        sess.resume()
+        sess.rollouts.pause("keep")
+        sess.rollouts.resume()
         assert sess.step()["version"] == 2 and sess.statistics().engine.version == 2

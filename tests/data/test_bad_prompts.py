@@ -82,9 +82,9 @@ def test_bad_prompts_can_be_skipped_and_counted(num_workers: int) -> None:
 
 def test_a_bad_prompt_in_background_training_stops_the_run_with_one_clear_error() -> None:
     with rlnb.Session(config("async", 0), name="bad-prompts") as sess:
-        sess.start(steps=20)
+        sess.training.start(steps=20)
         with pytest.raises(rlnb.RlnbError) as raised:
-            sess.wait(timeout=60)
+            sess.training.wait(timeout=60)
         assert [e.prompt_id for e in prompt_errors(raised.value)] == [19]
         # Background rollouts may have met the next bad prompt before the run stopped:
         # each is raised once, in order, at the next calls.

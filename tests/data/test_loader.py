@@ -367,7 +367,7 @@ def test_a_worker_killed_while_a_session_rolls_out_fails_the_next_call_clearly(l
     with rlnb.Session(CONFIG, name="worker-killed") as sess:
         sess.rollout(2)
         (worker,) = new_descendants(loader_workers)
-        sess.start_rollouts()
+        sess.rollouts.start()
         wait_until(lambda: sess.statistics().buffer.sizes["train"] > 0, "a group rolled out in the background")
 
         kill_and_wait(worker)

@@ -74,14 +74,14 @@ def test_swapping_the_reward_takes_effect_at_the_next_rollout() -> None:
     )
     with rlnb.Session(config, name="reward-swap") as sess:
         before = sess.rollout(1)
-        sess.set_reward(lambda completion, answer: 0.25)
+        sess.rollouts.set_reward(lambda completion, answer: 0.25)
         after = sess.rollout(2)
         assert {s.reward for g in after for s in g.samples} == {0.25}
         for group in before:  # scored before the swap: the task's own reward, unchanged
             answer = CORRECT["addition"](group.prompt)
             assert [s.reward for s in group.samples] == [addition.reward(s.completion, answer) for s in group.samples]
         with pytest.raises(TypeError, match="callable"):
-            sess.set_reward("not a function")  # type: ignore[arg-type]
+            sess.rollouts.set_reward("not a function")  # type: ignore[arg-type]
 
 
 def test_the_sloppy_teacher_reverses_the_same_words_and_drops_the_last_letter_of_long_ones() -> None:

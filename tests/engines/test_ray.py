@@ -55,17 +55,17 @@ def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_p
         assert all(int(r["served"]) > 0 for r in replicas(sess)), replicas(sess)
 
         # Pause in every mode across the replicas; "abort" keeps partial rollouts.
-        sess.start_rollouts()
+        sess.rollouts.start()
         wait_until(lambda: sess.statistics().engine.running > 0, "rollouts in flight on the replicas")
         for mode in ("abort", "keep", "wait"):
-            sess.pause(mode)
+            sess.rollouts.pause(mode)
             if mode == "wait":
-                sess.wait_paused()
+                sess.rollouts.wait_paused()
             assert sess.statistics().engine.paused == mode
             if mode != "keep":
                 assert sess.statistics().engine.running == 0, mode  # nothing generating
-            sess.resume()
-        sess.stop_rollouts()
+            sess.rollouts.resume()
+        sess.rollouts.stop()
         assert sess.step()["version"] == 4
 
         # A replica killed from outside mid-generation: its requests go to the other,

@@ -44,7 +44,7 @@ config = rlnb.Config(
     rollout=rlnb.RolloutConfig(group_size=2, groups_per_step=2, reward_timeout=None),
 )
 sess = rlnb.Session(config, name="k")
-sess.start()
+sess.training.start()
 """
 
 

@@ -40,12 +40,12 @@ class StepEvents(Callback):
 def test_start_returns_at_once_and_stop_ends_at_a_step_boundary(mode: str) -> None:
     events = StepEvents()
     with rlnb.Session(CONFIG.replace(mode=mode), name=f"bg-{mode}", callbacks=[events]) as sess:
-        sess.start()
-        assert sess.training
+        sess.training.start()
+        assert sess.training.running
         assert len(sess.rollout(1)) == 1  # the kernel is free: other calls work meanwhile
         events.wait_steps(sess, 3)
-        sess.stop()
-        assert not sess.training
+        sess.training.stop()
+        assert not sess.training.running
         done = sess.version
         assert done >= 3 and len(sess.history) == done  # every step completed whole, none half
         assert [m["version"] for m in sess.history] == list(range(1, done + 1))
@@ -58,9 +58,9 @@ def test_start_returns_at_once_and_stop_ends_at_a_step_boundary(mode: str) -> No
 def test_start_with_steps_then_wait() -> None:
     with rlnb.Session(CONFIG, name="bg-steps") as sess:
         sess.step()
-        sess.start(3)
-        sess.wait(timeout=60)
-        assert not sess.training and sess.version == 4
+        sess.training.start(3)
+        sess.training.wait(timeout=60)
+        assert not sess.training.running and sess.version == 4
         stats = sess.statistics()
         assert stats.rollout.version == 4
 
@@ -69,18 +69,18 @@ def test_start_with_steps_then_wait() -> None:
 def test_a_pause_holds_background_training_and_says_so(mode: str) -> None:
     events = StepEvents()
     with rlnb.Session(CONFIG.replace(mode=mode), name=f"bg-pause-{mode}", callbacks=[events]) as sess:
-        sess.start()
+        sess.training.start()
         events.wait_steps(sess, 1)
-        sess.pause()
+        sess.rollouts.pause()
         wait_until(lambda: sess.statistics().training.waiting is not None, "the step to wait")
         held = sess.version
         waiting = sess.statistics().training.waiting
         assert waiting is not None and "paused" in waiting
         time.sleep(0.3)  # nothing trains while paused (an upper bound would need a clock)
-        assert sess.version <= held + 1 and sess.training  # at most the step already updating
-        sess.resume()
+        assert sess.version <= held + 1 and sess.training.running  # at most the step already updating
+        sess.rollouts.resume()
         events.wait_steps(sess, sess.version + 2)
-        sess.stop()
+        sess.training.stop()
 
 
 def test_a_pause_that_lands_as_a_background_step_starts_its_rollout_is_waited_out(
@@ -101,33 +101,33 @@ def test_a_pause_that_lands_as_a_background_step_starts_its_rollout_is_waited_ou
             return await collect(*args, **kwargs)
 
         monkeypatch.setattr(rollouter, "collect", pause_then_collect)
-        sess.start()
+        sess.training.start()
         assert landed.wait(10)
         wait_until(lambda: "paused" in (sess.statistics().training.waiting or ""), "the step to wait for resume()")
-        assert sess.training and sess.version == 0
-        sess.resume()
+        assert sess.training.running and sess.version == 0
+        sess.rollouts.resume()
         events.wait_steps(sess, 2)
-        sess.stop()
+        sess.training.stop()
 
 
 def test_bad_steps_are_refused_before_any_thread_starts() -> None:
     with rlnb.Session(CONFIG, name="bg-bad") as sess:
         for steps in (0, -1, 1.5, True, "3"):
             with pytest.raises(ValueError, match=r"start\(steps="):
-                sess.start(steps)  # type: ignore[arg-type]
-        assert not sess.training
+                sess.training.start(steps)  # type: ignore[arg-type]
+        assert not sess.training.running
         assert not [t for t in threading.enumerate() if t.name == "rlnb-bg-bad-train"]
 
 
 def test_calls_that_train_refuse_while_a_background_run_goes(tmp_path: Path) -> None:
     with rlnb.Session(CONFIG, name="bg-busy") as sess:
-        sess.start()
+        sess.training.start()
         for call in (sess.step, lambda: sess.train(1), sess.warmup, sess.evaluate, lambda: sess.save(tmp_path)):
             with pytest.raises(RuntimeError, match=r"call stop\(\) first"):
                 call()
         with pytest.raises(RuntimeError, match=r"stop\(\) first"):
-            sess.start()
-        sess.stop()
+            sess.training.start()
+        sess.training.stop()
 
 
 def test_a_background_failure_is_raised_chained_at_the_next_call() -> None:
@@ -139,8 +139,8 @@ def test_a_background_failure_is_raised_chained_at_the_next_call() -> None:
                 raise original
 
     with rlnb.Session(CONFIG, name="bg-fail", callbacks=[Broken()]) as sess:
-        sess.start()
-        wait_until(lambda: not sess.training, "the run to end")
+        sess.training.start()
+        wait_until(lambda: not sess.training.running, "the run to end")
         with pytest.raises(rlnb.TrainingError, match="after 1 step") as info:
             sess.statistics()
         assert info.value.__cause__ is original
@@ -151,23 +151,23 @@ def test_a_background_failure_is_raised_chained_at_the_next_call() -> None:
 def test_ctrl_c_in_another_cell_leaves_the_background_run_going() -> None:
     events = StepEvents()
     with rlnb.Session(CONFIG, name="bg-ctrl-c", callbacks=[events]) as sess:
-        sess.start()
+        sess.training.start()
         events.wait_steps(sess, 1)
         presser = threading.Timer(0.2, press_ctrl_c)
         presser.start()
         with pytest.raises(KeyboardInterrupt):
-            sess.wait()  # the cell waiting for the run is interrupted, not the run
+            sess.training.wait()  # the cell waiting for the run is interrupted, not the run
         presser.join()
-        assert sess.training
+        assert sess.training.running
         events.wait_steps(sess, sess.version + 2)
-        sess.stop()
+        sess.training.stop()
 
 
 def test_close_stops_the_run_and_the_tracker_records_an_interrupt(tmp_path: Path) -> None:
     events = StepEvents()
     track = rlnb.TrackConfig(backends=("jsonl",), run_dir=str(tmp_path))
     sess = rlnb.Session(CONFIG.replace(track=track), name="bg-close", callbacks=[events])
-    sess.start()
+    sess.training.start()
     events.wait_steps(sess, 2)
     started = time.monotonic()
     sess.close()
@@ -201,6 +201,6 @@ def test_ctrl_c_in_train_says_in_one_line_what_was_kept_and_history_keeps_the_st
 def test_signal_handlers_are_untouched_by_background_training() -> None:
     before = signal.getsignal(signal.SIGINT)
     with rlnb.Session(CONFIG, name="bg-signals") as sess:
-        sess.start()
+        sess.training.start()
         assert signal.getsignal(signal.SIGINT) is before
-        sess.stop()
+        sess.training.stop()

@@ -74,11 +74,11 @@ def test_pause_and_resume_return_while_a_reward_is_running_and_its_groups_finish
     gate = Gate()
     callers: list[InThread] = []
     with rlnb.Session(CONFIG, name="slow-reward") as sess:
-        sess.set_reward(gate)
+        sess.rollouts.set_reward(gate)
         try:
-            sess.start_rollouts()
+            sess.rollouts.start()
             assert gate.started.wait(20), "no reward was called"
-            callers.append(pause := InThread(sess.pause))
+            callers.append(pause := InThread(sess.rollouts.pause))
             wait_until(pause.done.is_set, "pause() to return while a reward is running")
             assert pause.error is None
             stats = sess.statistics()
@@ -87,7 +87,7 @@ def test_pause_and_resume_return_while_a_reward_is_running_and_its_groups_finish
             assert stats.buffer.put == 0
             assert_counts_add_up(stats.rollout)
 
-            callers.append(resume := InThread(sess.resume))
+            callers.append(resume := InThread(sess.rollouts.resume))
             wait_until(resume.done.is_set, "resume() to return while a reward is running")
             assert resume.error is None and sess.statistics().buffer.put == 0
         finally:
@@ -102,18 +102,18 @@ def test_a_wait_pause_lets_running_rewards_finish_before_it_is_paused() -> None:
     gate = Gate()
     callers: list[InThread] = []
     with rlnb.Session(CONFIG, name="wait-reward") as sess:
-        sess.set_reward(gate)
+        sess.rollouts.set_reward(gate)
         try:
-            sess.start_rollouts()
+            sess.rollouts.start()
             assert gate.started.wait(20), "no reward was called"
-            callers.append(pause := InThread(lambda: sess.pause("wait")))
+            callers.append(pause := InThread(lambda: sess.rollouts.pause("wait")))
             wait_until(pause.done.is_set, "pause('wait') to return at once")
             assert sess.statistics().rollout.state == "pausing"  # a sample is still being rewarded
         finally:
             gate.open.set()
             for caller in callers:
                 caller.join()
-        sess.wait_paused(timeout=20)
+        sess.rollouts.wait_paused(timeout=20)
         stats = sess.statistics()
         # What save() relies on: every dispatched sample finished, none left mid-reward.
         assert stats.rollout.state == "paused"
@@ -135,7 +135,7 @@ def test_a_hung_reward_fails_its_sample_naming_the_prompt_and_later_rewards_stil
 
     try:
         with rlnb.Session(config, name="hung-reward") as sess:
-            sess.set_reward(hang)
+            sess.rollouts.set_reward(hang)
             with pytest.raises(rlnb.RolloutError) as info:
                 sess.rollout(1, timeout=30)
             message = str(info.value)
@@ -153,7 +153,7 @@ def test_a_hung_reward_fails_its_sample_naming_the_prompt_and_later_rewards_stil
             # The hung call still runs on its thread (nothing can stop a thread), but
             # it holds up no later reward.
             assert len(reward_threads()) >= 1
-            sess.set_reward(lambda completion, answer: 0.5)
+            sess.rollouts.set_reward(lambda completion, answer: 0.5)
             [group] = sess.rollout(1, timeout=30)
             assert [s.reward for s in group.samples] == [0.5, 0.5]
             # Closing does not wait for them either; they end when their calls return.
@@ -169,8 +169,8 @@ def test_close_returns_at_once_while_a_reward_hangs() -> None:
     callers: list[InThread] = []
     sess = rlnb.Session(config, name="close-hung")
     try:
-        sess.set_reward(gate)
-        sess.start_rollouts()
+        sess.rollouts.set_reward(gate)
+        sess.rollouts.start()
         assert gate.started.wait(20), "no reward was called"
         callers.append(close := InThread(sess.close))
         wait_until(close.done.is_set, "close() to return while a reward hangs (long before its timeout)")
@@ -201,7 +201,7 @@ def test_a_reward_that_is_not_a_finite_number_fails_its_sample_naming_the_value_
                 calls.append(value)
                 return value
 
-            sess.set_reward(bad)
+            sess.rollouts.set_reward(bad)
             before = sess.statistics().rollout
             with pytest.raises(rlnb.RolloutError, match="a reward must be a finite number") as info:
                 sess.rollout(1, timeout=30)
@@ -222,7 +222,7 @@ def test_a_reward_that_raises_is_retried_and_then_named_with_its_error() -> None
         def broken(completion: str, answer: Any) -> float:
             raise KeyError("no such answer")
 
-        sess.set_reward(broken)
+        sess.rollouts.set_reward(broken)
         with pytest.raises(rlnb.RolloutError) as info:
             sess.rollout(1, timeout=30)
         assert f"raised KeyError('no such answer') 3 times for prompt {FIRST.prompt_id} ({FIRST.prompt!r})" in str(
@@ -242,7 +242,7 @@ def test_bools_ints_and_numpy_scalars_are_rewards() -> None:
             (lambda c, a: fractions.Fraction(1, 2), 0.5),
         ]
         for reward, expected in rewards:
-            sess.set_reward(reward)
+            sess.rollouts.set_reward(reward)
             [group] = sess.rollout(1, timeout=30)
             assert {s.reward for s in group.samples} == {expected}
             assert all(type(s.reward) is float for s in group.samples)
@@ -254,7 +254,7 @@ def test_evaluate_reports_a_bad_reward_naming_the_prompt() -> None:
         def no_reward(completion: str, answer: Any) -> Any:
             return None
 
-        sess.set_reward(no_reward)
+        sess.rollouts.set_reward(no_reward)
         with pytest.raises(rlnb.RolloutError, match=r"returned None for prompt \d+ \('\d+\+\d+='\)"):
             sess.evaluate(4)
 
@@ -382,7 +382,7 @@ def test_reward_workers_bounds_how_many_rewards_run_at_once(workers: int) -> Non
         return 0.0
 
     with rlnb.Session(config, name="reward-workers") as sess:
-        sess.set_reward(slow)
+        sess.rollouts.set_reward(slow)
         sess.rollout(2, timeout=60)
     assert most[0] == workers
 

@@ -75,8 +75,8 @@ def test_an_error_or_interrupt_inside_train_is_the_runs_exit_code(
 
 def test_close_after_a_background_failure_no_call_raised_reports_1_and_raises_it(tmp_path: Path) -> None:
     sess = rlnb.Session(tracked(tmp_path, ("jsonl",)), name="track")
-    sess.set_reward(lambda completion, answer: 1 / 0)
-    sess.start_rollouts()
+    sess.rollouts.set_reward(lambda completion, answer: 1 / 0)
+    sess.rollouts.start()
     wait_until(lambda: sess.statistics(raise_errors=False).rollout.groups_failed > 0, "a group to fail")
     with pytest.raises(rlnb.RolloutError, match="background rollout") as raised:
         sess.close()
@@ -89,8 +89,8 @@ def test_close_after_a_failed_background_run_reports_1_and_raises_it(tmp_path: P
     hooks = Hooks()
     sess = rlnb.Session(tracked(tmp_path, ("jsonl",)), name="track", callbacks=[hooks])
     hooks.batch = lambda groups: (_ for _ in ()).throw(RuntimeError("in the update"))
-    sess.start(2)
-    wait_until(lambda: not sess.training, "the background run to fail")
+    sess.training.start(2)
+    wait_until(lambda: not sess.training.running, "the background run to fail")
     with pytest.raises(rlnb.TrainingError) as raised:
         sess.close()
     assert any("in the update" in str(e) for e in cause_chain(raised.value))
