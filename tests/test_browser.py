@@ -17,6 +17,7 @@ import psutil
 import pytest
 from playwright.sync_api import Locator, Page
 
+from tests.helpers import wait_until
 from tests.helpers.browser import (
     cell_outputs,
     error_outputs,
@@ -248,10 +249,9 @@ def test_the_dashboard_pauses_resumes_and_stops_background_training_in_jupyterla
         # dashboard's last frame, not "model not found".
         saved = notebooks / PAUSE_RESUME.name
         menu(page, "File", "Save Notebook")
-        deadline = time.monotonic() + 30
-        while not (state := saved_widget_state(saved)):  # the server may be mid-write
-            assert time.monotonic() < deadline, "the notebook was not saved with its widget state"
-            time.sleep(0.05)
+        # the server may be mid-write: a notebook that does not parse has no state yet
+        wait_until(lambda: bool(saved_widget_state(saved)), "the notebook saved with its widget state", 30)
+        state = saved_widget_state(saved)
         values = [m["state"].get("value", "") for m in state["state"].values()]
         assert any("rlnb-state-word" in str(v) for v in values), "no dashboard state saved"
 

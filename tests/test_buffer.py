@@ -12,6 +12,7 @@ import pytest
 
 import rlnb
 from rlnb import BufferConfig, ReplayBuffer
+from tests.helpers import wait_until
 
 # Generous bounds for waits that should end within milliseconds; they only stop a
 # broken buffer from hanging the suite.
@@ -26,14 +27,6 @@ def make_group(i: int, version: int | None = 0, n_samples: int = 1) -> rlnb.Grou
 
 def ids(groups: Iterable[rlnb.Group]) -> list[int]:
     return [g.prompt_id for g in groups]
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        time.sleep(0.001)
 
 
 def getter_waiting(buf: ReplayBuffer, n: int = 1) -> Callable[[], bool]:
@@ -181,7 +174,7 @@ def test_get_blocks_until_a_producer_thread_puts_enough_groups(spawn: Callable[[
     with ReplayBuffer(BufferConfig(capacity=8)) as buf:
 
         def produce() -> None:
-            wait_until(getter_waiting(buf), "the getter is blocked")
+            wait_until(getter_waiting(buf), "the getter to block")
             for i in range(3):
                 time.sleep(0.01)  # the getter must keep waiting through partial arrivals
                 buf.put(make_group(i))
@@ -424,7 +417,7 @@ def test_close_stops_a_feeder_waiting_out_a_long_poll_interval() -> None:
 
     with ReplayBuffer(BufferConfig(capacity=4), feeder=feeder, poll_interval=5.0, name="slow") as buf:
         assert polled.wait(WAIT)
-        wait_until(lambda: buf.statistics().feeder_polls == 1, "the first poll is counted")
+        wait_until(lambda: buf.statistics().feeder_polls == 1, "the first poll to be counted")
         (thread,) = threads
         assert thread.name == "rlnb-slow-feeder"
 
@@ -449,7 +442,7 @@ def test_close_stops_a_feeder_blocked_on_a_full_buffer() -> None:
 
     with ReplayBuffer(BufferConfig(capacity=2), feeder=feeder, poll_interval=5.0) as buf:
         assert fed.wait(WAIT)
-        wait_until(lambda: buf.statistics().sizes["train"] == 2, "the buffer is full")
+        wait_until(lambda: buf.statistics().sizes["train"] == 2, "the buffer to fill")
         buf.close()
         assert not threads[0].is_alive()
         assert buf.statistics().feeder_error is None  # being closed is not a failure
@@ -483,7 +476,7 @@ def test_feeder_failure_wakes_a_getter_blocked_without_timeout(spawn: Callable[[
 
     with ReplayBuffer(BufferConfig(capacity=4), feeder=feeder, poll_interval=0.001) as buf:
         getter = spawn(lambda: buf.get(2))
-        wait_until(getter_waiting(buf), "the getter is blocked")
+        wait_until(getter_waiting(buf), "the getter to block")
         fail.set()
         with pytest.raises(rlnb.FeederError) as exc_info:
             getter.outcome()
@@ -532,7 +525,7 @@ def test_close_wakes_a_blocked_getter_with_closed_error(spawn: Callable[[Callabl
     with ReplayBuffer(BufferConfig(capacity=4)) as buf:
         buf.put(make_group(0))
         getter = spawn(lambda: buf.get(2))
-        wait_until(getter_waiting(buf), "the getter is blocked")
+        wait_until(getter_waiting(buf), "the getter to block")
         buf.close()
         with pytest.raises(rlnb.ClosedError):
             getter.outcome()

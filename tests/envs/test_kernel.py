@@ -3,11 +3,11 @@ environments' threads do not hold the kernel up, and nothing is left behind."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_until
 from tests.helpers.kernel import TIMEOUT, OpenKernel, ok, stop_gracefully
 
 pytestmark = [pytest.mark.slow]
@@ -52,10 +52,7 @@ def test_a_kernel_restart_during_a_tool_call_closes_everything(tmp_path: Path, o
     log_file, marker = tmp_path / "rlnb.log", tmp_path / "tool-called"
     with open_kernel() as (km, kc):
         ok(kc, SETUP.format(log=str(log_file), marker=str(marker)))
-        deadline = time.monotonic() + TIMEOUT
-        while not marker.exists():  # a tool call is under way
-            assert time.monotonic() < deadline, "no tool call started"
-            time.sleep(0.05)
+        wait_until(marker.exists, "a tool call to start", TIMEOUT)
         stop_gracefully(km, log_file, restart=True)  # exits by itself, after closing 'k'; no child left
         msg_id = kc.execute("import rlnb", user_expressions={"live": "rlnb.sessions()"})
         while (reply := kc.get_shell_msg(timeout=TIMEOUT))["parent_header"].get("msg_id") != msg_id:

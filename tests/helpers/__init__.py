@@ -107,14 +107,18 @@ def assert_same_metrics(got: list[dict[str, float]], expected: list[dict[str, fl
         assert a == pytest.approx(b, rel=1e-4, abs=1e-6), f"step {step} differs"
 
 
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    """Wait for ``predicate`` on an Event with a timeout: the deadline only turns a hang into a failure."""
+def wait_until(
+    predicate: Callable[[], bool], what: str | Callable[[], str], timeout: float = 20.0, *, every: float = 0.005
+) -> None:
+    """Wait for ``predicate``, asked every ``every`` seconds on an Event; the deadline
+    only turns a hang into a failure, which says ``what`` was waited for (a callable
+    is asked then, so that it can say what was seen instead)."""
     deadline = time.monotonic() + timeout
     tick = threading.Event()
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        tick.wait(0.005)
+            raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
+        tick.wait(every)
 
 
 async def wait_until_async(

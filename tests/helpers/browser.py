@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
+
+from tests.helpers import wait_until
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -133,18 +134,21 @@ def _write_settings(user_settings: Path, settings: Mapping[str, Mapping[str, Any
 
 
 def _wait_until_serving(proc: subprocess.Popen[bytes], runtime: Path, log: Path, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
     info = runtime / f"jpserver-{proc.pid}.json"
-    while time.monotonic() < deadline:
+    url = ""
+
+    def serving() -> bool:
+        nonlocal url
         if proc.poll() is not None:
             raise RuntimeError(f"JupyterLab exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
         if info.is_file():
             with contextlib.suppress(ValueError):  # written but not complete yet
                 url = str(json.loads(info.read_text())["url"])
-                if _answers(url):
-                    return url if url.endswith("/") else url + "/"
-        time.sleep(0.1)
-    raise RuntimeError(f"JupyterLab did not answer within {timeout} s:\n{log.read_text(errors='replace')}")
+                return _answers(url)
+        return False
+
+    wait_until(serving, lambda: f"JupyterLab to answer:\n{log.read_text(errors='replace')}", timeout, every=0.1)
+    return url if url.endswith("/") else url + "/"
 
 
 def _answers(url: str) -> bool:

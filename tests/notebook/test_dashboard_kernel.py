@@ -4,6 +4,7 @@ close every widget closed and the display swapped for the static copy."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import re
 import time
@@ -40,15 +41,19 @@ def execute(kc: BlockingKernelClient, code: str) -> list[dict[str, Any]]:
 def read_until(kc: BlockingKernelClient, done: Any, what: str) -> list[dict[str, Any]]:
     """IOPub messages from outside any cell (a click's), until ``done(msgs)``."""
     msgs: list[dict[str, Any]] = []
-    deadline = time.monotonic() + TIMEOUT
-    while not done(msgs):
-        if time.monotonic() > deadline:
-            said = [v for m in msgs if m["msg_type"] == "comm_msg" for v in _texts(m)]
-            raise AssertionError(f"no {what} within {TIMEOUT} s; the widgets said {said[-8:]}")
-        try:
+
+    def arrived() -> bool:
+        if done(msgs):
+            return True
+        with contextlib.suppress(queue.Empty):
             msgs.append(kc.get_iopub_msg(timeout=0.1))
-        except queue.Empty:
-            continue
+        return done(msgs)
+
+    def instead() -> str:
+        said = [v for m in msgs if m["msg_type"] == "comm_msg" for v in _texts(m)]
+        return f"{what}; the widgets said {said[-8:]}"
+
+    wait_until(arrived, instead, TIMEOUT)
     return msgs
 
 

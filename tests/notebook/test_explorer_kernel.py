@@ -4,13 +4,14 @@ changed over its comm, and on close the display swapped for that copy."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
-import time
 from typing import Any
 
 import pytest
 from jupyter_client import BlockingKernelClient
 
+from tests.helpers import wait_until
 from tests.helpers.kernel import TIMEOUT, OpenKernel, ok
 
 pytestmark = [pytest.mark.slow]
@@ -62,15 +63,16 @@ def test_explore_in_a_real_kernel_is_a_widget_with_html_beside_it(open_kernel: O
         index = opened[colour]["_options_labels"].index("policy version")
         update = {"method": "update", "state": {"index": index}, "buffer_paths": []}
         kc.shell_channel.send(kc.session.msg("comm_msg", {"comm_id": colour, "data": update}))
-        deadline, values = time.monotonic() + TIMEOUT, []
-        while not any("colour: policy version" in v for v in values):
-            assert time.monotonic() < deadline, "the body was not rendered again"
-            try:
+        values: list[str] = []
+
+        def rendered() -> bool:
+            with contextlib.suppress(queue.Empty):
                 msg = kc.get_iopub_msg(timeout=0.1)
-            except queue.Empty:
-                continue
-            if msg["msg_type"] == "comm_msg" and msg["content"]["comm_id"] == body:
-                values.append(msg["content"]["data"].get("state", {}).get("value", ""))
+                if msg["msg_type"] == "comm_msg" and msg["content"]["comm_id"] == body:
+                    values.append(msg["content"]["data"].get("state", {}).get("value", ""))
+            return any("colour: policy version" in v for v in values)
+
+        wait_until(rendered, "the body rendered again", TIMEOUT)
         assert ok(kc, "print(ex.state['color'])").strip() == "version"
 
         # shown with a display id: close swaps it for the static copy of what it showed last

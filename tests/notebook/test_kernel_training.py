@@ -15,6 +15,7 @@ import pytest
 from jupyter_client import BlockingKernelClient, KernelManager
 
 from rlnb.track import EXIT_SIGINT, read_run
+from tests.helpers import wait_until
 from tests.helpers.kernel import TIMEOUT, OpenKernel, ok, run_cell
 
 pytestmark = [pytest.mark.slow]
@@ -45,10 +46,8 @@ def interrupt_when(km: KernelManager, kc: BlockingKernelClient, code: str, ready
     # stop_on_error=False: after an error reply ipykernel aborts requests that reach it
     # before its own "stop aborting" message, and the next cell here can (a race).
     msg_id = kc.execute(code, stop_on_error=False)
-    deadline = time.monotonic() + TIMEOUT
-    while not Path(ready).exists():  # the shell is busy with ``code``: the file says it has started
-        assert time.monotonic() < deadline, f"{ready} never appeared"
-        time.sleep(0.02)
+    # the shell is busy with ``code``: the file says it has started
+    wait_until(Path(ready).exists, f"{ready} to appear", TIMEOUT)
     km.interrupt_kernel()
     while True:
         reply = kc.get_shell_msg(timeout=TIMEOUT)
@@ -74,10 +73,12 @@ def test_background_training_leaves_the_kernel_free_and_ctrl_c_is_one_line(
         assert reply["status"] == "error" and reply["ename"] == "Interrupted", reply
         assert len(reply["traceback"]) == 1 and "the background run goes on" in reply["traceback"][0]
         assert value(kc, "sess.training.running") == "True"
-        deadline = time.monotonic() + TIMEOUT
-        while int(value(kc, "sess.version")) <= first + 2:
-            if time.monotonic() > deadline:  # say why: the statistics name what a step waits for
-                pytest.fail(f"background training stopped after the interrupt:\n{value(kc, 'sess.statistics()')}")
+        wait_until(
+            lambda: int(value(kc, "sess.version")) > first + 2,
+            # say why: the statistics name what a step waits for
+            lambda: f"background training to go on after the interrupt:\n{value(kc, 'sess.statistics()')}",
+            TIMEOUT,
+        )
         ok(kc, "sess.training.stop()")
         assert value(kc, "sess.training.running") == "False"
 
@@ -124,9 +125,7 @@ def test_a_restart_while_training_with_the_dashboard_and_wandb_is_graceful(
     with open_kernel() as (km, kc):
         ok(kc, SETUP.format(run_dir=str(run_dir)))
         ok(kc, "board = sess.dashboard(); sess.training.start()")
-        deadline = time.monotonic() + TIMEOUT
-        while int(value(kc, "sess.version")) < 2:
-            assert time.monotonic() < deadline, "background training made no step"
+        wait_until(lambda: int(value(kc, "sess.version")) >= 2, "two steps of background training", TIMEOUT)
         assert km.provisioner is not None
         old = psutil.Process(km.provisioner.process.pid)
         family = [old, *old.children(recursive=True)]

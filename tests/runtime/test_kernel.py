@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from jupyter_client import BlockingKernelClient
 
 import rlnb
+from tests.helpers import wait_until
 from tests.helpers.kernel import TIMEOUT, OpenKernel, ok, stop_gracefully
 
 pytestmark = [pytest.mark.slow]
@@ -82,10 +82,7 @@ def test_interrupt_cancels_the_bridge_call_and_keeps_the_session(tmp_path: Path,
         # before its own "stop aborting" message, and the next cell here can (a race).
         msg_id = kc.execute(INTERRUPTIBLE.format(marker=str(marker)), stop_on_error=False)
         # Interrupt only once the coroutine runs: before that, run() would cancel it unstarted.
-        deadline = time.monotonic() + TIMEOUT
-        while not marker.exists():
-            assert time.monotonic() < deadline, "the coroutine never started"
-            time.sleep(0.01)
+        wait_until(marker.exists, "the coroutine to start", TIMEOUT)
         km.interrupt_kernel()
         while True:
             reply = kc.get_shell_msg(timeout=TIMEOUT)

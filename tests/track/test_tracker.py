@@ -254,11 +254,12 @@ def test_sigterm_to_rlnb_train_finishes_the_run_with_143(tmp_path: Path, start_p
         "--eval-every", "1000", "--tracker", "jsonl,wandb", "--no-progress", "--num-workers", "1",
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not any("reward_mean" in line for line in _lines(run_dir / "metrics.jsonl")):
+
+    def logged_a_step() -> bool:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        assert time.monotonic() < deadline, "training never logged a step"
-        time.sleep(0.1)
+        return any("reward_mean" in line for line in _lines(run_dir / "metrics.jsonl"))
+
+    wait_until(logged_a_step, "training to log a step", 120, every=0.1)
     children = psutil.Process(proc.pid).children(recursive=True)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == -signal.SIGTERM  # it still dies by SIGTERM, after closing
