@@ -250,19 +250,33 @@ def test_a_callback_that_is_not_a_callback_is_refused_when_the_session_is_made()
 # -- the session's methods ----------------------------------------------------------------
 
 METHODS = [
-    pytest.param(lambda s: s.train(-1, progress=False), ValueError, "train(n_steps=-1)", "positive int", id="train"),
-    pytest.param(lambda s: s.train(until=-1), ValueError, "train(until=-1)", "an int >= 0", id="train-until"),
-    pytest.param(lambda s: s.warmup(-1, progress=False), ValueError, "warmup(n_steps=-1)", ">= 0", id="warmup"),
-    pytest.param(lambda s: s.rollout(0), ValueError, "rollout(n_groups=0)", "positive int", id="rollout"),
     pytest.param(
-        lambda s: s.rollouts.pause("bogus"), ValueError, "pause(mode='bogus')", "'abort', 'keep', 'wait'", id="pause"
+        lambda s: s.train(-1, progress=False), rlnb.InvalidValueError, "train(n_steps=-1)", "positive int", id="train"
     ),
     pytest.param(
-        lambda s: s.training.start(-1), ValueError, "start(steps=-1)", "None to train until stop()", id="start"
+        lambda s: s.train(until=-1), rlnb.InvalidValueError, "train(until=-1)", "an int >= 0", id="train-until"
+    ),
+    pytest.param(
+        lambda s: s.warmup(-1, progress=False), rlnb.InvalidValueError, "warmup(n_steps=-1)", ">= 0", id="warmup"
+    ),
+    pytest.param(lambda s: s.rollout(0), rlnb.InvalidValueError, "rollout(n_groups=0)", "positive int", id="rollout"),
+    pytest.param(
+        lambda s: s.rollouts.pause("bogus"),
+        rlnb.InvalidValueError,
+        "pause(mode='bogus')",
+        "'abort', 'keep', 'wait'",
+        id="pause",
+    ),
+    pytest.param(
+        lambda s: s.training.start(-1),
+        rlnb.InvalidValueError,
+        "start(steps=-1)",
+        "None to train until stop()",
+        id="start",
     ),
     pytest.param(
         lambda s: s.rollouts.set_reward("x"),
-        TypeError,
+        rlnb.InvalidTypeError,
         "set_reward() takes a callable",
         "(completion, answer)",
         id="set-reward",
@@ -270,14 +284,14 @@ METHODS = [
     pytest.param(lambda s: s.save(3), rlnb.CheckpointError, "Session.save(path=3)", "directory path", id="save"),
     pytest.param(
         lambda s: s.evaluate(0),
-        ValueError,
+        rlnb.InvalidValueError,
         "evaluate(n_prompts=0)",
         "int >= 1",
         id="evaluate",
     ),
     pytest.param(
         lambda s: s.rollouts.set_reward(lambda completion: 1.0),
-        TypeError,
+        rlnb.InvalidTypeError,
         "set_reward(",
         "(completion, answer)",
         id="set-reward-arity",
