@@ -133,7 +133,7 @@ class CheckpointError(RlnbError):
 
 
 class TrainingError(RlnbError, RuntimeError):
-    """Training failed: background training (``Session.start()``), the cause chained; or
+    """Training failed: background training (``sess.training.start()``), the cause chained; or
     a step whose advantages, loss or gradient were not finite, which changed nothing."""
 
 

@@ -44,7 +44,7 @@ import json, statistics, threading, time
 import rlnb
 sess = rlnb.Session(rlnb.Config(seed=0), name="bench-notebook")
 sess.step()  # warm: the first step pays for lazy imports
-sess.start()
+sess.training.start()
 """
 
 # The explorer of the last 16 x 8 batch: made, then each colour shown once (sorted
@@ -76,7 +76,7 @@ dash = sess.dashboard()
 dash.pause_mode.value = "abort"
 tick, times = threading.Event(), []
 for _ in range({n}):
-    sess.resume()
+    sess.rollouts.resume()
     deadline = time.monotonic() + 5
     while sess.statistics().engine.running == 0 and time.monotonic() < deadline:
         tick.wait(0.001)
@@ -85,7 +85,7 @@ for _ in range({n}):
     while (e := sess.statistics().engine).running or e.waiting:
         tick.wait(0.0002)
     times.append((time.perf_counter() - start) * 1e3)
-sess.resume()
+sess.rollouts.resume()
 print(json.dumps(times))
 """
 
@@ -128,7 +128,7 @@ print(json.dumps({{"applied": applied, "steps": gaps, "handler": handler, "same"
 
 # Steps/s of background runs with and without a live dashboard, interleaved.
 OVERHEAD = """
-sess.stop()
+sess.training.stop()
 dash.close()
 rates = {{"plain": [], "dashboard": []}}
 for _ in range({rounds}):
@@ -137,8 +137,8 @@ for _ in range({rounds}):
         while board is not None and board.ticks < 2:  # built, and drawn once
             tick.wait(0.01)
         start = time.perf_counter()
-        sess.start(steps={steps})
-        sess.wait()
+        sess.training.start(steps={steps})
+        sess.training.wait()
         rates[kind].append({steps} / (time.perf_counter() - start))
         if board is not None:
             board.close()

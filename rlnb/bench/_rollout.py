@@ -128,7 +128,7 @@ def _pause_abort_latency(trials: int) -> dict[str, float]:
                 collections.append((time.perf_counter() - began[0]) * 1e3)
 
     with Session(config, name="bench-rollout-pause") as sess:
-        sess.start_rollouts()
+        sess.rollouts.start()
         # A session's construction leaves enough new objects for one full collection
         # (150-185 ms of a ~300k-object heap here) soon after: run it now, as timing
         # tools do before they measure, rather than inside one pause; any full
@@ -144,12 +144,12 @@ def _pause_abort_latency(trials: int) -> dict[str, float]:
                 if ready := sess.buffer.size():
                     sess.buffer.get_nowait(ready)
                 busy.append(sess.statistics().engine.running)
-                latencies.append(time_ms(lambda: sess.pause("abort")))
+                latencies.append(time_ms(lambda: sess.rollouts.pause("abort")))
                 assert sess.statistics().engine.running == 0, "pause('abort') returned before the engine was quiescent"
-                sess.resume()
+                sess.rollouts.resume()
         finally:
             gc.callbacks.remove(timed)
-        sess.stop_rollouts()
+        sess.rollouts.stop()
         stats = sess.statistics().rollout
     return {
         "pause_abort_median_ms": median(latencies),

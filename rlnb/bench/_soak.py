@@ -1,7 +1,7 @@
 """``rlnb bench soak``: a session made and closed over and over leaves nothing behind.
 
 One cycle is what a person does when they re-run a notebook from the top:
-``Session(config, name="soak")`` → ``rollout(1)`` → ``pause()`` → ``resume()`` →
+``Session(config, name="soak")`` → ``rollout(1)`` → ``rollouts.pause()`` → ``rollouts.resume()`` →
 ``step()`` → ``close()``. Four variants, each in its own series in this process:
 sync and async mode, each with the prompts made in this process (``num_workers=0``)
 and by one torchdata worker process (``num_workers=1``, forked and shut down every
@@ -210,8 +210,8 @@ def cycle(config: Config, *, name: str = "soak", before_close: Callable[[Session
     sess = Session(config, name=name)
     try:
         sess.rollout(1)
-        sess.pause()
-        sess.resume()
+        sess.rollouts.pause()
+        sess.rollouts.resume()
         sess.step()
         if before_close is not None:
             before_close(sess)

@@ -330,7 +330,7 @@ def test_a_call_queued_behind_a_blocked_loop_fails_on_close_and_never_starts_lat
     bridge: AsyncBridge, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A reward function that blocks stops the whole loop; a call made meanwhile
-    # (sess.pause()) queues behind it, and then the session is closed.
+    # (sess.rollouts.pause()) queues behind it, and then the session is closed.
     outcome: list[object] = []
 
     async def pause() -> str:
