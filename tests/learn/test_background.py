@@ -169,9 +169,7 @@ def test_close_stops_the_run_and_the_tracker_records_an_interrupt(tmp_path: Path
     sess = rlnb.Session(CONFIG.replace(track=track), name="bg-close", callbacks=[events])
     sess.training.start()
     events.wait_steps(sess, 2)
-    started = time.monotonic()
-    sess.close()
-    assert time.monotonic() - started < CONFIG.close_timeout
+    sess.close()  # within close_timeout: a part abandoned past it warns, and warnings fail tests
     assert not [t for t in threading.enumerate() if t.name == "rlnb-bg-close-train"]
     last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["event"] == "finish" and last["exit_code"] == 130

@@ -347,11 +347,9 @@ def test_dashboard_close_is_idempotent_and_a_new_one_can_follow() -> None:
         dash = sess.dashboard()
         assert len(sess.callbacks) == callbacks + 1
         ticker = tickers("dash-twice")[0]
-        started = time.monotonic()
         dash.close()
-        took = time.monotonic() - started
         dash.close()
-        assert not ticker.is_alive() and took < 1.0
+        assert not ticker.is_alive()  # joined by the first close()
         assert len(sess.callbacks) == callbacks
         assert "open; this is a copy" in dash.static_html()
         dash.buttons["step"].click()  # a closed dashboard's buttons do nothing
