@@ -10,6 +10,7 @@ import contextlib
 import functools
 import os
 import sys
+import sysconfig
 import threading
 import traceback
 import types
@@ -179,10 +180,11 @@ def full_tracebacks() -> bool:
 
 def public_call(after_interrupt: str, *, waits_for_rollouts: bool = False) -> Callable[[_F], _F]:
     """Make a method a call users make from a cell: an :class:`RlnbError` (an error
-    rlnb gives on purpose) shows as the user's own lines and the message, without the
-    frames of rlnb, the bridge and futures under them (in IPython none at all; causes
-    keep theirs: a failing reward function's traceback still shows). Any other error
-    is a bug and keeps every frame; so does everything under ``RLNB_FULL_TRACEBACKS=1``.
+    rlnb gives on purpose) shows as the user's own lines (a callback of theirs under the
+    call's included) and the message, without the frames of rlnb, the bridge and
+    futures under them (in IPython no rlnb frame at all; causes keep theirs: a failing
+    reward function's traceback still shows). Any other error is a bug and keeps every
+    frame; so does everything under ``RLNB_FULL_TRACEBACKS=1``.
     Ctrl-C becomes one line, :class:`Interrupted`, ending with ``after_interrupt``
     (what was kept, how to go on). ``waits_for_rollouts``: the call is refused at once
     (:class:`StateError`) from inside a reward function, where it would wait for that
@@ -209,28 +211,56 @@ def public_call(after_interrupt: str, *, waits_for_rollouts: bool = False) -> Ca
                 # IPython shows a traceback's last frame whatever hides it, and this
                 # wrapper's would be it: the error renders itself without rlnb's frames.
                 exc._render_traceback_ = functools.partial(_render_short, exc)  # type: ignore[attr-defined]
-                raise exc.with_traceback(None)  # noqa: B904 (the same error, its traceback from here on)
+                below = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+                raise exc.with_traceback(_down_to_user_code(below))  # noqa: B904 (the same error, shortened)
 
         return cast(_F, call)
 
     return decorate
 
 
-def _render_short(exc: BaseException) -> list[str]:
-    """What IPython shows for an error ``public_call`` shortened: its traceback (the
-    user's lines) less rlnb's frames at its end (the wrapper's, and any rlnb code the
-    user's code called it through); causes keep all of theirs."""
-    frames: list[types.TracebackType] = []
-    tb = exc.__traceback__
+def _entries(tb: types.TracebackType | None) -> list[types.TracebackType]:
+    entries = []
     while tb is not None:
-        frames.append(tb)
+        entries.append(tb)
         tb = tb.tb_next
-    while frames and frames[-1].tb_frame.f_code.co_filename.startswith(_PACKAGE):
-        frames.pop()
-    short: types.TracebackType | None = None
-    for entry in reversed(frames):
-        short = types.TracebackType(short, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
-    return _render(exc, short)
+    return entries
+
+
+def _chain(entries: list[types.TracebackType]) -> types.TracebackType | None:
+    """A new traceback of ``entries``' frames, in order (the old one is left as it was)."""
+    chain: types.TracebackType | None = None
+    for entry in reversed(entries):
+        chain = types.TracebackType(chain, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return chain
+
+
+def _users(entry: types.TracebackType) -> bool:
+    """The frame runs the user's code: neither rlnb's, nor Python's, nor a library's."""
+    filename = entry.tb_frame.f_code.co_filename
+    return not filename.startswith((_PACKAGE, *_LIBRARIES)) and not filename.startswith("<frozen ")
+
+
+_LIBRARIES = tuple(
+    {os.path.join(sysconfig.get_paths()[key], "") for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
+
+
+def _down_to_user_code(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The part of ``tb`` (the frames under a public call) down to the last frame of the
+    user's code in it (a callback of theirs that called rlnb), or nothing: the frames
+    under the user's last line are rlnb's own, which a deliberate error does not show."""
+    entries = _entries(tb)
+    users = [i for i, entry in enumerate(entries) if _users(entry)]
+    return _chain(entries[: users[-1] + 1]) if users else None
+
+
+def _render_short(exc: BaseException) -> list[str]:
+    """What IPython shows for an error ``public_call`` shortened: its traceback less
+    every rlnb frame (the wrapper's, and rlnb code between the user's lines, such as the
+    trainer that ran their callback); causes keep all of theirs."""
+    entries = [e for e in _entries(exc.__traceback__) if not e.tb_frame.f_code.co_filename.startswith(_PACKAGE)]
+    return _render(exc, _chain(entries))
 
 
 def _render(exc: BaseException, tb: types.TracebackType | None) -> list[str]:

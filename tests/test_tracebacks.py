@@ -103,6 +103,30 @@ def test_full_tracebacks_keep_every_frame_of_a_deliberate_error(monkeypatch: pyt
         assert not hasattr(raised.value, "_render_traceback_")
 
 
+class PausesWrongly(rlnb.learn.Callback):
+    def __init__(self) -> None:
+        self.session: rlnb.Session | None = None
+
+    def on_step_end(self, metrics: Any) -> None:
+        assert self.session is not None
+        self.session.rollouts.pause("bogus")  # the user's own mistake, inside their callback
+
+
+def test_a_deliberate_error_keeps_the_users_frames_under_the_call() -> None:
+    callback = PausesWrongly()
+    with rlnb.Session(CONFIG, name="tb", callbacks=[callback]) as sess:
+        callback.session = sess
+        with pytest.raises(rlnb.InvalidValueError, match="pause") as raised:
+            sess.step()
+        shown = frames(raised.value)
+        # down to the callback's line, no further: what rlnb did under it is not shown
+        assert shown[-1] == "on_step_end (test_tracebacks.py)", shown
+        # a notebook shows none of rlnb's frames, the trainer's between the two lines included
+        rendered = "\n".join(raised.value._render_traceback_())  # type: ignore[attr-defined]
+        assert "sess.step()" in rendered and 'pause("bogus")' in rendered, rendered
+        assert "/rlnb/" not in rendered, rendered
+
+
 def test_a_converted_error_is_still_caught_as_the_builtin() -> None:
     with rlnb.Session(CONFIG, name="tb") as sess:
         try:
