@@ -134,9 +134,9 @@ class DataConfig:
 
     num_workers: worker processes making prompts (0: in this process). The prompt
         order is the same for any number. With 0, ``make_prompt`` runs on the
-        session's event loop, so a slow one (tens of ms) holds up ``pause()`` and
-        every other call meanwhile: keep workers for a slow ``make_prompt``, and
-        enough of them to keep ahead of the learner.
+        session's event loop, so a slow one (tens of ms) holds up
+        ``sess.rollouts.pause()`` and every other call meanwhile: keep workers for a
+        slow ``make_prompt``, and enough of them to keep ahead of the learner.
     prefetch_factor: prompts each worker keeps ready.
     multiprocessing_context: how workers start: "forkserver" (the default: a worker
         forked from a process with other threads, as a kernel always is, can hang in
@@ -710,7 +710,7 @@ class Config:
         staleness bound and each step takes its batch from the buffer).
     step_timeout: seconds an async ``step()`` waits for its batch, a call made in
         a cell (``step``, ``rollout``, ``evaluate``, ``complete``) waits out a pause
-        that lands while it runs, and ``save()``/``wait_paused()`` wait for a pause
+        that lands while it runs, and ``save()``/``rollouts.wait_paused()`` wait for a pause
         to settle, before a ``TimeoutError`` that says what it waited for.
     close_timeout: seconds ``Session.close()`` may spend in all before it gives up
         on a part that will not stop (it then warns and abandons it).

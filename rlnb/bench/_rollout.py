@@ -2,8 +2,8 @@
 
 - resume → next dispatch with at least 64 long-tail (lognormal) samples in flight,
   against the floor of a drain that waits for all of them;
-- ``pause("abort")`` → engine quiescent, on a real session generating in the background,
-  its buffer taken from between pauses as a learner would; the full garbage
+- ``sess.rollouts.pause("abort")`` → engine quiescent, on a real session generating
+  in the background, its buffer taken from between pauses as a learner would; the full garbage
   collections during the trials are counted and timed (one of 150 ms or more, due
   soon after a session is built and longer as the heap grows, was the tail);
 - TinyEngine tokens/s with continuous batching against static batching (each batch
