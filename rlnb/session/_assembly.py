@@ -133,17 +133,7 @@ def make_tracker(config: Config, *, name: str, run_id: str | None) -> Tracker:
     from rlnb import checkpoint
     from rlnb.track import Tracker
 
-    t = config.track
-    return Tracker(
-        t.backends,
-        run_dir=t.run_dir,
-        run_id=run_id,
-        name=name,
-        config=checkpoint.config_to_dict(config),
-        wandb_mode=t.wandb_mode,
-        wandb_project=t.wandb_project,
-        console_every=t.console_every,
-    )
+    return Tracker(config.track, run_id=run_id, name=name, run_config=checkpoint.config_to_dict(config))
 
 
 def make_buffer(config: Config) -> ReplayBuffer:

@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from rlnb._checks import check_tracking
 from rlnb._errors import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -27,6 +26,7 @@ from rlnb._errors import (
     UnknownNameError,
     exit_code_for,
 )
+from rlnb.config import TrackConfig
 from rlnb.runtime import register_run, unregister_run
 
 __all__ = [
@@ -39,6 +39,9 @@ __all__ = [
     "TrackerError",
     "exit_code_for",
 ]
+
+
+_DEFAULT = TrackConfig()
 
 
 class TrackerError(RlnbError):
@@ -57,68 +60,64 @@ class Backend(Protocol):
 
 
 class Tracker:
-    """Logs metrics to ``backends`` (names from ``"console"``, ``"jsonl"``,
-    ``"wandb"``, ``"plot"``, or :class:`Backend` objects) for one run.
+    """Logs metrics for one run to the backends ``config`` (a :class:`~rlnb.TrackConfig`)
+    names, from ``"console"``, ``"jsonl"``, ``"wandb"``, ``"plot"``, then to any
+    :class:`Backend` objects in ``extra_backends``. The default config tracks nothing.
 
-    ``run_dir`` holds the jsonl file, the plot PNG and wandb's files; it is
-    needed by "jsonl", "plot" and "wandb". ``metrics.jsonl`` and ``curves.png``
-    are this run's: another run's already there are kept beside them, renamed
-    ``metrics-<its run id>.jsonl`` and ``curves-<its run id>.png``, never
-    appended to or replaced. ``run_id`` names the run (a new one by default);
-    pass a saved one to resume the same run (its jsonl is appended to, its wandb
-    run resumed). ``config`` is
-    recorded with the run. ``wandb_mode``: "offline" (default), "online" or
-    "disabled". Raises :class:`~rlnb.ConfigError` for bad input before any
-    backend starts; use as a context manager or call :meth:`finish`.
+    ``config.run_dir`` holds the jsonl file, the plot PNG and wandb's files.
+    ``metrics.jsonl`` and ``curves.png`` are this run's: another run's already there
+    are kept beside them, renamed ``metrics-<its run id>.jsonl`` and
+    ``curves-<its run id>.png``, never appended to or replaced. ``run_id`` names the
+    run (``config.run_id`` if not given; a new one if neither is); a saved one resumes
+    the same run (its jsonl is appended to, its wandb run resumed). ``name`` names the
+    wandb run and ``run_config`` is recorded with it. Raises :class:`~rlnb.ConfigError`
+    for a config that is not a ``TrackConfig`` or an extra backend without
+    ``log``/``finish``, before any backend starts; use as a context manager or call
+    :meth:`finish`.
     """
 
     def __init__(
         self,
-        backends: Sequence[str | Backend] = ("console",),
+        config: TrackConfig = _DEFAULT,
         *,
-        run_dir: str | Path | None = None,
         run_id: str | None = None,
         name: str | None = None,
-        config: Mapping[str, Any] | None = None,
-        wandb_mode: str = "offline",
-        wandb_project: str = "rlnb",
-        console_every: int = 10,
+        run_config: Mapping[str, Any] | None = None,
+        extra_backends: Sequence[Backend] = (),
     ) -> None:
-        names = [b for b in backends if isinstance(b, str)]
-        check_tracking("Tracker", tuple(names), run_dir, wandb_mode, wandb_project, console_every)
-        self.run_id = run_id or uuid.uuid4().hex[:8]
-        self.run_dir = None if run_dir is None else Path(run_dir)
+        if not isinstance(config, TrackConfig):
+            raise ConfigError(
+                f"Tracker(config={config!r}) takes a rlnb.TrackConfig, got {type(config).__name__}: "
+                "e.g. Tracker(TrackConfig(backends=('console', 'jsonl'), run_dir='runs/demo'))"
+            )
+        for backend in extra_backends:
+            if not isinstance(backend, Backend):
+                raise ConfigError(
+                    f"Tracker(extra_backends=[..., {backend!r}, ...]): it has no name, log() or finish(); "
+                    "pass objects that keep rlnb.track.Backend, or name a built-in one in TrackConfig.backends"
+                )
+        self.run_id = run_id or config.run_id or uuid.uuid4().hex[:8]
+        self.run_dir = None if config.run_dir is None else Path(config.run_dir)
         self._lock = threading.Lock()
         self._finished = False
         self._warned: set[str] = set()
         self._backends: list[Backend] = []
         try:
-            for backend in backends:
-                if isinstance(backend, str):
-                    backend = self._make(backend, name, config, wandb_mode, wandb_project, console_every)
-                elif not isinstance(backend, Backend):
-                    raise ConfigError(f"Tracker backend {backend!r} has no log()/finish(): pass a name or a Backend")
-                self._backends.append(backend)
+            for kind in config.backends:
+                self._backends.append(self._make(kind, config, name, run_config))
+            self._backends.extend(extra_backends)
         except BaseException:
             self.finish(EXIT_FAILURE, raise_errors=False)  # the ones already started
             raise
         if any(b.name != "console" for b in self._backends):  # a console line alone is no run to finish
             register_run(self, f"rlnb:{self.run_id}")
 
-    def _make(
-        self,
-        kind: str,
-        name: str | None,
-        config: Mapping[str, Any] | None,
-        wandb_mode: str,
-        wandb_project: str,
-        console_every: int,
-    ) -> Backend:
+    def _make(self, kind: str, config: TrackConfig, name: str | None, run_config: Mapping[str, Any] | None) -> Backend:
         from rlnb.track import _backends
 
         if kind == "console":
-            return _backends.ConsoleBackend(every=console_every)
-        assert self.run_dir is not None  # _validate checked
+            return _backends.ConsoleBackend(every=config.console_every)
+        assert self.run_dir is not None  # TrackConfig checked
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if kind == "jsonl":
             return _backends.JsonlBackend(self.run_dir / "metrics.jsonl", run_id=self.run_id)
@@ -127,7 +126,12 @@ class Tracker:
         from rlnb.track._wandb import WandbBackend
 
         return WandbBackend(
-            run_dir=self.run_dir, run_id=self.run_id, name=name, config=config, mode=wandb_mode, project=wandb_project
+            run_dir=self.run_dir,
+            run_id=self.run_id,
+            name=name,
+            config=run_config,
+            mode=config.wandb_mode,
+            project=config.wandb_project,
         )
 
     @property

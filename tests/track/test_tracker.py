@@ -130,7 +130,7 @@ class Failing:
 
 def test_a_failing_backend_never_stops_another_and_is_reported(tmp_path: Path) -> None:
     failing = Failing()
-    tracker = Tracker([failing, "jsonl"], run_dir=tmp_path)
+    tracker = Tracker(rlnb.TrackConfig(backends=("jsonl",), run_dir=str(tmp_path)), extra_backends=[failing])
     with pytest.warns(RuntimeWarning, match="'failing' failed to log"):
         tracker.log({"reward_mean": 0.5}, step=1)
     tracker.log({"reward_mean": 0.6}, step=2)  # warned once only (warnings are errors here)
@@ -146,10 +146,14 @@ def test_a_failing_backend_never_stops_another_and_is_reported(tmp_path: Path) -
 def test_bad_tracker_input_is_refused_before_any_backend_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(rlnb.ConfigError, match=r"Tracker.backends=.*unknown backend\(s\) \[.tensorboard.\]"):
-        Tracker(["jsonl", "tensorboard"], run_dir=tmp_path)
-    with pytest.raises(rlnb.ConfigError, match=r"Tracker.run_dir=None .*give a directory"):
-        Tracker(["wandb"])
+    with pytest.raises(rlnb.ConfigError, match=r"TrackConfig.backends=.*unknown backend\(s\) \[.tensorboard.\]"):
+        rlnb.TrackConfig(backends=("jsonl", "tensorboard"), run_dir=str(tmp_path))
+    with pytest.raises(rlnb.ConfigError, match=r"TrackConfig.run_dir=None .*give a directory"):
+        rlnb.TrackConfig(backends=("wandb",))
+    with pytest.raises(rlnb.ConfigError, match=r"Tracker\(config=\['jsonl'\]\) takes a rlnb.TrackConfig"):
+        Tracker(["jsonl"])  # type: ignore[arg-type]  # the settings come as a TrackConfig
+    with pytest.raises(rlnb.ConfigError, match=r"Tracker\(extra_backends=\[\.\.\., 'jsonl', \.\.\.\]\).*TrackConfig"):
+        Tracker(rlnb.TrackConfig(run_dir=str(tmp_path)), extra_backends=["jsonl"])  # type: ignore[list-item]
     with pytest.raises(rlnb.ConfigError, match=r"TrackConfig\.run_dir=None is invalid"):
         rlnb.TrackConfig(backends=("jsonl",))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -191,7 +195,7 @@ def test_a_loaded_checkpoint_resumes_the_same_run(tmp_path: Path) -> None:
 
 
 def test_the_plot_backend_draws_a_png_for_a_widget_and_the_run_dir(tmp_path: Path) -> None:
-    tracker = Tracker(["plot"], run_dir=tmp_path)
+    tracker = Tracker(rlnb.TrackConfig(backends=("plot",), run_dir=str(tmp_path)))
     plot: Any = tracker.backend("plot")
     widget = plot.widget
     for step in range(1, 4):
