@@ -35,7 +35,7 @@ def _cuda_ready(llama_dir: Path) -> Iterator[None]:
     if not torch.cuda.is_available():  # conftest skips the tests; nothing to make
         yield
         return
-    policy = rlnb.models.load_hf_model(llama_dir, max_len=32, device="cuda")
+    policy = rlnb.models.load_hf_model(rlnb.ModelConfig(path=str(llama_dir), max_len=32, device="cuda"))
     ids = torch.tensor([[1, 2, 3, 4]], device="cuda")
     policy.forward(ids).float().sum().backward()
     with torch.autocast("cuda", dtype=torch.bfloat16):

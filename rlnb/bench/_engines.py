@@ -100,7 +100,7 @@ def _vllm_installed() -> bool:
 
 
 def run() -> BenchResult:
-    from rlnb.config import ModelConfig
+    from rlnb.config import EngineConfig, ModelConfig
     from rlnb.engines import TinyEngine
     from rlnb.models import CharTokenizer, TinyPolicy, load_hf_model, load_hf_tokenizer, tiny_llama
 
@@ -108,16 +108,18 @@ def run() -> BenchResult:
     with tempfile.TemporaryDirectory(prefix="rlnb-bench-engines-") as tmp:
         path = tiny_llama(Path(tmp) / "tiny-llama")
         hf_tokenizer = load_hf_tokenizer(path)
-        policy = load_hf_model(path, max_len=MAX_LEN)
+        model = ModelConfig(path=str(path), max_len=MAX_LEN)
+        engine_config = EngineConfig(max_batch=PROMPTS * SAMPLES, threads=1)
+        policy = load_hf_model(model)
 
         async def start_hf() -> Engine:
-            return TinyEngine(policy, eos_id=hf_tokenizer.EOS, max_batch=PROMPTS * SAMPLES, threads=1)
+            return TinyEngine(policy, engine_config, eos_id=hf_tokenizer.EOS)
 
         char = CharTokenizer("0123456789+=")
         tiny = TinyPolicy(ModelConfig(vocab_size=char.vocab_size, max_len=MAX_LEN), seed=0)
 
         async def start_tiny() -> Engine:
-            return TinyEngine(tiny, eos_id=char.EOS, max_batch=PROMPTS * SAMPLES, threads=1)
+            return TinyEngine(tiny, engine_config, eos_id=char.EOS)
 
         runs: dict[str, dict[str, float]] = {
             "tiny": _run(start_tiny, char, tiny.state_dict),
@@ -127,9 +129,7 @@ def run() -> BenchResult:
             from rlnb.engines import VLLMEngine
 
             async def start_vllm() -> Engine:
-                engine: Engine = await VLLMEngine.start(
-                    path, eos_id=hf_tokenizer.EOS, max_len=MAX_LEN, max_batch=PROMPTS * SAMPLES
-                )
+                engine: Engine = await VLLMEngine.start(model, engine_config, eos_id=hf_tokenizer.EOS)
                 return engine
 
             runs["vllm"] = _run(start_vllm, hf_tokenizer, policy.state_dict)

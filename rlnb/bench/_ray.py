@@ -78,7 +78,8 @@ def run() -> BenchResult:
 
     policy = TinyPolicy(rlnb.ModelConfig(vocab_size=16))
     state = {k: v.clone() for k, v in policy.state_dict().items()}
-    local = TinyEngine(policy, eos_id=15, max_batch=128, threads=1)
+    engine_config = rlnb.EngineConfig(max_batch=128, threads=1)
+    local = TinyEngine(policy, engine_config, eos_id=15)
     try:
         figures = {f"local_{k}": v for k, v in _measure(local, state).items()}
     finally:
@@ -86,7 +87,7 @@ def run() -> BenchResult:
     for replicas in (1, 2):
         started = time.perf_counter()
         config = rlnb.RayConfig(engine_replicas=replicas)
-        engine = RayEngine.start(policy, eos_id=15, max_batch=128, threads=1, config=config, name="bench-ray")
+        engine = RayEngine.start(policy, config, engine=engine_config, eos_id=15, name="bench-ray")
         figures[f"ray{replicas}_start_s"] = time.perf_counter() - started
         try:
             figures.update({f"ray{replicas}_{k}": v for k, v in _measure(engine, state).items()})

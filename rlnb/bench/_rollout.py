@@ -28,7 +28,7 @@ from collections.abc import Callable
 from rlnb._samples import PromptItem
 from rlnb.bench._common import BenchResult, Target, median, p99, time_ms
 from rlnb.buffer import ReplayBuffer
-from rlnb.config import BufferConfig, Config, ModelConfig, RolloutConfig
+from rlnb.config import BufferConfig, Config, EngineConfig, ModelConfig, RolloutConfig
 from rlnb.engines import FakeEngine, GenerateRequest, PauseMode, SamplingParams
 from rlnb.rollout import Rollouter
 from rlnb.runtime import AsyncBridge, block_on
@@ -186,7 +186,11 @@ def _batching_tokens_per_s(requests: int) -> dict[str, float]:
         for _ in range(2):
             for label, continuous in (("continuous", True), ("static", False)):
                 engine = TinyEngine(
-                    policy, eos_id=2, max_batch=64, continuous=continuous, threads=1, name=f"bench-{label}"
+                    policy,
+                    EngineConfig(max_batch=64, threads=1),
+                    eos_id=2,
+                    continuous=continuous,
+                    name=f"bench-{label}",
                 )
                 try:
                     bridge.run(run(engine, 64))  # warm-up

@@ -76,6 +76,7 @@ def _run(start: Callable[[], Awaitable[Engine]], tokenizer: Any) -> dict[str, fl
 def run() -> BenchResult:
     import importlib.util
 
+    from rlnb.config import EngineConfig, ModelConfig
     from rlnb.engines import TinyEngine
     from rlnb.models import load_hf_model, load_hf_tokenizer, tiny_llama
 
@@ -89,10 +90,12 @@ def run() -> BenchResult:
     with tempfile.TemporaryDirectory(prefix="rlnb-bench-turns-") as tmp:
         path = tiny_llama(Path(tmp) / "tiny-llama", max_positions=MAX_LEN)
         tokenizer = load_hf_tokenizer(path)
-        policy = load_hf_model(path, max_len=MAX_LEN)
+        model = ModelConfig(path=str(path), max_len=MAX_LEN)
+        engine_config = EngineConfig(max_batch=CONVERSATIONS, threads=1)
+        policy = load_hf_model(model)
 
         async def start_hf() -> Engine:
-            return TinyEngine(policy, eos_id=tokenizer.EOS, max_batch=CONVERSATIONS, threads=1)
+            return TinyEngine(policy, engine_config, eos_id=tokenizer.EOS)
 
         runs["hf"] = _run(start_hf, tokenizer)
         if importlib.util.find_spec("vllm") is not None:
@@ -102,7 +105,7 @@ def run() -> BenchResult:
 
                 async def start_vllm(cached: bool = on) -> Engine:
                     engine: Engine = await VLLMEngine.start(
-                        path, eos_id=tokenizer.EOS, max_len=MAX_LEN, max_batch=CONVERSATIONS, prefix_caching=cached
+                        model, engine_config, eos_id=tokenizer.EOS, prefix_caching=cached
                     )
                     return engine
 

@@ -31,10 +31,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlnb._errors import ClosedError, EngineError, WeightSyncError
+from rlnb.config import EngineConfig
 from rlnb.engines._guard import Guard
 from rlnb.engines._process_server import serve
 from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
-from rlnb.engines._shared import deliver
+from rlnb.engines._shared import DEFAULT_ENGINE, check_engine_config, deliver
 from rlnb.engines._shared import running as count_running
 from rlnb.runtime import spawn_without_main
 
@@ -76,22 +77,24 @@ class ProcessEngine:
     def start(
         cls,
         policy: Any,
+        config: EngineConfig = DEFAULT_ENGINE,
         *,
         eos_id: int,
-        max_batch: int = 64,
-        threads: int = 1,
         continuous: bool = True,
         name: str = "rlnb-engine",
         timeout: float = _START_TIMEOUT,
     ) -> ProcessEngine:
         """Spawn the child serving a copy of ``policy`` (a CPU
-        :class:`~rlnb.models.TinyPolicy` or :class:`~rlnb.models.HFPolicy`) and wait
-        until it serves. EngineError if it dies or does not answer within ``timeout``
-        seconds; nothing is left running if it fails, Ctrl-C included."""
+        :class:`~rlnb.models.TinyPolicy` or :class:`~rlnb.models.HFPolicy`) on a
+        :class:`TinyEngine` made with ``config`` (an :class:`~rlnb.EngineConfig`) and
+        wait until it serves. ConfigError for a ``config`` that is not one; EngineError
+        if the child dies or does not answer within ``timeout`` seconds; nothing is left
+        running if it fails, Ctrl-C included."""
         import pickle
 
         import torch.multiprocessing  # registers the passing of shared-memory tensors to a child
 
+        check_engine_config(config, "ProcessEngine.start")
         if policy.device.type != "cpu":
             raise EngineError(
                 f"ProcessEngine serves on the CPU, and the policy is on {policy.device}: "
@@ -101,7 +104,7 @@ class ProcessEngine:
         served = pickle.dumps(policy)  # by value: the child unpickles its own copy
         ctx = torch.multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
-        options = {"eos_id": eos_id, "max_batch": max_batch, "threads": threads, "continuous": continuous, "name": name}
+        options = {"eos_id": eos_id, "config": config, "continuous": continuous, "name": name}
         process = ctx.Process(target=serve, args=(child, served, mailbox, options), name=name, daemon=True)
         guard = Guard()
         try:

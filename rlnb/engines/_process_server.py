@@ -53,15 +53,10 @@ def serve(conn: Any, served: bytes, mailbox: Any, options: dict[str, Any]) -> No
 
     from rlnb.engines._tiny import TinyEngine
 
-    torch.set_num_threads(options["threads"])
+    torch.set_num_threads(options["config"].threads)
     policy = pickle.loads(served)
     engine = TinyEngine(
-        policy,
-        eos_id=options["eos_id"],
-        max_batch=options["max_batch"],
-        threads=options["threads"],
-        continuous=options.get("continuous", True),
-        name=options["name"],
+        policy, options["config"], eos_id=options["eos_id"], continuous=options["continuous"], name=options["name"]
     )
     # As vLLM's engine core does: what start-up made lives as long as the process, so
     # full garbage collections skip it (one of this heap took ~150 ms, and a pause or a

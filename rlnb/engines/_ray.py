@@ -43,8 +43,10 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from rlnb._errors import ClosedError, ConfigError, EngineError
+from rlnb.config import EngineConfig, RayConfig
 from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
 from rlnb.engines._ray_cluster import Cluster, report_deaths
+from rlnb.engines._shared import DEFAULT_ENGINE, check_engine_config
 from rlnb.engines._shared import running as count_running
 
 __all__ = ["RayEngine"]
@@ -60,19 +62,19 @@ class _Replica:
     a ``VLLMEngine`` on the model's directory."""
 
     def __init__(
-        self, policy: Any, eos_id: int, max_batch: int, threads: int, vllm: Mapping[str, Any] | None, device: str
+        self, policy: Any, eos_id: int, engine: EngineConfig, vllm: Mapping[str, Any] | None, device: str
     ) -> None:
         import torch
 
         from rlnb.engines._tiny import TinyEngine
 
-        torch.set_num_threads(threads)
+        torch.set_num_threads(engine.threads)
         self._tasks: dict[str, asyncio.Task[GenerateResult]] = {}  # generate_many's, by request id
         self._vllm = vllm  # VLLMEngine.start's arguments: it starts in ready(), on this actor's loop
         self.engine: Any = None
         if vllm is None:  # the policy comes on the CPU; "cuda" is the GPU Ray gave this actor
             policy = policy.to(device)
-            self.engine = TinyEngine(policy, eos_id=eos_id, max_batch=max_batch, threads=threads, name="rlnb-replica")
+            self.engine = TinyEngine(policy, engine, eos_id=eos_id, name="rlnb-replica")
 
     async def ready(self) -> dict[str, Any]:
         """Start a vLLM engine if asked; then say where this replica runs: its pid,
@@ -177,7 +179,7 @@ class RayEngine:
     """Engine replicas as Ray actors; see the module docstring.
     Made by :meth:`start`; every async method runs on the session's bridge loop."""
 
-    def __init__(self, ray: Any, cluster: Cluster, factory: Any, config: Any) -> None:
+    def __init__(self, ray: Any, cluster: Cluster, factory: Any, config: RayConfig) -> None:
         self._ray, self._cluster, self._factory, self._config = ray, cluster, factory, config
         self._slots: list[_Slot] = []
         self._weights: tuple[Any, int] | None = None  # the latest (object ref, version) sent
@@ -199,26 +201,34 @@ class RayEngine:
     def start(
         cls,
         policy: Any,
+        config: RayConfig,
         *,
+        engine: EngineConfig = DEFAULT_ENGINE,
         eos_id: int,
-        max_batch: int,
-        threads: int,
-        config: Any,
         name: str,
         log_dir: str | None = None,
         vllm: Mapping[str, Any] | None = None,
     ) -> RayEngine:
-        """Start (or attach to) Ray and ``config.engine_replicas`` replicas of ``policy``
-        on the built-in engine, or, with ``vllm`` (:meth:`VLLMEngine.start`'s arguments),
-        of a vLLM engine each. A local cluster keeps its logs in ``log_dir`` (None:
-        Ray's default). Blocks until every replica answers; ConfigError if the cluster
-        cannot hold them, EngineError if Ray does not start. Nothing is left running
-        if it fails."""
+        """Start (or attach to) Ray as ``config`` (a :class:`~rlnb.RayConfig`) says, and
+        ``config.engine_replicas`` replicas of ``policy`` on the built-in engine made with
+        ``engine`` (an :class:`~rlnb.EngineConfig`: its ``max_batch`` and ``threads``),
+        or, with ``vllm`` (:meth:`VLLMEngine.start`'s keyword arguments), of a vLLM
+        engine each (with ``engine.threads`` torch threads in the replica). A local
+        cluster keeps its logs in ``log_dir`` (None: Ray's default). Blocks until every
+        replica answers; ConfigError for configs of the wrong kind or if the cluster
+        cannot hold the replicas, EngineError if Ray does not start. Nothing is left
+        running if it fails."""
+        if not isinstance(config, RayConfig):
+            raise ConfigError(
+                f"RayEngine.start(config={config!r}) takes a rlnb.RayConfig, got {type(config).__name__}: "
+                "e.g. RayEngine.start(policy, rlnb.RayConfig(engine_replicas=2), eos_id=..., name=...)"
+            )
+        check_engine_config(engine, "RayEngine.start")
         import ray
         from ray.util.placement_group import placement_group
 
         cluster = Cluster.connect(ray, config, name, log_dir)
-        engine = None
+        made: RayEngine | None = None
         try:
             bundle = {"CPU": float(config.num_cpus), **({"GPU": float(config.num_gpus)} if config.num_gpus else {})}
             placement = placement_group([bundle] * config.engine_replicas, strategy=config.strategy)
@@ -245,22 +255,22 @@ class RayEngine:
                     num_gpus=config.num_gpus,
                     scheduling_strategy=strategy,
                     max_concurrency=4096,
-                ).remote(policy_ref, eos_id, max_batch, threads, None if vllm is None else dict(vllm), device)
+                ).remote(policy_ref, eos_id, engine, None if vllm is None else dict(vllm), device)
 
-            engine = cls(ray, cluster, factory, config)
+            made = cls(ray, cluster, factory, config)
             with contextlib.suppress(Exception):
-                engine._node = ray.util.get_node_ip_address()
-            engine._slots = [_Slot(i, factory(i)) for i in range(config.engine_replicas)]
-            found = ray.get([s.actor.ready.remote() for s in engine._slots], timeout=config.start_timeout)
-            for slot, where in zip(engine._slots, found, strict=True):
+                made._node = ray.util.get_node_ip_address()
+            made._slots = [_Slot(i, factory(i)) for i in range(config.engine_replicas)]
+            found = ray.get([s.actor.ready.remote() for s in made._slots], timeout=config.start_timeout)
+            for slot, where in zip(made._slots, found, strict=True):
                 slot.found(where)
                 slot.state = "running"
-            engine._hear_deaths()
+            made._hear_deaths()
             cluster.watch_new()
-            return engine
+            return made
         except BaseException:
-            if engine is not None:
-                engine.close()
+            if made is not None:
+                made.close()
             else:
                 cluster.close()
             raise

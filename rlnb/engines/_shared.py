@@ -1,6 +1,7 @@
-"""What the engine backends share and nothing else: handing a result from an engine's
-own thread (or process reader) back to the asyncio loop that awaits it, and counting
-the requests running under a pause for engines that see requests, not decode steps."""
+"""What the engine backends share and nothing else: the default :class:`~rlnb.EngineConfig`
+and the check of the configs they take, handing a result from an engine's own thread
+(or process reader) back to the asyncio loop that awaits it, and counting the requests
+running under a pause for engines that see requests, not decode steps."""
 
 from __future__ import annotations
 
@@ -8,7 +9,30 @@ import asyncio
 from collections.abc import Collection
 from typing import Any
 
+from rlnb._errors import ConfigError
+from rlnb.config import EngineConfig, ModelConfig
 from rlnb.engines._protocol import PauseMode
+
+DEFAULT_ENGINE = EngineConfig()  # what an engine built by hand gets; its defaults are EngineConfig's
+
+
+def check_engine_config(config: object, owner: str) -> None:
+    """ConfigError unless ``config`` is an :class:`~rlnb.EngineConfig`; ``owner`` names the call."""
+    if not isinstance(config, EngineConfig):
+        raise ConfigError(
+            f"{owner}(config={config!r}) takes a rlnb.EngineConfig, got {type(config).__name__}: "
+            "e.g. config=rlnb.EngineConfig(max_batch=8)"
+        )
+
+
+def check_model_config(model: object, owner: str) -> str:
+    """``model.path``; ConfigError unless ``model`` is a :class:`~rlnb.ModelConfig` with a path."""
+    if not isinstance(model, ModelConfig) or model.path is None:
+        raise ConfigError(
+            f"{owner}(model={model!r}) takes a rlnb.ModelConfig with the model's directory as its path, "
+            f"e.g. {owner}(rlnb.ModelConfig(path='path/to/model', max_len=64), ...)"
+        )
+    return model.path
 
 
 def deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any) -> None:

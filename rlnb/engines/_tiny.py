@@ -23,9 +23,10 @@ from typing import Any
 import torch
 
 from rlnb._errors import ClosedError, EngineError
+from rlnb.config import EngineConfig
 from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode, PromptTooLong
 from rlnb.engines._sampling import sample_next
-from rlnb.engines._shared import deliver
+from rlnb.engines._shared import DEFAULT_ENGINE, check_engine_config, deliver
 from rlnb.models import HFPolicy, TinyPolicy
 
 __all__ = ["TinyEngine"]
@@ -54,35 +55,37 @@ class TinyEngine:
     """Serves a :class:`~rlnb.models.TinyPolicy` or a :class:`~rlnb.models.HFPolicy`
     (a private copy) with continuous batching.
 
-    ``max_batch`` bounds the sequences decoded together (the KV cache's slots).
+    ``config`` (an :class:`~rlnb.EngineConfig`; its ``max_batch`` and ``threads`` are
+    read): ``max_batch`` bounds the sequences decoded together (the KV cache's slots),
+    ``threads`` sets torch's intra-op threads on the engine's thread only.
     ``continuous=False`` gives static batching (a batch admits new requests only
-    once all of its sequences have finished), for comparison. ``threads`` sets
-    torch's intra-op threads on the engine's thread only; None leaves torch's default.
+    once all of its sequences have finished), for comparison.
     ``max_prefill_tokens`` bounds the tokens one prefill runs (distinct inputs; at
     least one request): a resume that continues 128 partial rollouts prefills them
     over a few steps, so a pause or a weight sync waits for one of those, not for all.
+    Raises :class:`~rlnb.ConfigError` for a ``config`` that is not an ``EngineConfig``.
     """
 
     def __init__(
         self,
         policy: TinyPolicy | HFPolicy,
+        config: EngineConfig = DEFAULT_ENGINE,
         *,
         eos_id: int,
-        max_batch: int = 64,
         continuous: bool = True,
-        threads: int | None = None,
         name: str = "rlnb-engine",
         max_prefill_tokens: int = 2048,
     ) -> None:
+        check_engine_config(config, "TinyEngine")
         self._model: Any = copy.deepcopy(policy).eval().requires_grad_(False)
         self._max_len = policy.max_len
         self._eos = eos_id
         self._continuous = continuous
-        self._threads = threads
+        self._threads = config.threads
         self._device = self._model.device  # where the copy's weights, cache and inputs live
-        self._cache = self._model.new_cache(max_batch)
-        self._free = list(range(max_batch))  # a heap: the lowest free slot goes first
-        self._admit_chunk = max(1, max_batch // 8)
+        self._cache = self._model.new_cache(config.max_batch)
+        self._free = list(range(config.max_batch))  # a heap: the lowest free slot goes first
+        self._admit_chunk = max(1, config.max_batch // 8)
         self._max_prefill_tokens = max_prefill_tokens
         self._cond = threading.Condition()
         self._queue: collections.deque[_Seq] = collections.deque()
@@ -259,8 +262,7 @@ class TinyEngine:
         self._fail_waiters(error, pause_result=error)
 
     def _serve_loop(self) -> None:
-        if self._threads is not None:  # OpenMP's thread count is per calling thread
-            torch.set_num_threads(self._threads)
+        torch.set_num_threads(self._threads)  # OpenMP's thread count is per calling thread
         while True:
             with self._cond:
                 self._cond.wait_for(self._has_work)

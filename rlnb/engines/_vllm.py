@@ -23,10 +23,11 @@ from typing import Any
 import psutil
 
 from rlnb._errors import ClosedError, EngineError, InvalidValueError
+from rlnb.config import EngineConfig, ModelConfig
 from rlnb.engines._guard import Guard
 from rlnb.engines._leftovers import engine_files, listening_sockets, remove_leftovers, socket_dir
 from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode, PromptTooLong
-from rlnb.engines._shared import deliver
+from rlnb.engines._shared import DEFAULT_ENGINE, check_engine_config, check_model_config, deliver
 from rlnb.engines._vllm_setup import (
     _FINISH,
     _WORKER_EXTENSION,
@@ -51,7 +52,8 @@ __all__ = ["VLLMEngine"]
 
 class VLLMEngine:
     """Serves a local Hugging Face model directory with vLLM; make one with
-    ``await VLLMEngine.start(...)`` on the event loop that will drive it.
+    ``await VLLMEngine.start(ModelConfig(path=...), EngineConfig(...), eos_id=...)`` on
+    the event loop that will drive it.
 
     Semantics are :class:`~rlnb.engines.TinyEngine`'s: ``prefix_ids`` continue a
     partial rollout (only new tokens come back), each request samples with its
@@ -101,20 +103,22 @@ class VLLMEngine:
     @classmethod
     async def start(
         cls,
-        model_dir: str | os.PathLike[str],
+        model: ModelConfig,
+        config: EngineConfig = DEFAULT_ENGINE,
         *,
         eos_id: int,
-        max_len: int,
-        max_batch: int,
         seed: int = 0,
         kv_cache_bytes: int | None = None,
-        gpu_memory_utilization: float = 0.3,
-        dtype: str | None = None,
         enforce_eager: bool = True,
         name: str = "rlnb-engine",
         prefix_caching: bool = True,
     ) -> VLLMEngine:
-        """Start vLLM on ``model_dir``; returns once it can generate (about 15 s on a CPU).
+        """Start vLLM on ``model.path``; returns once it can generate (about 15 s on a CPU).
+
+        ``model`` (a :class:`~rlnb.ModelConfig`): its ``path``, ``max_len`` and
+        ``dtype`` are read. ``config`` (an :class:`~rlnb.EngineConfig`): its
+        ``max_batch`` (sequences served together) and ``gpu_memory_utilization`` (the
+        share of the GPU vLLM may take) are read.
 
         ``prefix_caching``: vLLM keeps the keys and values of prompts it has seen and
         reuses them for a request that starts the same way (a group's samples, a
@@ -122,33 +126,31 @@ class VLLMEngine:
         nothing computed under old weights is reused after a sync.
 
         ``kv_cache_bytes`` None: 64 MiB on a CPU; on a GPU vLLM sizes the cache
-        within ``gpu_memory_utilization`` (its share of the GPU). ``dtype`` None
-        serves the checkpoint's own dtype (vLLM's "auto" would halve a float32 one).
+        within ``gpu_memory_utilization``.
         Raises :class:`~rlnb.ConfigError` naming the path and field before any
-        process starts when the directory, its ``config.json`` or the sizes do not
-        fit, and :class:`~rlnb.EngineError` if vLLM fails to start (nothing is left
-        running). Blocks only a thread of its own, not the loop.
+        process starts when the configs, the directory, its ``config.json`` or the
+        sizes do not fit, and :class:`~rlnb.EngineError` if vLLM fails to start
+        (nothing is left running). Blocks only a thread of its own, not the loop.
         """
+        model_dir = check_model_config(model, "VLLMEngine.start")
+        check_engine_config(config, "VLLMEngine.start")
         path = Path(model_dir).expanduser().resolve()
-        config = _read_config(path)
-        if dtype is None:  # vLLM's "auto" would serve a float32 checkpoint in 16 bits
-            text = config.get("text_config", config)
-            dtype = str(text.get("dtype") or text.get("torch_dtype") or "auto")
+        hf_config = _read_config(path)
         vllm = import_vllm()
         kv_cache_bytes = _check_model(
             path,
-            config,
+            hf_config,
             vllm,
             eos_id=eos_id,
-            max_len=max_len,
-            max_batch=max_batch,
+            max_len=model.max_len,
+            max_batch=config.max_batch,
             kv_cache_bytes=kv_cache_bytes,
-            dtype=dtype,
+            dtype=model.dtype,
         )
         # vllm's import keeps the frames it ran under alive (an exception it stores):
         # this frame is one of them, so vLLM is launched from another.
-        sizes = (max_len, max_batch, kv_cache_bytes, gpu_memory_utilization)
-        return await cls._launch(path, dtype, seed, sizes, (enforce_eager, prefix_caching), eos_id, name)
+        sizes = (model.max_len, config.max_batch, kv_cache_bytes, config.gpu_memory_utilization)
+        return await cls._launch(path, model.dtype, seed, sizes, (enforce_eager, prefix_caching), eos_id, name)
 
     @classmethod
     async def _launch(

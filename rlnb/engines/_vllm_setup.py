@@ -45,7 +45,7 @@ def _read_config(path: Path) -> dict[str, Any]:
     (``rlnb.models.read_model_config``: imported here, since it brings torch)."""
     from rlnb.models import read_model_config
 
-    return read_model_config(path, "model_dir")
+    return read_model_config(path, "ModelConfig.path")
 
 
 def _check_model(

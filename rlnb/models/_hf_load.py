@@ -11,17 +11,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from rlnb._errors import ConfigError
+from rlnb.config import LoraConfig, ModelConfig
 from rlnb.models._hf_policy import HFPolicy
 from rlnb.models._hf_tokenizer import HFTokenizer
-
-if TYPE_CHECKING:
-    from rlnb.config import LoraConfig
 
 __all__ = [
     "check_device",
@@ -141,36 +139,34 @@ def check_device(device: str, field: str = "ModelConfig.device") -> torch.device
     return torch.device("cuda", torch.cuda.current_device() if where.index is None else where.index)
 
 
-def load_hf_model(
-    path: str | os.PathLike[str],
-    *,
-    max_len: int,
-    dtype: str = "float32",
-    device: str = "cpu",
-    gradient_checkpointing: bool = False,
-    lora: LoraConfig | None = None,
-    seed: int = 0,
-) -> HFPolicy:
-    """The causal LM in the local directory ``path`` as an :class:`HFPolicy` in train
-    mode on ``device`` (nothing is downloaded), with gradient checkpointing and a LoRA
-    adapter (its initial weights made from ``seed``) if asked for.
-    :class:`~rlnb.ConfigError` for a directory that is not a causal LM, a ``max_len``
-    past its positions, a device torch does not have, an architecture rlnb cannot
-    drive, or LoRA targets the model lacks."""
-    check_model_dir(path, max_len=max_len)
-    where = check_device(device)
+def load_hf_model(model: ModelConfig, *, seed: int = 0) -> HFPolicy:
+    """The causal LM in the local directory ``model.path`` as an :class:`HFPolicy` in
+    train mode (nothing is downloaded), as ``model`` (a :class:`~rlnb.ModelConfig`)
+    says: its ``max_len``, ``dtype`` and ``device``, with gradient checkpointing and a
+    LoRA adapter (its initial weights made from ``seed``) if asked for.
+    :class:`~rlnb.ConfigError` for a ``model`` without a path, a directory that is not
+    a causal LM, a ``max_len`` past its positions, a device torch does not have, an
+    architecture rlnb cannot drive, or LoRA targets the model lacks."""
+    if not isinstance(model, ModelConfig) or model.path is None:
+        raise ConfigError(
+            f"load_hf_model(model={model!r}) takes a rlnb.ModelConfig with the model's local directory as its "
+            "path, e.g. load_hf_model(rlnb.ModelConfig(path='path/to/model', max_len=64))"
+        )
+    path = model.path
+    check_model_dir(path, max_len=model.max_len)
+    where = check_device(model.device)
     transformers = quiet_transformers()
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=_DTYPES[dtype]
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=_DTYPES[model.dtype]
         )  # with torch's scaled_dot_product_attention where the model has it
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(f"ModelConfig.path={str(path)!r} is invalid: transformers cannot load it: {exc}") from exc
-    policy = HFPolicy(model.to(where), max_len=max_len, source=str(path))
+    policy = HFPolicy(loaded.to(where), max_len=model.max_len, source=str(path))
     _check_hooks(policy, str(path))
-    if lora is not None:
-        policy.add_lora(lora, seed=seed)
-    if gradient_checkpointing:
+    if model.lora is not None:
+        policy.add_lora(model.lora, seed=seed)
+    if model.gradient_checkpointing:
         policy.enable_gradient_checkpointing()
     return policy.train()
 

@@ -144,19 +144,7 @@ def make_learner(config: Config, model: ModelConfig, tokenizer: Tokenizer) -> Le
     from rlnb.learn import Learner
     from rlnb.models import TinyPolicy, load_hf_model
 
-    policy = (
-        TinyPolicy(model, seed=config.seed)
-        if model.path is None
-        else load_hf_model(
-            model.path,
-            max_len=model.max_len,
-            dtype=model.dtype,
-            device=model.device,
-            gradient_checkpointing=model.gradient_checkpointing,
-            lora=model.lora,
-            seed=config.seed,
-        )
-    )
+    policy = TinyPolicy(model, seed=config.seed) if model.path is None else load_hf_model(model, seed=config.seed)
     return Learner(
         policy,
         encode=lambda text: tokenizer.encode(text, bos=True),
@@ -188,18 +176,14 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
     drives it from then on (its processes are checked and refused before any starts)."""
     from rlnb.engines import TinyEngine
 
-    e, m, replicas = config.engine, config.model, config.ray.engine_replicas
+    e, replicas = config.engine, config.ray.engine_replicas
     vllm: dict[str, Any] | None = None  # VLLMEngine.start's arguments, here or in each Ray replica
     if engine_kind(config) == "vllm":
-        assert m.path is not None  # Config refuses kind="vllm" without a path
         vllm = {
-            "model_dir": m.path,
+            "model": config.model,
+            "config": e,
             "eos_id": tokenizer.EOS,
-            "max_len": m.max_len,
-            "max_batch": e.max_batch,
             "seed": config.seed,
-            "dtype": m.dtype,
-            "gpu_memory_utilization": e.gpu_memory_utilization,
             "name": f"{name}-replica" if replicas else name,
         }
     if vllm is not None and not replicas:
@@ -214,25 +198,14 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
         if log_dir is None and config.track.run_dir is not None:
             log_dir = str(Path(config.track.run_dir) / "ray")
         return RayEngine.start(
-            learner.serving_policy(),
-            eos_id=tokenizer.EOS,
-            max_batch=e.max_batch,
-            threads=e.threads,
-            config=config.ray,
-            name=name,
-            log_dir=log_dir,
-            vllm=vllm,
+            learner.serving_policy(), config.ray, engine=e, eos_id=tokenizer.EOS, name=name, log_dir=log_dir, vllm=vllm
         )
     # The engine copies the policy as it serves it (with LoRA: merged, without adapters).
     if e.process:
         from rlnb.engines import ProcessEngine
 
-        return ProcessEngine.start(
-            learner.serving_policy(), eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name
-        )
-    return TinyEngine(
-        learner.serving_policy(), eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name
-    )
+        return ProcessEngine.start(learner.serving_policy(), e, eos_id=tokenizer.EOS, name=name)
+    return TinyEngine(learner.serving_policy(), e, eos_id=tokenizer.EOS, name=name)
 
 
 _VLLM_START_TIMEOUT = 600.0  # seconds: about 15 on an idle CPU, a minute on a busy one

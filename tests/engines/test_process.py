@@ -46,7 +46,7 @@ def bridge() -> Iterator[AsyncBridge]:
 
 @pytest.fixture
 def engine(policy: TinyPolicy) -> Iterator[ProcessEngine]:
-    eng = ProcessEngine.start(policy, eos_id=EOS, max_batch=8)
+    eng = ProcessEngine.start(policy, rlnb.EngineConfig(max_batch=8), eos_id=EOS)
     yield eng
     eng.close()
 
@@ -70,7 +70,7 @@ def test_it_samples_what_the_in_process_engine_samples(
         request("greedy", temperature=0.0, max_new_tokens=8, ignore_eos=True),
         request("prefixed", seed=9, prefix=(3, 4), max_new_tokens=5),
     ]
-    here = TinyEngine(policy, eos_id=EOS, max_batch=8)
+    here = TinyEngine(policy, rlnb.EngineConfig(max_batch=8), eos_id=EOS)
     try:
         expected = bridge.run(_all(here, requests))
     finally:
@@ -105,7 +105,7 @@ async def decoded_past(engine: ProcessEngine, steps: int) -> bool:
 def test_every_pause_mode_and_a_weight_sync_through_shared_memory(policy: TinyPolicy, bridge: AsyncBridge) -> None:
     long_policy = TinyPolicy(dataclasses.replace(policy.config, max_len=200))
     other = TinyPolicy(long_policy.config, seed=1)
-    engine = ProcessEngine.start(long_policy, eos_id=EOS, max_batch=8)
+    engine = ProcessEngine.start(long_policy, rlnb.EngineConfig(max_batch=8), eos_id=EOS)
 
     async def scenario() -> None:
         long = [
@@ -138,7 +138,7 @@ def test_every_pause_mode_and_a_weight_sync_through_shared_memory(policy: TinyPo
         await engine.resume()
         await second
 
-    here = TinyEngine(other, eos_id=EOS, max_batch=2)
+    here = TinyEngine(other, rlnb.EngineConfig(max_batch=2), eos_id=EOS)
     try:
         bridge.run(scenario())
         assert engine.statistics().version == 1
@@ -180,7 +180,7 @@ def test_close_fails_waiters_and_leaves_no_process_and_a_dead_child_is_an_engine
     policy: TinyPolicy, bridge: AsyncBridge
 ) -> None:
     others = guard_processes()
-    eng = ProcessEngine.start(policy, eos_id=EOS, max_batch=2)
+    eng = ProcessEngine.start(policy, rlnb.EngineConfig(max_batch=2), eos_id=EOS)
     child = psutil.Process(eng.pid)
     guard = [psutil.Process(pid) for pid in guard_processes() - others]
     assert len(guard) == 1
@@ -197,7 +197,7 @@ def test_close_fails_waiters_and_leaves_no_process_and_a_dead_child_is_an_engine
     with pytest.raises(rlnb.ClosedError):
         bridge.run(eng.generate(request("late")))
 
-    eng = ProcessEngine.start(policy, eos_id=EOS, max_batch=2)
+    eng = ProcessEngine.start(policy, rlnb.EngineConfig(max_batch=2), eos_id=EOS)
     child = psutil.Process(eng.pid)
     bridge.run(eng.pause(PauseMode.KEEP))
     waiting = bridge.submit(eng.generate(request("waiting")))

@@ -26,7 +26,7 @@ def policy() -> TinyPolicy:
 
 @pytest.fixture
 def engine(policy: TinyPolicy) -> Iterator[TinyEngine]:
-    eng = TinyEngine(policy, eos_id=EOS, max_batch=8)
+    eng = TinyEngine(policy, rlnb.EngineConfig(max_batch=8), eos_id=EOS)
     yield eng
     eng.close()
 
@@ -211,7 +211,7 @@ def test_abort_by_id_and_context_overflow(engine: TinyEngine, bridge: AsyncBridg
 
 
 def test_close_fails_waiting_callers_and_stops_the_thread(policy: TinyPolicy, bridge: AsyncBridge) -> None:
-    engine = TinyEngine(policy, eos_id=EOS, max_batch=2)
+    engine = TinyEngine(policy, rlnb.EngineConfig(max_batch=2), eos_id=EOS)
     bridge.run(engine.pause(PauseMode.KEEP))
     fut = bridge.submit(engine.generate(request("stuck")))
     engine.close()
@@ -274,7 +274,7 @@ def test_a_group_of_identical_prompts_is_prefilled_once_and_each_copy_decodes_as
 
 def test_engine_threads_apply_to_the_engine_thread_only(policy: TinyPolicy, bridge: AsyncBridge) -> None:
     before = torch.get_num_threads()
-    engine = TinyEngine(policy, eos_id=EOS, max_batch=2, threads=before + 1)
+    engine = TinyEngine(policy, rlnb.EngineConfig(max_batch=2, threads=before + 1), eos_id=EOS)
     try:
         seen: list[int] = []
         original = engine._apply_updates  # called on the engine thread every loop
@@ -320,7 +320,7 @@ def test_a_long_queue_is_prefilled_a_budget_at_a_time_and_each_sample_is_as_if_a
     budget of 40 prefill tokens: several prefills, none over the budget, and every
     sample is what it is when generated alone (its seed decides it)."""
     prefills: list[int] = []
-    engine = TinyEngine(policy, eos_id=EOS, max_batch=32, max_prefill_tokens=40)
+    engine = TinyEngine(policy, rlnb.EngineConfig(max_batch=32), eos_id=EOS, max_prefill_tokens=40)
     run = engine._prefill
 
     def spy(seqs: list[Any]) -> None:

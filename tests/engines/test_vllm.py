@@ -61,6 +61,11 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(path / "model.safetensors")
 
 
+def model_config(path: Path, max_len: int = MAX_LEN) -> rlnb.ModelConfig:
+    """What VLLMEngine.start reads of the model: its directory, context and dtype."""
+    return rlnb.ModelConfig(path=str(path), max_len=max_len)
+
+
 def request(rid: str, *, seed: int = 0, prefix: tuple[int, ...] = (), **sampling: Any) -> GenerateRequest:
     return GenerateRequest(rid, PROMPT, SamplingParams(**sampling), prefix_ids=prefix, seed=seed)
 
@@ -93,7 +98,9 @@ def bridge() -> Iterator[AsyncBridge]:
 @pytest.fixture(scope="module")
 def engine(bridge: AsyncBridge, model_a: Path) -> Iterator[VLLMEngine]:
     """Started before the first test's leak check looks, closed after the last one's."""
-    eng = bridge.run(VLLMEngine.start(model_a, eos_id=EOS, max_len=MAX_LEN, max_batch=16), timeout=START)
+    eng = bridge.run(
+        VLLMEngine.start(model_config(model_a), rlnb.EngineConfig(max_batch=16), eos_id=EOS), timeout=START
+    )
     # A weight sync sends a large zero-copy frame, which starts pyzmq's garbage
     # collector (a thread and a zmq context kept for the life of the process): start
     # it here, before any test's leak check takes its first look.
@@ -291,7 +298,7 @@ def test_a_model_vllm_cannot_serve_is_a_config_error_before_any_process(tmp_path
     children = psutil.Process().children(recursive=True)
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchLM"]}))
     with pytest.raises(rlnb.ConfigError, match="architectures=") as caught:
-        bridge.run(VLLMEngine.start(tmp_path, eos_id=EOS, max_len=MAX_LEN, max_batch=4))
+        bridge.run(VLLMEngine.start(model_config(tmp_path), rlnb.EngineConfig(max_batch=4), eos_id=EOS))
     assert str(tmp_path) in str(caught.value)
     assert psutil.Process().children(recursive=True) == children
 
@@ -318,9 +325,10 @@ def test_sizes_vllm_would_refuse_are_config_errors_naming_the_field(
 ) -> None:
     children = psutil.Process().children(recursive=True)
     path = _edited_copy(model_a, tmp_path, **changes)
-    kwargs: dict[str, Any] = {"eos_id": EOS, "max_len": MAX_LEN, "max_batch": 4, **options}
+    model = model_config(path, max_len=options.pop("max_len", MAX_LEN))
+    kwargs: dict[str, Any] = {"eos_id": EOS, **options}
     with pytest.raises(rlnb.ConfigError, match=field) as caught:
-        bridge.run(VLLMEngine.start(path, **kwargs))
+        bridge.run(VLLMEngine.start(model, rlnb.EngineConfig(max_batch=4), **kwargs))
     assert str(path) in str(caught.value)
     assert psutil.Process().children(recursive=True) == children
 
@@ -370,10 +378,12 @@ def test_close_leaves_no_process_and_is_idempotent_and_a_dead_engine_is_an_engin
 
 OWNER = """
 import asyncio, sys, time
+from rlnb import EngineConfig, ModelConfig
 from rlnb.engines._vllm import VLLMEngine
 
 # No `if __name__ == "__main__":` on purpose: the engine must not need one.
-engine = asyncio.run(VLLMEngine.start(sys.argv[1], eos_id={eos}, max_len=64, max_batch=4))
+model = ModelConfig(path=sys.argv[1], max_len=64)
+engine = asyncio.run(VLLMEngine.start(model, EngineConfig(max_batch=4), eos_id={eos}))
 print("PIDS", *engine.pids, flush=True)
 time.sleep(600)
 """

@@ -30,6 +30,8 @@ def test_a_bad_model_dir_is_a_config_error_before_any_process(
     children = psutil.Process().children(recursive=True)
     path = make(tmp_path)
     with pytest.raises(rlnb.ConfigError, match=match) as caught:
-        asyncio.run(VLLMEngine.start(path, eos_id=1, max_len=64, max_batch=4))
+        asyncio.run(
+            VLLMEngine.start(rlnb.ModelConfig(path=str(path), max_len=64), rlnb.EngineConfig(max_batch=4), eos_id=1)
+        )
     assert str(tmp_path) in str(caught.value)
     assert psutil.Process().children(recursive=True) == children

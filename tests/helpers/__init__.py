@@ -190,8 +190,7 @@ class HookedEngine:
     def __init__(self, config: rlnb.Config, *, name: str = "rlnb-test-engine") -> None:
         tokenizer = CharTokenizer(get_task(config.task).alphabet)
         policy = TinyPolicy(config.model.replace(vocab_size=tokenizer.vocab_size), seed=config.seed)
-        e = config.engine
-        self.inner = TinyEngine(policy, eos_id=tokenizer.EOS, max_batch=e.max_batch, threads=e.threads, name=name)
+        self.inner = TinyEngine(policy, config.engine, eos_id=tokenizer.EOS, name=name)
         self.before_generate: Callable[[GenerateRequest], Awaitable[None]] | None = None
         self.before_update: Callable[[int], Awaitable[None]] | None = None
 

@@ -53,8 +53,8 @@ def _learner(policy: HFPolicy, llama_dir: Path) -> Learner:
 def test_checkpointed_layers_run_again_in_the_backward_pass_and_give_the_same_loss_and_gradients(
     llama_dir: Path,
 ) -> None:
-    plain = load_hf_model(llama_dir, max_len=32)
-    checkpointed = load_hf_model(llama_dir, max_len=32, gradient_checkpointing=True)
+    plain = load_hf_model(rlnb.ModelConfig(path=str(llama_dir), max_len=32))
+    checkpointed = load_hf_model(rlnb.ModelConfig(path=str(llama_dir), max_len=32, gradient_checkpointing=True))
     assert checkpointed.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
     runs: list[str] = []
     for name, layer in checkpointed.model.named_modules():

@@ -34,7 +34,7 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def llama(llama_dir: Path) -> HFPolicy:
-    return load_hf_model(llama_dir, max_len=32)
+    return load_hf_model(rlnb.ModelConfig(path=str(llama_dir), max_len=32))
 
 
 def _random_model(kind: str, **extra: Any) -> HFPolicy:
@@ -61,8 +61,8 @@ def test_tiny_llama_is_the_baseline_model_with_a_character_tokenizer(llama_dir: 
 
 
 def test_the_same_seed_builds_the_same_weights(tmp_path: Path, llama: HFPolicy) -> None:
-    again = load_hf_model(tiny_llama(tmp_path / "again", seed=0), max_len=32)
-    other = load_hf_model(tiny_llama(tmp_path / "other", seed=1), max_len=32)
+    again = load_hf_model(rlnb.ModelConfig(path=str(tiny_llama(tmp_path / "again", seed=0)), max_len=32))
+    other = load_hf_model(rlnb.ModelConfig(path=str(tiny_llama(tmp_path / "other", seed=1)), max_len=32))
     mine = llama.state_dict()
     assert all(torch.equal(mine[k], v) for k, v in again.state_dict().items())
     assert not all(torch.equal(mine[k], v) for k, v in other.state_dict().items())
@@ -116,7 +116,7 @@ def test_an_architecture_rlnb_cannot_drive_is_refused_by_name(tmp_path: Path) ->
     config = transformers.BloomConfig(vocab_size=20, hidden_size=64, n_layer=1, n_head=4)  # ALiBi, its own cache
     transformers.BloomForCausalLM(config).save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match=r"rlnb cannot drive this architecture \(BloomForCausalLM\)"):
-        load_hf_model(tmp_path, max_len=32)
+        load_hf_model(rlnb.ModelConfig(path=str(tmp_path), max_len=32))
 
 
 @pytest.mark.parametrize(
@@ -133,12 +133,12 @@ def test_an_architecture_rlnb_cannot_drive_is_refused_by_name(tmp_path: Path) ->
 )
 def test_a_directory_that_is_not_a_causal_lm_is_a_config_error(tmp_path: Path, make: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        load_hf_model(make(tmp_path), max_len=32)
+        load_hf_model(rlnb.ModelConfig(path=str(make(tmp_path)), max_len=32))
 
 
 def test_max_len_past_the_models_positions_is_a_config_error_before_anything_is_built(llama_dir: Path) -> None:
     with pytest.raises(ConfigError, match=r"ModelConfig\.max_len=100 is invalid: .* has only 64 positions"):
-        load_hf_model(llama_dir, max_len=100)
+        load_hf_model(rlnb.ModelConfig(path=str(llama_dir), max_len=100))
     config = rlnb.Config(model=rlnb.ModelConfig(path=str(llama_dir), max_len=100))
     with pytest.raises(ConfigError, match=r"ModelConfig\.max_len=100 is invalid: .* has only 64 positions"):
         rlnb.Session(config, name="hf-too-long")
