@@ -1,6 +1,8 @@
 """Validation helpers shared by the configs and by the parts that can be built
-without one (``SamplingParams``, ``ReplayBuffer``, ``Tracker``, ``TinyPolicy``, the
-tasks), and the names both sides read (tracker backends, wandb modes, the seed limit).
+without one (``SamplingParams``, ``TinyPolicy``, the tasks), the names both sides
+read (tracker backends, wandb modes, the seed limit), and the decorator every config
+class has (:func:`keywords`), here so that a config of a layer below ``rlnb.config``
+(``rlnb.data.DataConfig``) has it too.
 
 Every error is a :class:`~rlnb.ConfigError` that names the field and the fix, so a
 string given for a number is a ``ConfigError`` too, never a ``TypeError`` from a
@@ -10,14 +12,19 @@ comparison. A numpy scalar or a 0-d torch tensor counts as the number it holds
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
 import math
 import os
 import sys
-from typing import Any, TypeGuard
+from collections.abc import Callable
+from typing import Any, TypeGuard, TypeVar
 
 from rlnb._errors import ConfigError
 
 __all__ = [
+    "RENAMED",
     "REWARD_WEIGHT_MAX",
     "SAMPLES_PER_STEP_MAX",
     "SEED_LIMIT",
@@ -32,6 +39,7 @@ __all__ = [
     "check_tracking",
     "is_int",
     "is_number",
+    "keywords",
     "plain",
     "require",
 ]
@@ -219,3 +227,51 @@ def check_tracking(
         "use a non-empty name, e.g. wandb_project='rlnb'",
     )
     check_int(f"{owner}.console_every", console_every, minimum=1, example="console_every=10")
+
+
+_C = TypeVar("_C")
+
+# class name -> {old field: new field}, for configs saved by older versions
+RENAMED: dict[str, dict[str, str]] = {}
+
+
+def keywords(**renames: str) -> Callable[[type[_C]], type[_C]]:
+    """A config class that refuses a keyword it does not have with a ConfigError naming
+    the nearest field, and whose fields ``old=new`` were renamed: the old keyword gives
+    the new name (checkpoints of older versions are migrated by
+    :func:`rlnb.checkpoint.config_from_dict` through ``RENAMED``). A numpy scalar or
+    0-d torch tensor given for a field (or in a list or tuple) is kept as the Python
+    number it holds, so configs compare, print and save as plain data. For the
+    classes of ``rlnb.config`` and of the layers below it that it re-exports
+    (``rlnb.data.DataConfig``)."""
+
+    def decorate(cls: type[_C]) -> type[_C]:
+        init = cls.__init__
+        fields = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            for key in kwargs:
+                if key in renames:
+                    raise ConfigError(
+                        f"{cls.__name__}.{key} was renamed: use {cls.__name__}({renames[key]}={kwargs[key]!r})"
+                    )
+                if key not in fields:
+                    near = difflib.get_close_matches(key, fields, n=1)
+                    hint = f"did you mean {near[0]}=...? " if near else ""
+                    raise ConfigError(f"{cls.__name__} has no field {key!r}: {hint}its fields are {', '.join(fields)}")
+            init(self, *map(_plain_field, args), **{k: _plain_field(v) for k, v in kwargs.items()})
+
+        cls.__init__ = __init__  # type: ignore[method-assign]
+        if renames:
+            RENAMED[cls.__name__] = dict(renames)
+        return cls
+
+    return decorate
+
+
+def _plain_field(value: Any) -> Any:
+    """``value`` with numpy and 0-d torch scalars (its own, or a list's or tuple's) as Python numbers."""
+    if isinstance(value, list | tuple):
+        return type(value)(plain(v) for v in value)
+    return plain(value)

@@ -4,21 +4,22 @@ Every error names the field and the fix, and is raised before any work starts.
 Each class checks its own fields in ``__post_init__``, beside their documentation
 (with the helpers of :mod:`rlnb._checks` that the parts built without a config share);
 the parts these configs build take them validated and do not check them again.
+``DataConfig`` is defined beside the prompt loader that reads it (``rlnb.data``, a
+layer below this one) and re-exported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import os
 import re
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from rlnb import _reprs
 from rlnb._checks import (
+    RENAMED,
     SAMPLES_PER_STEP_MAX,
     check_buffer,
     check_int,
@@ -31,59 +32,12 @@ from rlnb._checks import (
     plain,
     require,
 )
+from rlnb._checks import keywords as _keywords
 from rlnb._errors import ConfigError
-from rlnb.data import get_task
+from rlnb.data import DataConfig, get_task
 
 ENGINE_KINDS = ("tiny", "hf", "vllm")
 MODEL_DTYPES = ("float32", "bfloat16")
-
-_C = TypeVar("_C")
-
-
-def _keywords(**renames: str) -> Callable[[type[_C]], type[_C]]:
-    """A config that refuses a keyword it does not have with a ConfigError naming the
-    nearest field, and whose fields ``old=new`` were renamed: the old keyword gives
-    the new name (checkpoints of older versions are migrated by
-    :func:`rlnb.checkpoint.config_from_dict` through ``RENAMED``). A numpy scalar or
-    0-d torch tensor given for a field (or in a list or tuple) is kept as the Python
-    number it holds, so configs compare, print and save as plain data. For
-    ``rlnb.config``'s classes."""
-
-    def decorate(cls: type[_C]) -> type[_C]:
-        init = cls.__init__
-        fields = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-
-        @functools.wraps(init)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            for key in kwargs:
-                if key in renames:
-                    raise ConfigError(
-                        f"{cls.__name__}.{key} was renamed: use {cls.__name__}({renames[key]}={kwargs[key]!r})"
-                    )
-                if key not in fields:
-                    near = difflib.get_close_matches(key, fields, n=1)
-                    hint = f"did you mean {near[0]}=...? " if near else ""
-                    raise ConfigError(f"{cls.__name__} has no field {key!r}: {hint}its fields are {', '.join(fields)}")
-            init(self, *map(_plain_field, args), **{k: _plain_field(v) for k, v in kwargs.items()})
-
-        cls.__init__ = __init__  # type: ignore[method-assign]
-        if renames:
-            RENAMED[cls.__name__] = dict(renames)
-        return cls
-
-    return decorate
-
-
-# class name -> {old field: new field}, for configs saved by older versions
-RENAMED: dict[str, dict[str, str]] = {}
-
-
-def _plain_field(value: Any) -> Any:
-    """``value`` with numpy and 0-d torch scalars (its own, or a list's or tuple's) as Python numbers."""
-    if isinstance(value, list | tuple):
-        return type(value)(plain(v) for v in value)
-    return plain(value)
-
 
 __all__ = [
     "LIVE_FIELDS",
@@ -125,54 +79,6 @@ class BufferConfig:
         check_buffer("BufferConfig", self.capacity, self.partitions, self.max_staleness)
         parts = self.partitions
         require("train" in parts, "BufferConfig.partitions", parts, 'include "train": the learner reads it')
-
-
-@_keywords()
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    """The prompt pipeline (torchdata's ``StatefulDataLoader``).
-
-    num_workers: worker processes making prompts (0: in this process). The prompt
-        order is the same for any number. With 0, ``make_prompt`` runs on the
-        session's event loop, so a slow one (tens of ms) holds up
-        ``sess.rollouts.pause()`` and every other call meanwhile: keep workers for a
-        slow ``make_prompt``, and enough of them to keep ahead of the learner.
-    prefetch_factor: prompts each worker keeps ready.
-    multiprocessing_context: how workers start: "forkserver" (the default: a worker
-        forked from a process with other threads, as a kernel always is, can hang in
-        torch for ever; see docs/processes.md), "fork", "spawn", or ``None`` (the
-        platform's default). With "forkserver" and "spawn" a task's functions must be
-        importable by the workers (defined in a module, not a notebook cell or a
-        lambda; else use ``num_workers=0``).
-    on_bad_prompt: what a prompt whose ``make_prompt`` raises does: "raise" (a
-        :class:`~rlnb.PromptError` naming the prompt and the exception, once, at the
-        call that needed it; the stream goes on with the next prompt) or "skip" (it
-        is left out, counted in ``statistics().rollout.bad_prompts``, the last one
-        described in ``last_bad_prompt``). A prompt too long for ``ModelConfig.max_len``
-        with ``max_new_tokens`` is a bad prompt too: "raise" gives a
-        :class:`~rlnb.RolloutError` naming it before anything is generated for it.
-    """
-
-    num_workers: int = 1
-    prefetch_factor: int = 8
-    multiprocessing_context: str | None = "forkserver"
-    on_bad_prompt: str = "raise"
-
-    def __post_init__(self) -> None:
-        check_int("DataConfig.num_workers", self.num_workers, minimum=0, example="num_workers=1")
-        check_int("DataConfig.prefetch_factor", self.prefetch_factor, minimum=1, example="prefetch_factor=8")
-        require(
-            self.multiprocessing_context in (None, "fork", "forkserver", "spawn"),
-            "DataConfig.multiprocessing_context",
-            self.multiprocessing_context,
-            'use None, "fork", "forkserver" or "spawn"',
-        )
-        require(
-            self.on_bad_prompt in ("raise", "skip"),
-            "DataConfig.on_bad_prompt",
-            self.on_bad_prompt,
-            'use "raise" or "skip"',
-        )
 
 
 @_keywords()

@@ -1,4 +1,5 @@
-"""Tasks, their prompts, and the prompt loader (torchdata's ``StatefulDataLoader``).
+"""Tasks, their prompts, and the prompt loader (torchdata's ``StatefulDataLoader``)
+with its settings, ``DataConfig`` (also ``rlnb.DataConfig``).
 
 ``PromptLoader``, ``PromptLoaderError``, ``PromptStream``, ``warm_up_workers`` and
 ``DEFAULT_START_METHOD`` are imported on first use: they need torch, and
@@ -7,6 +8,7 @@
 
 from typing import TYPE_CHECKING, Any
 
+from rlnb.data._config import DataConfig
 from rlnb.data._tasks import (
     Task,
     addition,
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_START_METHOD",
+    "DataConfig",
     "PromptLoader",
     "PromptLoaderError",
     "PromptStream",

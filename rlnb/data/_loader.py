@@ -77,6 +77,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from rlnb._errors import ClosedError, ConfigError, PromptError, RlnbError
 from rlnb._samples import PromptItem
+from rlnb.data._config import DataConfig
 from rlnb.data._records import PromptSource
 from rlnb.data._tasks import Task
 from rlnb.runtime import spawn_without_main
@@ -87,7 +88,9 @@ _PR_SET_PDEATHSIG = 1
 SNAPSHOT_EVERY = 64
 
 DEFAULT_START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-"""How :class:`PromptLoader` starts its workers unless told otherwise."""
+"""How :func:`warm_up_workers` starts the forkserver unless told otherwise."""
+
+_DEFAULT = DataConfig()  # what a loader built by hand gets; its defaults are DataConfig's
 
 
 class PromptLoaderError(RlnbError, RuntimeError):
@@ -310,9 +313,10 @@ def _exited(worker: Any, procs: dict[int, psutil.Process]) -> bool:
 class PromptLoader:
     """An iterator of :class:`PromptItem` over a :class:`PromptStream`.
 
-    ``num_workers=0`` makes prompts in the calling process. Workers start here, in
-    the constructor, which blocks until each is up; ``multiprocessing_context`` is
-    the start method ("forkserver" by default; None: the platform's default).
+    ``config`` (a :class:`DataConfig`; its ``num_workers``, ``prefetch_factor`` and
+    ``multiprocessing_context`` are read): ``num_workers=0`` makes prompts in the
+    calling process. Workers start here, in the constructor, which blocks until each
+    is up; ``multiprocessing_context`` is the start method (None: the platform's default).
     ``state_dict``/``load_state_dict`` save and restore the position (JSON-safe);
     ``close()`` stops the workers and is idempotent. Use it from one thread at a time.
 
@@ -320,8 +324,9 @@ class PromptLoader:
     there, or in a notebook cell, makes its prompts in this process (``num_workers``
     is then 0), with a warning (a script) or a line on stdout (a notebook).
 
-    Raises :class:`~rlnb.ConfigError` for a saved state of another worker count,
-    or for a task that a ``forkserver`` or ``spawn`` worker cannot rebuild (a lambda).
+    Raises :class:`~rlnb.ConfigError` for a ``config`` that is not a ``DataConfig``,
+    a saved state of another worker count, or a task that a ``forkserver`` or
+    ``spawn`` worker cannot rebuild (a lambda).
     ``next()`` raises :class:`~rlnb.PromptError` for a prompt
     whose ``make_prompt`` raised (the next call goes on with the next prompt), and
     :class:`PromptLoaderError` once a worker has died.
@@ -330,25 +335,29 @@ class PromptLoader:
     def __init__(
         self,
         task: Task,
+        config: DataConfig = _DEFAULT,
         *,
         seed: int,
-        num_workers: int = 1,
-        prefetch_factor: int = 4,
-        multiprocessing_context: str | None = DEFAULT_START_METHOD,
         state: dict[str, Any] | None = None,
     ) -> None:
+        if not isinstance(config, DataConfig):
+            raise ConfigError(
+                f"PromptLoader(config={config!r}) takes a rlnb.DataConfig, got {type(config).__name__}: "
+                "e.g. PromptLoader(task, rlnb.DataConfig(num_workers=2), seed=0)"
+            )
+        num_workers = config.num_workers
         self._closed = False
         self._task_name = task.name
         self._maker = "make_prompt" if task.records is None else "record reader"
         self._failure: str | None = None  # why every next() fails, once a worker died
         self._procs: dict[int, psutil.Process] = {}  # the workers, as psutil sees them
-        self.start_method = multiprocessing_context or multiprocessing.get_start_method()
+        self.start_method = config.multiprocessing_context or multiprocessing.get_start_method()
         if num_workers > 0 and self.start_method != "fork":
             num_workers = _workers_for(task, self.start_method, num_workers)
         self.num_workers = num_workers
         with warnings.catch_warnings():  # torchdata 0.11 calls torch's deprecated set_vital
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
-            self._loader = self._make_loader(task, seed, num_workers, prefetch_factor)
+            self._loader = self._make_loader(task, seed, num_workers, config.prefetch_factor)
         if state is not None:
             self._check_state(state)
             self._loader.load_state_dict(state["loader"])

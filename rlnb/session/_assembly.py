@@ -118,22 +118,15 @@ def load_checkpoint(
 def make_loader(config: Config, task: Task, state: dict[str, Any] | None) -> PromptLoader:
     from rlnb.data import PromptLoader
 
-    d = config.data
-    return PromptLoader(
-        task,
-        seed=config.seed,
-        num_workers=d.num_workers,
-        prefetch_factor=d.prefetch_factor,
-        multiprocessing_context=d.multiprocessing_context,
-        state=state,
-    )
+    return PromptLoader(task, config.data, seed=config.seed, state=state)
 
 
 def make_tracker(config: Config, *, name: str, run_id: str | None) -> Tracker:
     from rlnb import checkpoint
     from rlnb.track import Tracker
 
-    return Tracker(config.track, run_id=run_id, name=name, run_config=checkpoint.config_to_dict(config))
+    track = dataclasses.replace(config.track, run_id=run_id)  # a loaded checkpoint's, or the config's
+    return Tracker(track, name=name, run_config=checkpoint.config_to_dict(config))
 
 
 def make_buffer(config: Config) -> ReplayBuffer:

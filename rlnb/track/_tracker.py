@@ -67,10 +67,10 @@ class Tracker:
     ``config.run_dir`` holds the jsonl file, the plot PNG and wandb's files.
     ``metrics.jsonl`` and ``curves.png`` are this run's: another run's already there
     are kept beside them, renamed ``metrics-<its run id>.jsonl`` and
-    ``curves-<its run id>.png``, never appended to or replaced. ``run_id`` names the
-    run (``config.run_id`` if not given; a new one if neither is); a saved one resumes
-    the same run (its jsonl is appended to, its wandb run resumed). ``name`` names the
-    wandb run and ``run_config`` is recorded with it. Raises :class:`~rlnb.ConfigError`
+    ``curves-<its run id>.png``, never appended to or replaced. ``config.run_id``
+    names the run (None: a new one); a saved one resumes the same run (its jsonl is
+    appended to, its wandb run resumed). ``name`` names the wandb run and
+    ``run_config`` is recorded with it. Raises :class:`~rlnb.ConfigError`
     for a config that is not a ``TrackConfig`` or an extra backend without
     ``log``/``finish``, before any backend starts; use as a context manager or call
     :meth:`finish`.
@@ -80,7 +80,6 @@ class Tracker:
         self,
         config: TrackConfig = _DEFAULT,
         *,
-        run_id: str | None = None,
         name: str | None = None,
         run_config: Mapping[str, Any] | None = None,
         extra_backends: Sequence[Backend] = (),
@@ -96,7 +95,7 @@ class Tracker:
                     f"Tracker(extra_backends=[..., {backend!r}, ...]): it has no name, log() or finish(); "
                     "pass objects that keep rlnb.track.Backend, or name a built-in one in TrackConfig.backends"
                 )
-        self.run_id = run_id or config.run_id or uuid.uuid4().hex[:8]
+        self.run_id = config.run_id or uuid.uuid4().hex[:8]
         self.run_dir = None if config.run_dir is None else Path(config.run_dir)
         self._lock = threading.Lock()
         self._finished = False

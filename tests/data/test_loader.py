@@ -28,7 +28,7 @@ from tests.helpers.processes import PythonProcesses
 KERNEL_LIKE = """
 import sys, threading
 import torch
-from rlnb.data import addition
+from rlnb.data import DataConfig, addition
 from rlnb.data._loader import PromptLoader
 
 torch.randn(1_000_000).exp().sum()
@@ -96,7 +96,7 @@ def run_script(start_python: PythonProcesses, script: str, timeout: float = 120)
 
 @pytest.mark.parametrize("num_workers", [0, 1, 2])
 def test_the_stream_is_the_tasks_prompts_in_order_whatever_the_worker_count(num_workers: int) -> None:
-    loader = PromptLoader(reverse, seed=5, num_workers=num_workers, prefetch_factor=2)
+    loader = PromptLoader(reverse, rlnb.DataConfig(num_workers=num_workers, prefetch_factor=2), seed=5)
     try:
         assert len(loader.worker_pids()) == num_workers
         assert take(loader, 40) == list(itertools.islice(reverse.prompts(5), 40))
@@ -106,7 +106,7 @@ def test_the_stream_is_the_tasks_prompts_in_order_whatever_the_worker_count(num_
 
 @pytest.mark.parametrize("start_method", ["forkserver", "fork", "spawn", None])
 def test_every_start_method_serves_the_same_stream(start_method: str | None, loader_workers: set[int]) -> None:
-    loader = PromptLoader(addition, seed=2, num_workers=2, multiprocessing_context=start_method)
+    loader = PromptLoader(addition, rlnb.DataConfig(num_workers=2, multiprocessing_context=start_method), seed=2)
     try:
         assert sorted(p.pid for p in new_descendants(loader_workers)) == sorted(loader.worker_pids())
         assert take(loader, 20) == list(itertools.islice(addition.prompts(2), 20))
@@ -129,14 +129,14 @@ def test_the_default_start_method_is_forkserver_where_the_platform_has_it() -> N
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_saved_state_resumes_at_exactly_the_next_prompt_through_json(num_workers: int) -> None:
-    loader = PromptLoader(addition, seed=1, num_workers=num_workers)
+    loader = PromptLoader(addition, rlnb.DataConfig(num_workers=num_workers), seed=1)
     try:
         take(loader, 70)  # past one snapshot interval
         state = json.loads(json.dumps(loader.state_dict()))
         expected = take(loader, 25)
     finally:
         loader.close()
-    resumed = PromptLoader(addition, seed=1, num_workers=num_workers, state=state)
+    resumed = PromptLoader(addition, rlnb.DataConfig(num_workers=num_workers), seed=1, state=state)
     try:
         assert take(resumed, 25) == expected
         assert expected[0].prompt_id == 70
@@ -145,12 +145,12 @@ def test_a_saved_state_resumes_at_exactly_the_next_prompt_through_json(num_worke
 
 
 def test_a_state_saved_with_another_worker_count_is_refused_before_workers_start(loader_workers: set[int]) -> None:
-    loader = PromptLoader(addition, seed=0, num_workers=0)
+    loader = PromptLoader(addition, rlnb.DataConfig(num_workers=0), seed=0)
     take(loader, 3)
     state = loader.state_dict()
     loader.close()
     with pytest.raises(rlnb.ConfigError, match=r"num_workers=0"):
-        PromptLoader(addition, seed=0, num_workers=2, state=state)
+        PromptLoader(addition, rlnb.DataConfig(num_workers=2), seed=0, state=state)
     assert not new_descendants(loader_workers)
 
 
@@ -178,7 +178,7 @@ def test_what_runs_in_a_worker_is_plain_python_and_no_tensor_crosses() -> None:
     sent = bytes(ForkingPickler.dumps((items, state)))  # as a worker's queue pickles it
     assert b"torch" not in sent
 
-    loader = PromptLoader(addition, seed=4, num_workers=2)
+    loader = PromptLoader(addition, rlnb.DataConfig(num_workers=2), seed=4)
     try:
         got = take(loader, 10)
         assert all(type(i) is rlnb.PromptItem and type(i.prompt) is str and type(i.answer) is str for i in got)
@@ -196,7 +196,7 @@ def test_a_loader_starts_in_a_kernel_like_process_where_a_forked_worker_would_de
     script = KERNEL_LIKE + textwrap.dedent(
         """
         try:
-            loader = PromptLoader(addition, seed=0, num_workers=2)
+            loader = PromptLoader(addition, DataConfig(num_workers=2), seed=0)
             print(*(item.prompt for item in (next(loader) for _ in range(6))))
             loader.close()
         finally:
@@ -211,9 +211,9 @@ def test_a_loader_starts_in_a_kernel_like_process_where_a_forked_worker_would_de
 def test_a_task_made_in_a_notebook_cell_is_refused_before_any_worker_starts(loader_workers: set[int]) -> None:
     in_a_cell = Task("in-a-cell", "0123456789+=", lambda rng: ("1+1=", "2"), addition.reward, 3)
     with pytest.raises(rlnb.ConfigError, match=r"cannot be sent to a 'forkserver'.*DataConfig\(num_workers=0\)"):
-        PromptLoader(in_a_cell, seed=0, num_workers=1)
+        PromptLoader(in_a_cell, rlnb.DataConfig(num_workers=1), seed=0)
     assert not new_descendants(loader_workers)
-    loader = PromptLoader(in_a_cell, seed=0, num_workers=0)  # what the message says works
+    loader = PromptLoader(in_a_cell, rlnb.DataConfig(num_workers=0), seed=0)  # what the message says works
     try:
         assert next(loader).prompt == "1+1="
     finally:
@@ -228,20 +228,20 @@ def test_a_task_made_where_workers_cannot_import_it_makes_its_prompts_here_and_s
     stdout; a task made from records there keeps its workers, whatever its reward."""
     script = textwrap.dedent(
         """
-        from rlnb.data import Task, addition
+        from rlnb.data import DataConfig, Task, addition
         from rlnb.data._loader import PromptLoader
 
         def make_prompt(rng):
             return "1+1=", "2"
 
         task = Task("top-level", "0123456789+=", make_prompt, addition.reward, 3)
-        loader = PromptLoader(task, seed=0, num_workers=1)
+        loader = PromptLoader(task, DataConfig(num_workers=1), seed=0)
         print("generated:", loader.num_workers, next(loader).prompt, flush=True)
         loader.close()
 
         rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(5)]
         data = Task.from_records("cell-data", rows, reward=lambda completion, answer: 1.0, eval_size=0)
-        loader = PromptLoader(data, seed=0, num_workers=1)
+        loader = PromptLoader(data, DataConfig(num_workers=1), seed=0)
         print("records:", loader.num_workers, len(loader.worker_pids()), sorted(next(loader).prompt for _ in range(5)))
         loader.close()
         """
@@ -276,7 +276,7 @@ def test_a_task_from_the_main_script_makes_its_prompts_here_with_a_warning(
         monkeypatch.setattr(sys.modules["__main__"], obj.__name__, obj, raising=False)
     task = Task("from-main", "0123456789+=", make_prompt, Reward(), 3)
     with pytest.warns(UserWarning, match=r"its make_prompt is defined in the main script") as caught:
-        loader = PromptLoader(task, seed=0, num_workers=2)
+        loader = PromptLoader(task, rlnb.DataConfig(num_workers=2), seed=0)
     try:
         assert caught[0].filename == __file__  # the caller's line, not rlnb's
         assert loader.num_workers == 0 and loader.worker_pids() == []
@@ -287,7 +287,7 @@ def test_a_task_from_the_main_script_makes_its_prompts_here_with_a_warning(
 
 
 def test_workers_ignore_ctrl_c_and_keep_serving() -> None:
-    loader = PromptLoader(addition, seed=0, num_workers=2)
+    loader = PromptLoader(addition, rlnb.DataConfig(num_workers=2), seed=0)
     try:
         take(loader, 5)
         for pid in loader.worker_pids():
@@ -299,7 +299,7 @@ def test_workers_ignore_ctrl_c_and_keep_serving() -> None:
 
 
 def test_close_stops_the_workers_and_is_idempotent() -> None:
-    loader = PromptLoader(addition, seed=0, num_workers=2)
+    loader = PromptLoader(addition, rlnb.DataConfig(num_workers=2), seed=0)
     take(loader, 3)
     workers = [psutil.Process(pid) for pid in loader.worker_pids()]
     loader.close()
@@ -319,12 +319,13 @@ def test_nothing_outlives_a_killed_parent(start_method: str, thread: str, start_
     script = textwrap.dedent(
         f"""
         import sys, threading
-        from rlnb.data import addition
+        from rlnb.data import DataConfig, addition
         from rlnb.data._loader import PromptLoader
 
         made = []
         def build():
-            made.append(PromptLoader(addition, seed=0, num_workers=2, multiprocessing_context={start_method!r}))
+            config = DataConfig(num_workers=2, multiprocessing_context={start_method!r})
+            made.append(PromptLoader(addition, config, seed=0))
         if {thread!r} == "main":
             build()
         else:
@@ -384,7 +385,7 @@ def test_a_worker_killed_while_a_session_rolls_out_fails_the_next_call_clearly(l
 
 
 def test_a_worker_killed_while_the_loader_waits_for_it_ends_the_wait_with_the_error(loader_workers: set[int]) -> None:
-    loader = PromptLoader(STUCK, seed=0, num_workers=1)
+    loader = PromptLoader(STUCK, rlnb.DataConfig(num_workers=1), seed=0)
     try:
         (worker,) = new_descendants(loader_workers)
         got: list[BaseException] = []

@@ -268,7 +268,7 @@ def test_a_value_that_cannot_be_copied_or_sent_to_a_worker_names_the_record_and_
     from rlnb.data import PromptLoader
 
     with pytest.raises(rlnb.ConfigError) as caught:  # it blamed the task's functions, which were fine
-        PromptLoader(t, seed=0, num_workers=1, multiprocessing_context="forkserver")
+        PromptLoader(t, rlnb.DataConfig(num_workers=1, multiprocessing_context="forkserver"), seed=0)
     assert "record 7's 'lock' holds <function" in str(caught.value)
     assert "records of data" in str(caught.value) and "DataConfig(num_workers=0)" in str(caught.value)
 

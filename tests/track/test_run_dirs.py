@@ -83,7 +83,7 @@ def test_what_an_earlier_run_left_in_the_run_dir_is_kept(tmp_path: Path) -> None
     run_dir.mkdir()
     earlier = '{"event": "start", "run_id": "earlier1", "time": 1.0}\n{"step": 1, "reward_mean": 0.25}\n'
     (run_dir / "metrics.jsonl").write_text(earlier)
-    with Tracker(rlnb.TrackConfig(backends=("plot",), run_dir=str(run_dir)), run_id="plotted1") as plot_run:
+    with Tracker(rlnb.TrackConfig(backends=("plot",), run_dir=str(run_dir), run_id="plotted1")) as plot_run:
         plot_run.log({"reward_mean": 0.5}, step=1)
     png = (run_dir / "curves.png").read_bytes()
     (run_dir / "notes.md").write_text("mine")
