@@ -259,6 +259,7 @@ class Session:
 
     @property
     def name(self) -> str:
+        """The session's name: ``Session(name=...)`` replaces a live session of the same one."""
         return self._name
 
     @property
@@ -268,6 +269,8 @@ class Session:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` has run (every call but ``statistics(raise_errors=False)``
+        and :meth:`on_close` then raises :class:`~rlnb.ClosedError`)."""
         return self._closed
 
     @property
