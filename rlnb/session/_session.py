@@ -269,8 +269,8 @@ class Session:
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` has run (every call but ``statistics(raise_errors=False)``
-        and :meth:`on_close` then raises :class:`~rlnb.ClosedError`)."""
+        """Whether :meth:`close` has run; calls that need its parts then raise
+        :class:`~rlnb.ClosedError`."""
         return self._closed
 
     @property
