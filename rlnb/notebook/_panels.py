@@ -247,7 +247,7 @@ def generation_text(stats: SessionStatistics, mode: str | None = None, *, closed
         return f"{r.in_flight} in flight; nothing new is dispatched in the background"
     if mode == "sync":
         return "stopped: each step rolls out its own batch (sync mode)"
-    return "stopped: start(), step() or start_rollouts() starts it"
+    return "stopped: sess.training.start(), step() or sess.rollouts.start() starts it"
 
 
 def _buffer(stats: SessionStatistics) -> str:

@@ -40,7 +40,7 @@ def with_(stats: SessionStatistics, **parts: dict[str, object]) -> SessionStatis
 def test_a_fresh_session_is_idle_and_generates_nothing(idle: SessionStatistics) -> None:
     page = _panels.state_html("s", idle, None, mode="async")
     assert words(page) == ("idle", "stopped")  # not a green RUNNING
-    assert "start(), step() or start_rollouts() starts it" in page
+    assert "sess.training.start(), step() or sess.rollouts.start() starts it" in page
     assert _panels.usable(idle) == {
         "start": True, "stop": False, "pause": True, "resume": False, "step": True, "evaluate": True, "save": True,
     }  # fmt: skip
