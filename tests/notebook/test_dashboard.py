@@ -238,7 +238,7 @@ def test_state_and_gauges_follow_the_session() -> None:
         wait_until(lambda: dash.ticks > 0, "the first tick")
         # a fresh session does nothing: it says so, in each of its two words
         assert (training_word(dash), state_word(dash)) == ("IDLE", "STOPPED"), dash.state.value
-        assert row(dash, "training") == "idle" and row(dash, "generation").startswith("stopped: start()")
+        assert row(dash, "training") == "idle" and row(dash, "generation").startswith("stopped: sess.training.start()")
         assert "policy version</th>" in dash.state.value
         assert "model</th><td" in dash.state.value and "tiny policy (d_model 32, 1 layer) on CPU" in dash.state.value
         threads_before, _ = gauge(dash, "threads")

@@ -188,7 +188,7 @@ def test_an_async_step_that_gets_no_batch_says_why() -> None:
     engine = HookedEngine(config)
     with rlnb.Session(config, name="why-no-batch", engine=engine) as sess:
         sess.rollouts.pause()
-        with pytest.raises(TimeoutError, match=r"rollouts are paused: call resume\(\)"):
+        with pytest.raises(TimeoutError, match=r"rollouts are paused: call sess\.rollouts\.resume\(\)"):
             sess.step(timeout=0.2)
 
         stuck = asyncio.Event()  # never set: every generation hangs
