@@ -88,7 +88,7 @@ NOT_RELAYS = {
 
 CASES = (
     [
-        (cls, fields(RolloutConfig, LearnConfig))
+        (cls, fields(RolloutConfig, LearnConfig, DataConfig))
         for cls in constructors(rlnb.rollout) + constructors(rlnb.learn)
         if "__init__" in vars(cls) or dataclasses.is_dataclass(cls)
     ]

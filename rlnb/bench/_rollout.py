@@ -28,7 +28,7 @@ from collections.abc import Callable
 from rlnb._samples import PromptItem
 from rlnb.bench._common import BenchResult, Target, median, p99, time_ms
 from rlnb.buffer import ReplayBuffer
-from rlnb.config import BufferConfig, Config, EngineConfig, ModelConfig, RolloutConfig
+from rlnb.config import BufferConfig, Config, DataConfig, EngineConfig, ModelConfig, RolloutConfig
 from rlnb.engines import FakeEngine, GenerateRequest, PauseMode, SamplingParams
 from rlnb.rollout import Rollouter
 from rlnb.runtime import AsyncBridge, block_on
@@ -70,7 +70,7 @@ async def _resume_latency(trials: int) -> dict[str, float]:
         reward_fn=lambda item, completion: 0.0,
         buffer=buffer,
         seed=0,
-        on_bad_prompt="raise",
+        data=DataConfig(),
         max_context=None,
     )
     latencies, in_flight = [], []

@@ -28,7 +28,7 @@ from rlnb._errors import (
 )
 from rlnb._samples import Group, PromptItem
 from rlnb.buffer import ReplayBuffer
-from rlnb.config import RolloutConfig
+from rlnb.config import DataConfig, RolloutConfig
 from rlnb.engines import Engine, PauseMode, SamplingParams
 from rlnb.rollout._accounting import Counters, RolloutStatistics, Ticket, is_cancellation
 from rlnb.rollout._conversation import Conversations
@@ -74,9 +74,9 @@ class Rollouter:
     when the buffer evicts it. None: no bound (only a full buffer holds dispatch
     back). Each policy update comes through :meth:`publish`, which opens the budget
     again and wakes dispatch. Create and use it on the bridge
-    loop; the session wraps it for cells. ``on_bad_prompt`` (``DataConfig.on_bad_prompt``):
-    "raise" (a prompt the task could not make is raised, once, as
-    :class:`~rlnb.PromptError`) or "skip".
+    loop; the session wraps it for cells. ``data``: the prompt pipeline's settings, of
+    which it reads ``DataConfig.on_bad_prompt``: "raise" (a prompt the task could not
+    make is raised, once, as :class:`~rlnb.PromptError`) or "skip".
     ``conversations``: samples are conversations with environments (:class:`Conversations`).
     ``max_context``: the model's context (``ModelConfig.max_len``; None: not known): a
     prompt too long for it with ``max_new_tokens`` is a bad prompt, raised as a
@@ -96,7 +96,7 @@ class Rollouter:
         reward_fn: RewardFn,
         buffer: ReplayBuffer,
         seed: int,
-        on_bad_prompt: str,
+        data: DataConfig,
         max_context: int | None,
         group_reward_fn: GroupRewardFn | None = None,
         conversations: Conversations | None = None,
@@ -132,7 +132,7 @@ class Rollouter:
         self._generating_groups = 0  # groups dispatched into the buffer, not yet ended (collect()'s do not count)
         self._halted = False  # a group bound for the buffer failed: no dispatch until start/resume/set_version
         self._resume_to_dispatch_ms: float | None = None
-        self._skip_bad_prompts = on_bad_prompt == "skip"
+        self._skip_bad_prompts = data.on_bad_prompt == "skip"
 
     # -- state (the state machine's) ------------------------------------------------------
 

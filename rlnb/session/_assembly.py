@@ -249,7 +249,7 @@ def make_rollouter(
         group_reward_fn=group_reward_fn,
         buffer=buffer,
         seed=config.seed,
-        on_bad_prompt=config.data.on_bad_prompt,
+        data=config.data,
         max_context=config.model.max_len,
         conversations=conversations(task, tokenizer),
     )

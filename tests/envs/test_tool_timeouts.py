@@ -66,7 +66,7 @@ def roll_out_calling(env: ToolEnv, turn: str) -> rlnb.RolloutError:
             reward_fn=constant_reward,
             buffer=buffer,
             seed=0,
-            on_bad_prompt="raise",
+            data=rlnb.DataConfig(),
             max_context=None,
             conversations=convs,
         )

@@ -15,7 +15,7 @@ from typing import Any
 
 import rlnb
 from rlnb.buffer import ReplayBuffer
-from rlnb.config import BufferConfig, RolloutConfig
+from rlnb.config import BufferConfig, DataConfig, RolloutConfig
 from rlnb.engines import FakeEngine, GenerateRequest, GenerateResult, PauseMode, SamplingParams
 from rlnb.rollout import PromptItem, Rollouter
 from tests.helpers import wait_until_async
@@ -113,7 +113,7 @@ async def make_rollouter(
     kwargs.setdefault("sampling", NO_LENGTH_CUT)
     kwargs.setdefault("encode", encode)
     kwargs.setdefault("seed", 0)
-    kwargs.setdefault("on_bad_prompt", "raise")
+    kwargs.setdefault("data", DataConfig(on_bad_prompt=kwargs.pop("on_bad_prompt", "raise")))
     kwargs.setdefault("max_context", None)
     buffer = ReplayBuffer(BufferConfig(capacity=buffer_capacity, max_staleness=buffer_max_staleness))
     rollouter = Rollouter(

@@ -266,7 +266,7 @@ def test_after_aclose_every_call_raises_closed_and_no_task_is_left() -> None:
             reward_fn=constant_reward,
             buffer=buffer,
             seed=0,
-            on_bad_prompt="raise",
+            data=rlnb.DataConfig(),
             max_context=None,
         )
         await r.start()
