@@ -30,6 +30,7 @@ LAYERS = {
     "rlnb.rewards": 2,
     "rlnb.data": 2,
     "rlnb.envs": 2,
+    "rlnb.algorithms": 2,
     "rlnb.config": 3,
     "rlnb.models": 4,
     "rlnb.buffer": 4,
