@@ -94,6 +94,7 @@ policy is the current one) or the loss has no clip: clip fractions then mean not
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -164,7 +165,7 @@ def advantages(
     assert isinstance(part, str)
     buckets = _buckets(group_of)
     parts = [_group_stage(part, algorithm.std, rewards[rows], lengths[rows].to(torch.float64)) for rows in buckets]
-    out = torch.zeros(len(rewards), dtype=torch.result_type(*parts) if len(parts) > 1 else parts[0].dtype)
+    out = torch.zeros(len(rewards), dtype=functools.reduce(torch.promote_types, [p.dtype for p in parts]))
     for rows, values in zip(buckets, parts, strict=True):
         out[rows.flatten()] = values.flatten().to(out.dtype)
     return _batch_stage(part, algorithm.std, out, rewards, lengths, buckets)
@@ -278,7 +279,7 @@ def _function_advantages(
             )
         results.append((rows, out))
     token_level = any(out.dim() == 3 for _, out in results)
-    dtype = torch.result_type(*[out for _, out in results]) if len(results) > 1 else results[0][1].dtype
+    dtype = functools.reduce(torch.promote_types, [out.dtype for _, out in results])
     if not dtype.is_floating_point:
         dtype = torch.float32
     n = len(rewards)
@@ -466,7 +467,8 @@ def _builtin_loss(
         core = -ratio.clamp(low, high).detach() * adv * logp
         below, above = ratio < low, ratio > high
     elif alg.loss == "sapo":
-        tau = torch.where(adv > 0, alg.sapo_tau_pos, alg.sapo_tau_neg).to(logp.dtype)
+        pos, neg = (torch.tensor(t, dtype=logp.dtype, device=logp.device) for t in (alg.sapo_tau_pos, alg.sapo_tau_neg))
+        tau = torch.where(adv > 0, pos, neg)
         core = -(torch.sigmoid(tau * (ratio - 1)) * 4 / tau) * adv
         below = above = torch.zeros_like(below)
     else:  # reinforce
@@ -639,7 +641,7 @@ def check(algorithm: Algorithm) -> None:
     except Exception as exc:
         raise ConfigError(f"{name} failed on a dry batch of 8 samples: {exc}") from exc
     if not bool(torch.isfinite(terms.loss).all()):
-        raise ConfigError(f"{name} gave a loss of {float(terms.loss)} on a dry batch: it must be finite")
+        raise ConfigError(f"{name} gave a loss of {float(terms.loss.detach())} on a dry batch: it must be finite")
     if not terms.loss.requires_grad:
         raise ConfigError(f"{name} gave a loss without gradient: compute it from inputs.logp (it has one)")
     (grad,) = torch.autograd.grad(terms.loss, logits, allow_unused=True)
