@@ -26,16 +26,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rlnb.algorithms._algorithm import (
-    ADVANTAGES,
-    AGGREGATIONS,
-    CORRECTIONS,
-    KL_ESTIMATORS,
-    LOSSES,
-    STDS,
-    Algorithm,
-    describe,
-)
+from rlnb.algorithms._algorithm import Algorithm
+from rlnb.algorithms._parts import ADVANTAGES, AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, LOSSES, STDS, describe
 from rlnb.algorithms._presets import DEFAULT, PRESETS, Preset, algorithms, preset
 
 if TYPE_CHECKING:

@@ -13,34 +13,18 @@ from collections.abc import Callable
 from typing import Any
 
 from rlnb._checks import check_number, keywords, plain, require
+from rlnb.algorithms._parts import (
+    ADVANTAGES,
+    AGGREGATIONS,
+    CORRECTIONS,
+    KL_ESTIMATORS,
+    KL_PLACES,
+    LOSSES,
+    STDS,
+    describe,
+)
 
-__all__ = [
-    "ADVANTAGES",
-    "AGGREGATIONS",
-    "CORRECTIONS",
-    "KL_ESTIMATORS",
-    "LOSSES",
-    "STDS",
-    "Algorithm",
-    "describe",
-]
-
-# The built-in parts, by name (each is described in rlnb.algorithms.functional).
-ADVANTAGES = ("grpo", "dr_grpo", "rloo", "opo", "gpg", "reinforce_pp", "reinforce_pp_baseline")
-LOSSES = ("ppo_clip", "gspo", "cispo", "sapo", "reinforce")
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
-CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-KL_ESTIMATORS = ("k1", "k2", "k3", "k3+")
-STDS = ("population", "bessel")
-KL_PLACES = ("loss", "reward")
-
-
-def describe(part: str | Callable[..., Any]) -> str:
-    """A part's name: the built-in's, or a function's qualified name (``module.qualname``)."""
-    if isinstance(part, str):
-        return part
-    module = getattr(part, "__module__", None) or "?"
-    return f"{module}.{getattr(part, '__qualname__', type(part).__qualname__)}"
+__all__ = ["Algorithm"]
 
 
 @keywords()

@@ -101,7 +101,8 @@ from typing import Any
 import torch
 
 from rlnb._errors import ConfigError, InvalidValueError
-from rlnb.algorithms._algorithm import Algorithm, describe
+from rlnb.algorithms._parts import Settings as Algorithm  # what is read of an rlnb.algorithms.Algorithm
+from rlnb.algorithms._parts import describe
 
 __all__ = [
     "FLOAT32_SAFE",
