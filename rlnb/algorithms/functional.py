@@ -237,7 +237,8 @@ def _batch_stage(
         return values * (n / max(n - flat, 1))
     if name not in ("reinforce_pp", "reinforce_pp_baseline"):
         return values
-    x = values.to(torch.float64)
+    # REINFORCE++ whitens the rewards themselves: read them at full precision
+    x = rewards.to(torch.float64) if name == "reinforce_pp" else values.to(torch.float64)
     weights = lengths.to(torch.float64)
     total = weights.sum()
     count = total - (1.0 if std == "bessel" else 0.0)
