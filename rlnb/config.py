@@ -34,6 +34,7 @@ from rlnb._checks import (
 )
 from rlnb._checks import keywords as _keywords
 from rlnb._errors import ConfigError
+from rlnb.algorithms import Algorithm, algorithms, describe, preset
 from rlnb.data import DataConfig, get_task
 
 ENGINE_KINDS = ("tiny", "hf", "vllm")
@@ -41,6 +42,7 @@ MODEL_DTYPES = ("float32", "bfloat16")
 
 __all__ = [
     "LIVE_FIELDS",
+    "live_value",
     "BufferConfig",
     "Change",
     "Config",
@@ -455,11 +457,22 @@ class RolloutConfig:
 @dataclasses.dataclass(frozen=True)
 class LearnConfig:
     """lr, betas, weight_decay: AdamW. max_grad_norm: gradient clipping.
-    clip_eps: PPO clip range. is_cap: truncation of the off-policy importance weight.
-    kl_coef: weight of the KL to the frozen initial policy (0: no reference kept).
+    algorithm: the RL update: a preset's name (``rlnb.algorithms.algorithms()``
+        lists them: "grpo", the default, "dr_grpo", "dapo", "gspo", "cispo", "rloo",
+        "reinforce_pp", ...) or an :class:`rlnb.algorithms.Algorithm` (its parts,
+        your own functions included). :attr:`resolved_algorithm` is the one in
+        force, with the four settings below applied.
+    clip_eps: None (the algorithm's clip range), or a number that sets both of its
+        bounds (``clip_low = clip_high = clip_eps``).
+    is_cap: None (the algorithm's), or the upper bound of the mismatch weight
+        between the engine's and the learner's policy (``correction_high``).
+    kl_coef: None (the algorithm's: 0 in every preset), or the weight of the KL to
+        the frozen initial policy; a session keeps that reference only when the
+        weight is > 0 at its start.
+    scale_advantages: None (the algorithm's), or False to only centre each group's
+        rewards (Dr. GRPO's advantages; ``advantage="dr_grpo"``) where the
+        algorithm's advantage is "grpo"; True leaves "grpo" as it is.
     epochs, minibatches: passes over each batch and the groups split per pass.
-    scale_advantages: divide each group's centred rewards by their std (GRPO);
-        False only centres them (Dr. GRPO).
     lr_decay_steps: None keeps ``lr`` constant; N decays it linearly to 0 over
         the first N learner steps (TRL's and verl's default schedule), after
         which it stays at 0.
@@ -481,12 +494,13 @@ class LearnConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    clip_eps: float = 0.2
-    is_cap: float = 2.0
-    kl_coef: float = 0.0
+    algorithm: str | Algorithm = "grpo"
+    clip_eps: float | None = None
+    is_cap: float | None = None
+    kl_coef: float | None = None
     epochs: int = 1
     minibatches: int = 1
-    scale_advantages: bool = True
+    scale_advantages: bool | None = None
     lr_decay_steps: int | None = None
     micro_batch_size: int | None = None
     keep_batches: int = 8
@@ -505,18 +519,24 @@ class LearnConfig:
             check_number("LearnConfig.betas", beta, ge=0, lt=1, fix="use two numbers in [0, 1), e.g. (0.9, 0.999)")
         check_number("LearnConfig.weight_decay", self.weight_decay, ge=0, fix="use a value >= 0")
         check_number("LearnConfig.max_grad_norm", self.max_grad_norm, gt=0, fix="use a norm > 0, e.g. 1.0")
-        check_number("LearnConfig.clip_eps", self.clip_eps, gt=0, lt=1, fix="use a value in (0, 1), e.g. 0.2")
-        check_number("LearnConfig.is_cap", self.is_cap, ge=1, fix="use a cap >= 1, e.g. is_cap=2.0")
-        check_number("LearnConfig.kl_coef", self.kl_coef, ge=0, fix="use 0 (no KL) or a positive weight")
+        if self.clip_eps is not None:
+            check_number(
+                "LearnConfig.clip_eps", self.clip_eps, gt=0, lt=1, fix="use None (the algorithm's) or a value in (0, 1)"
+            )
+        if self.is_cap is not None:
+            check_number("LearnConfig.is_cap", self.is_cap, ge=1, fix="use None (the algorithm's) or a cap >= 1")
+        if self.kl_coef is not None:
+            check_number("LearnConfig.kl_coef", self.kl_coef, ge=0, fix="use None, 0 (no KL) or a positive weight")
         check_int("LearnConfig.epochs", self.epochs, minimum=1)
         check_int("LearnConfig.threads", self.threads, minimum=1, optional=True, example="threads=1")
         check_int("LearnConfig.minibatches", self.minibatches, minimum=1)
         require(
-            isinstance(self.scale_advantages, bool),
+            self.scale_advantages is None or isinstance(self.scale_advantages, bool),
             "LearnConfig.scale_advantages",
             self.scale_advantages,
-            "use True (GRPO) or False (Dr. GRPO)",
+            "use None (the algorithm's), True (GRPO) or False (Dr. GRPO)",
         )
+        object.__setattr__(self, "_resolved", self._resolve())
         check_int(
             "LearnConfig.lr_decay_steps", self.lr_decay_steps, minimum=1, optional=True, example="lr_decay_steps=3000"
         )
@@ -528,6 +548,43 @@ class LearnConfig:
             example="None (the whole batch at once) or micro_batch_size=8",
         )
         check_int("LearnConfig.keep_batches", self.keep_batches, minimum=0, example="keep_batches=8")
+
+    @property
+    def resolved_algorithm(self) -> Algorithm:
+        """The :class:`~rlnb.algorithms.Algorithm` in force: :attr:`algorithm` (a
+        preset's, by name) with ``clip_eps``, ``is_cap``, ``kl_coef`` and
+        ``scale_advantages`` applied where they are not None."""
+        resolved: Algorithm = self.__dict__["_resolved"]
+        return resolved
+
+    def _resolve(self) -> Algorithm:
+        if isinstance(self.algorithm, str):
+            try:
+                base = preset(self.algorithm)
+            except LookupError as exc:
+                raise ConfigError(f"LearnConfig.algorithm={self.algorithm!r} is invalid: {exc}") from None
+        elif isinstance(self.algorithm, Algorithm):
+            base = self.algorithm
+        else:
+            raise ConfigError(
+                f"LearnConfig.algorithm={self.algorithm!r} is invalid: use a preset's name "
+                '(rlnb.algorithms.algorithms() lists them), e.g. algorithm="dapo", or an rlnb.algorithms.Algorithm(...)'
+            )
+        changes: dict[str, Any] = {}
+        if self.clip_eps is not None:
+            changes.update(clip_low=self.clip_eps, clip_high=self.clip_eps)
+        if self.is_cap is not None:
+            changes["correction_high"] = self.is_cap
+        if self.kl_coef is not None:
+            changes["kl_coef"] = self.kl_coef
+        if self.scale_advantages is False and base.advantage == "grpo":
+            changes["advantage"] = "dr_grpo"
+        if not changes:
+            return base
+        try:
+            return base.replace(**changes)
+        except ConfigError as exc:
+            raise ConfigError(f"LearnConfig: {exc}") from None
 
 
 @_keywords()
@@ -748,6 +805,26 @@ class Config:
             f"groups; use groups_per_step <= {capacity} (a larger capacity {new_session})",
         )
 
+    def _changed_algorithm(self, learn: dict[str, Any], knobs: dict[str, Any]) -> Algorithm:
+        """The algorithm ``set()`` gives ``learn`` (the learner's changes) with ``knobs``,
+        the algorithm's own fields, changed: a ConfigError where a LearnConfig setting
+        would hide one (``clip_eps`` sets both clip bounds)."""
+        clip_eps = learn.get("clip_eps", self.learn.clip_eps)
+        if clip_eps is not None and {"clip_low", "clip_high"} & set(knobs):
+            raise ConfigError(
+                f"set({', '.join(f'{k}={v!r}' for k, v in knobs.items())}): LearnConfig.clip_eps={clip_eps!r} "
+                "sets both clip bounds and would hide it: set clip_eps=None with it, e.g. "
+                "sess.set(clip_eps=None, clip_high=0.28)"
+            )
+        named = learn.get("algorithm", self.learn.algorithm)
+        base = LearnConfig(algorithm=named).algorithm if isinstance(named, str) else named
+        if isinstance(base, str):
+            base = preset(base)
+        try:
+            return base.replace(**knobs)
+        except ConfigError as exc:
+            raise ConfigError(f"set(): {exc}") from None
+
     def with_live(self, **changes: Any) -> tuple[Config, list[tuple[str, Any, Any]]]:
         """A copy with the live settings ``changes`` (:data:`LIVE_FIELDS`, by field name:
         ``lr=1e-3``, ``temperature=0.7``) applied and validated, and the ``(field, old,
@@ -760,12 +837,14 @@ class Config:
             if part is None:
                 raise ConfigError(_not_live(field))
             parts.setdefault(part, {})[field] = value
+        if knobs := {f: parts["learn"].pop(f) for f in ALGORITHM_FIELDS if f in parts.get("learn", {})}:
+            parts["learn"]["algorithm"] = self._changed_algorithm(parts["learn"], knobs)
         self._check_fixed_bounds(changes)
         replaced = {part: dataclasses.replace(getattr(self, part), **values) for part, values in parts.items()}
         config = dataclasses.replace(self, **replaced)
         diff = []
-        for field, part in LIVE_FIELDS.items():
-            old, new = getattr(getattr(self, part), field), getattr(getattr(config, part), field)
+        for field in LIVE_FIELDS:
+            old, new = live_value(self, field), live_value(config, field)
             if field in changes and old != new:
                 diff.append((field, old, new))
         return config, diff
@@ -778,6 +857,10 @@ class Config:
 LIVE_FIELDS: dict[str, str] = {
     "lr": "learn",
     "lr_decay_steps": "learn",
+    "algorithm": "learn",
+    "clip_low": "learn",
+    "clip_high": "learn",
+    "entropy_coef": "learn",
     "kl_coef": "learn",
     "clip_eps": "learn",
     "is_cap": "learn",
@@ -791,6 +874,43 @@ LIVE_FIELDS: dict[str, str] = {
     "group_size": "rollout",
     "reward_weights": "rollout",
 }
+
+
+# A learner setting left None takes the algorithm's value: the value in force, by field.
+_FROM_ALGORITHM = {"clip_eps": "clip_high", "is_cap": "correction_high", "kl_coef": "kl_coef"}
+# Live settings that are the algorithm's own fields: set() makes LearnConfig.algorithm an
+# Algorithm with them changed (a preset's name becomes its Algorithm).
+ALGORITHM_FIELDS = ("clip_low", "clip_high", "entropy_coef")
+
+
+def live_value(config: Config, field: str) -> Any:
+    """The value of live setting ``field`` in force under ``config``: its field's, or
+    for ``clip_eps``, ``is_cap`` and ``kl_coef`` left None, the resolved algorithm's
+    (``clip_high``, ``correction_high``, ``kl_coef``); for the algorithm's own
+    (``clip_low``, ``clip_high``, ``entropy_coef``), the resolved algorithm's."""
+    if field in ALGORITHM_FIELDS:
+        return getattr(config.learn.resolved_algorithm, field)
+    value = getattr(getattr(config, LIVE_FIELDS[field]), field)
+    if value is None and field in _FROM_ALGORITHM:
+        return getattr(config.learn.resolved_algorithm, _FROM_ALGORITHM[field])
+    return value
+
+
+def algorithm_label(algorithm: str | Algorithm) -> str:
+    """A name for ``algorithm``: a preset's name, the name of the preset it equals, or
+    ``"custom"`` with what differs from GRPO's."""
+    if isinstance(algorithm, str):
+        return algorithm
+    for name, _ in algorithms():
+        if preset(name) == algorithm:
+            return name
+    base = preset("grpo")
+    differs = [
+        f"{f.name}={describe(v) if callable(v := getattr(algorithm, f.name)) else v!r}"
+        for f in dataclasses.fields(algorithm)
+        if getattr(algorithm, f.name) != getattr(base, f.name)
+    ]
+    return f"custom ({', '.join(differs)})"
 
 
 def _not_live(field: str) -> str:
@@ -819,11 +939,13 @@ class Change:
     time: float = dataclasses.field(default_factory=time.time)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-safe: tuples become lists."""
-        data = dataclasses.asdict(self)
+        """JSON-safe: tuples become lists, an :class:`~rlnb.algorithms.Algorithm` its label."""
+        data = {"step": self.step, "field": self.field, "old": self.old, "new": self.new, "time": self.time}
         for key in ("old", "new"):
             if isinstance(data[key], tuple):
                 data[key] = list(data[key])
+            elif isinstance(data[key], Algorithm):
+                data[key] = algorithm_label(data[key])
         return data
 
     @classmethod
@@ -887,7 +1009,34 @@ def config_to_dict(config: Config) -> dict[str, Any]:
     """``config`` as JSON-safe data (paths become strings; tuples become lists in JSON)."""
     data = dataclasses.asdict(config)
     data["track"]["run_dir"] = None if config.track.run_dir is None else os.fspath(config.track.run_dir)
+    algorithm = config.learn.algorithm
+    if not isinstance(algorithm, str):  # its fields; a function part by its qualified name (code is not saved)
+        data["learn"]["algorithm"] = {
+            f.name: _function_name(value) if callable(value := getattr(algorithm, f.name)) else value
+            for f in dataclasses.fields(algorithm)
+        }
     return data
+
+
+def _function_name(fn: Any) -> dict[str, str]:
+    return {"function": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"}
+
+
+def _algorithm_from_dict(data: dict[str, Any]) -> Algorithm:
+    """The :class:`~rlnb.algorithms.Algorithm` :func:`config_to_dict` saved; a part that
+    was a function cannot come back from data: ConfigError naming it and the fix."""
+    functions = {k: v["function"] for k, v in data.items() if isinstance(v, dict) and "function" in v}
+    if functions:
+        named = ", ".join(f"{part}={name}" for part, name in functions.items())
+        raise ConfigError(
+            f"LearnConfig.algorithm was an Algorithm with function parts ({named}); code is not saved: "
+            "pass the algorithm again, e.g. Session.load(path, algorithm=rlnb.algorithms.Algorithm(...))"
+        )
+    try:
+        fields: dict[str, Any] = dict(data)
+        return Algorithm(**fields)
+    except TypeError as exc:
+        raise ConfigError(f"LearnConfig.algorithm: {exc}") from None
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:
@@ -907,6 +1056,8 @@ def config_from_dict(data: dict[str, Any]) -> Config:
         for name, value in values.items():
             if isinstance(value, list):  # JSON has no tuples
                 values[name] = tuple(value)
+        if isinstance(values.get("algorithm"), dict):
+            values["algorithm"] = _algorithm_from_dict(values["algorithm"])
         parts[field] = cls(**values)
     unknown = set(data) - {f.name for f in dataclasses.fields(Config)}
     if unknown:

@@ -55,7 +55,7 @@ def test_the_session_builds_its_buffer_from_the_config() -> None:
     ("make", "field"),
     [
         (lambda: rlnb.LearnConfig(lr="x"), "LearnConfig.lr"),
-        (lambda: rlnb.LearnConfig(clip_eps=None), "LearnConfig.clip_eps"),
+        (lambda: rlnb.LearnConfig(clip_eps="0.2"), "LearnConfig.clip_eps"),
         (lambda: rlnb.LearnConfig(betas=(0.9,)), "LearnConfig.betas"),
         (lambda: rlnb.LearnConfig(kl_coef=float("nan")), "LearnConfig.kl_coef"),
         (lambda: rlnb.WarmupConfig(lr="1e-3"), "WarmupConfig.lr"),

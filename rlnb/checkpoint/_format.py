@@ -102,11 +102,12 @@ def _not_a_checkpoints(root: Path) -> list[str] | None:
 
 
 def read_files(
-    path: str | os.PathLike[str], *, model: dict[str, Any] | None = None
+    path: str | os.PathLike[str], *, model: dict[str, Any] | None = None, learn: dict[str, Any] | None = None
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The manifest and tensors of the checkpoint at ``path``, every file verified, its
     ``ModelConfig`` fields replaced by ``model``'s (``Session.load``'s ``model_path`` and
-    ``device``). Never unpickles: tensors are read with safetensors only."""
+    ``device``) and its ``LearnConfig`` fields by ``learn``'s (its ``algorithm``). Never
+    unpickles: tensors are read with safetensors only."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -138,6 +139,9 @@ def read_files(
                 f"Session.load(model_path=...): {root} holds the built-in policy, not a Hugging Face model"
             )
         manifest["config"] = {**saved, "model": {**saved["model"], **model}}
+    saved = manifest.get("config")
+    if learn and isinstance(saved, dict) and isinstance(saved.get("learn"), dict):
+        manifest["config"] = {**saved, "learn": {**saved["learn"], **learn}}
     files, known = manifest.get("files") or {}, [f"{stem}.safetensors" for stem in STEMS]
     expect(
         isinstance(files, dict) and set(known[:3]) <= set(files) <= set(known),

@@ -29,13 +29,14 @@ if TYPE_CHECKING:
 
 
 def read(
-    path: str | os.PathLike[str], *, model: dict[str, Any] | None = None
+    path: str | os.PathLike[str], *, model: dict[str, Any] | None = None, learn: dict[str, Any] | None = None
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The manifest and tensors of the checkpoint at ``path``, every file verified and
     everything :func:`restore` applies checked against the saved config (:func:`check`),
     its ``ModelConfig`` fields replaced by ``model``'s first (``Session.load``'s
-    ``model_path`` and ``device``). Never unpickles: tensors are read with safetensors only."""
-    manifest, tensors = read_files(path, model=model)
+    ``model_path`` and ``device``) and its ``LearnConfig`` fields by ``learn``'s (its
+    ``algorithm``). Never unpickles: tensors are read with safetensors only."""
+    manifest, tensors = read_files(path, model=model, learn=learn)
     check(manifest, tensors, as_path(path, call="Session.load", argument="path"))
     return manifest, tensors
 

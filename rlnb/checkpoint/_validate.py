@@ -90,7 +90,9 @@ def check(manifest: dict[str, Any], tensors: dict[str, dict[str, Any]], root: Pa
     shapes, states, vocab_size = _model_shapes(config, root, manifest.get("vocabulary"))
     _check_data(manifest.get("data"), config, root)
     _check_buffer(manifest.get("buffer"), config, vocab_size, where)
-    if config.learn.kl_coef > 0 and config.model.lora is None:  # a reference model is kept, restored from its file
+    if (
+        config.learn.resolved_algorithm.kl_coef > 0 and config.model.lora is None
+    ):  # a reference model is kept, restored from its file
         expect("reference" in tensors, where, "files", manifest["files"], "a list with reference.safetensors")
     for stem, what in (("model", "model"), ("reference", "reference model")):
         saved = {k: tuple(v.shape) for k, v in tensors[stem].items()} if stem in tensors else states

@@ -18,12 +18,15 @@ import torch
 
 from rlnb._errors import InvalidValueError, TrainingError
 from rlnb._samples import Group
+from rlnb.algorithms import Algorithm, has_signal, preset
+from rlnb.algorithms import functional as F
 from rlnb.config import LearnConfig
 from rlnb.envs import Demonstration
-from rlnb.learn._loss import grpo_advantages, policy_loss
 from rlnb.models import HFPolicy, TinyPolicy
 
 __all__ = ["Learner", "TrainBatch", "collate"]
+
+_GRPO = preset("grpo")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +40,9 @@ class TrainBatch:
     row's real tokens; ``mask`` [N, C] marks those the loss trains on: the policy's
     (``Sample.mask``; a conversation's environment tokens and the padding are 0);
     ``behav_logp`` [N, C] holds their behaviour log-probs;
-    ``advantages``, ``rewards``, ``min_versions``, ``group_of``: [N].
+    ``advantages`` [N] (or [N, C] from an estimator that gives them per token),
+    ``rewards``, ``min_versions``, ``group_of``, ``truncated`` (the completion
+    stopped at the length limit): [N].
     """
 
     prompts: torch.Tensor
@@ -50,6 +55,7 @@ class TrainBatch:
     rewards: torch.Tensor
     min_versions: torch.Tensor
     group_of: torch.Tensor
+    truncated: torch.Tensor
 
     def to(self, device: torch.device) -> TrainBatch:
         """This batch with every tensor on ``device`` (itself when they are there)."""
@@ -63,11 +69,16 @@ def _padded(rows: list[list[Any]], width: int, fill: Any, dtype: torch.dtype | N
 
 
 def collate(
-    groups: Sequence[Group], encode: Callable[[str], list[int]], pad_id: int, *, scale_advantages: bool = True
+    groups: Sequence[Group],
+    encode: Callable[[str], list[int]],
+    pad_id: int,
+    *,
+    algorithm: Algorithm = _GRPO,
 ) -> TrainBatch:
-    """Build a :class:`TrainBatch`; raises ``ValueError`` for samples without tokens or log-probs.
-    A group's prompt ids are the ones it was rolled out with; ``encode`` makes them
-    for a group that has none."""
+    """Build a :class:`TrainBatch`, its advantages by ``algorithm``'s estimator;
+    raises ``ValueError`` for samples without tokens or log-probs. A group's prompt
+    ids are the ones it was rolled out with; ``encode`` makes them for a group that
+    has none."""
     prompts = [list(group.prompt_ids) if group.prompt_ids else encode(group.prompt) for group in groups]
     targets: list[list[int]] = []
     masks: list[list[int]] = []
@@ -75,6 +86,7 @@ def collate(
     rewards: list[list[float]] = []
     versions: list[int] = []
     group_of: list[int] = []
+    truncated: list[bool] = []
     for g_index, group in enumerate(groups):
         rewards.append([float(s.reward or 0.0) for s in group.samples])
         for sample in group.samples:
@@ -85,26 +97,26 @@ def collate(
             behav.append(list(sample.logprobs))
             versions.append(sample.min_version if sample.min_version is not None else 0)
             group_of.append(g_index)
+            truncated.append(sample.finish_reason == "length")
     width = max(1, max(len(t) for t in targets))
     lengths = torch.tensor([len(t) for t in targets])
+    mask = _padded(masks, width, 0, torch.bool)
+    group_tensor = torch.tensor(group_of)
     # float64: a reward total (a weighted sum) may lie beyond float32's range
-    if len({len(r) for r in rewards}) == 1:
-        advantages = grpo_advantages(torch.tensor(rewards, dtype=torch.float64), scale=scale_advantages).flatten()
-    else:  # groups of different sizes: one at a time
-        advantages = torch.cat(
-            [grpo_advantages(torch.tensor([r], dtype=torch.float64), scale=scale_advantages)[0] for r in rewards]
-        )
+    flat_rewards = torch.tensor([x for r in rewards for x in r], dtype=torch.float64)
+    advantages = F.advantages(algorithm, flat_rewards, group_tensor, lengths=mask.sum(1), mask=mask, groups=groups)
     return TrainBatch(
         prompts=_padded(prompts, max(len(p) for p in prompts), pad_id, torch.long),
         prompt_lengths=torch.tensor([len(p) for p in prompts]),
         targets=_padded(targets, width, pad_id, torch.long),
         lengths=lengths,
-        mask=_padded(masks, width, 0, torch.bool),
+        mask=mask,
         behav_logp=_padded(behav, width, 0.0, torch.float32),
         advantages=advantages,
-        rewards=torch.tensor([x for r in rewards for x in r], dtype=torch.float64),
+        rewards=flat_rewards,
         min_versions=torch.tensor(versions),
-        group_of=torch.tensor(group_of),
+        group_of=group_tensor,
+        truncated=torch.tensor(truncated, dtype=torch.bool),
     )
 
 
@@ -180,7 +192,7 @@ class Learner:
         # The frozen reference of the KL term: a copy of the initial policy, or, with a
         # LoRA adapter (which starts at zero), the policy with its adapter switched off.
         self._lora = isinstance(policy, HFPolicy) and policy.lora is not None
-        self._kl = config.kl_coef > 0
+        self._kl = config.resolved_algorithm.kl_coef > 0
         self.reference = copy.deepcopy(policy).eval().requires_grad_(False) if self._kl and not self._lora else None
         self.version = 0
 
@@ -278,9 +290,35 @@ class Learner:
         # max_grad_norm at the first optimiser step, where they are used: a live change
         # (Session.set) made before that point applies to this step, and its record says so.
         cfg = self.config
+        alg = cfg.resolved_algorithm
         start = time.perf_counter()
         dev = self.policy.device
-        batch = collate(groups, self._encode, self._pad, scale_advantages=cfg.scale_advantages).to(dev)
+        dropped = 0
+        if alg.drop_flat_groups:  # no signal, and their tokens would dilute the token-mean
+            with_signal = [g for g in groups if has_signal([s.reward or 0.0 for s in g.samples])]
+            if with_signal:  # all flat: trained on as they are (their advantages are 0)
+                dropped, groups = len(groups) - len(with_signal), with_signal
+        batch = collate(groups, self._encode, self._pad, algorithm=alg).to(dev)
+        lr: float | None = None
+        max_grad_norm = cfg.max_grad_norm
+        parts = torch.arange(len(groups), device=dev).chunk(max(1, min(cfg.minibatches, len(groups))))
+        # A later update that goes non-finite puts back the weights and moments of before
+        # the first: with several updates a step keeps a copy of them while it runs.
+        saved = self._save_state() if cfg.epochs * len(parts) > 1 else None
+        # With one update per batch the proximal policy is the current one: the ratio is
+        # 1 by construction (prox_logp=None: no extra pass, and no clip can act).
+        single_update = cfg.epochs == 1 and len(parts) == 1
+        kl_in_reward = alg.kl_coef > 0 and alg.kl_in == "reward"
+        with torch.no_grad():
+            prox = None if single_update and not kl_in_reward else self._all_logp(self.policy, batch)
+            ref = self._reference_logp(batch, alg.kl_coef)
+        if kl_in_reward and ref is not None and prox is not None:
+            rewards = batch.rewards - F.kl_penalty(alg, prox, ref, batch.mask).to(batch.rewards.dtype)
+            advantages = F.advantages(
+                alg, rewards, batch.group_of, lengths=batch.mask.sum(1), mask=batch.mask, groups=groups
+            )
+            batch = dataclasses.replace(batch, advantages=advantages)
+            prox = None if single_update else prox
         if not bool(torch.isfinite(batch.advantages.float()).all()):
             raise self._not_finite(
                 "the advantages are beyond float32's range",
@@ -288,58 +326,59 @@ class Learner:
                 "LearnConfig.scale_advantages=False keeps the rewards' scale: use scale_advantages=True, "
                 "or rewards (and reward_weights) whose spread in a group is within 3.4e38",
             )
-        lr: float | None = None
-        max_grad_norm = cfg.max_grad_norm
-        parts = torch.arange(len(groups), device=dev).chunk(max(1, min(cfg.minibatches, len(groups))))
-        # A later update that goes non-finite puts back the weights and moments of before
-        # the first: with several updates a step keeps a copy of them while it runs.
-        saved = self._save_state() if cfg.epochs * len(parts) > 1 else None
-        # With one update per batch the proximal policy is the current one: its
-        # log-probs are the first (only) forward pass's, detached; no extra pass.
-        single_update = cfg.epochs == 1 and len(parts) == 1
-        with torch.no_grad():
-            prox = None if single_update else self._all_logp(self.policy, batch)
-            ref = self._reference_logp(batch, cfg.kl_coef)
+        train_mask = F.train_mask(alg, batch.mask, truncated=batch.truncated)
+        per_token = batch.advantages.dim() == 2
         lengths = batch.lengths
-        sums: dict[str, float] = {k: 0.0 for k in ("loss", "policy", "kl", "clip", "isw", "istrunc", "ent", "gn")}
+        keys = ("loss", "policy", "kl", "clip", "clip_low", "clip_high", "isw", "istrunc", "ent", "gn")
+        sums: dict[str, float] = dict.fromkeys(keys, 0.0)
+        clippable = False
         updates = 0
         for _ in range(cfg.epochs):
             for part in parts:
                 rows = torch.nonzero(torch.isin(batch.group_of, part)).flatten()
-                total = batch.mask[rows].sum().clamp_min(1)
+                # The update's denominator and tokens, once: each chunk's loss is its share
+                # of the update's, so the chunks (micro-batches, or rows of similar length,
+                # each padded only to its own longest) add up to the same loss without
+                # most of the padding.
+                denominator = F.normaliser(alg, train_mask[rows])
+                total = max(1, int(train_mask[rows].sum()))
                 self.optimizer.zero_grad(set_to_none=True)
-                # The loss is a sum over tokens / their count (the whole update's):
-                # computed chunk by chunk (micro-batches, or rows of similar length,
-                # each padded only to its own longest) and accumulated, it is the same
-                # loss without most of the padding.
                 for chunk in self._chunks(rows, lengths):
                     width = max(1, int(lengths[chunk].max()))
-                    mask = batch.mask[chunk, :width]
+                    mask = train_mask[chunk, :width]
                     logp, entropy = self._token_logp(self.policy, batch, chunk, width)
-                    terms = policy_loss(
-                        logp,
-                        logp.detach() if prox is None else prox[chunk, :width],
-                        batch.behav_logp[chunk, :width],
-                        batch.advantages[chunk],
-                        mask,
-                        clip_eps=cfg.clip_eps,
-                        is_cap=cfg.is_cap,
-                        kl_coef=cfg.kl_coef,
-                        ref_logp=None if ref is None else ref[chunk, :width],
+                    terms = F.policy_loss(
+                        F.LossInputs(
+                            algorithm=alg,
+                            logp=logp,
+                            prox_logp=None if prox is None else prox[chunk, :width],
+                            behav_logp=batch.behav_logp[chunk, :width],
+                            advantages=batch.advantages[chunk, :width] if per_token else batch.advantages[chunk],
+                            mask=mask,
+                            ref_logp=None if ref is None or kl_in_reward else ref[chunk, :width],
+                            versions=batch.min_versions[chunk],
+                            lengths=lengths[chunk],
+                            entropy=entropy,
+                            normaliser=denominator,
+                            update_tokens=total,
+                        )
                     )
-                    share = float(mask.sum() / total)
+                    share = terms.tokens / total
                     loss_value = float(terms.loss.detach())
                     if not math.isfinite(loss_value):
                         self._put_back(saved, updates)
                         raise self._not_finite(f"the loss is {loss_value}", batch, _OVERFLOW)
-                    (terms.loss * share).backward()
+                    terms.loss.backward()
+                    clippable = clippable or terms.clippable
+                    sums["loss"] += loss_value
                     for key, value in (
-                        ("loss", loss_value),
                         ("policy", terms.policy),
                         ("kl", terms.kl),
                         ("clip", terms.clip_fraction),
+                        ("clip_low", terms.clip_low_fraction),
+                        ("clip_high", terms.clip_high_fraction),
                         ("isw", terms.is_weight_mean),
-                        ("istrunc", terms.is_truncated_fraction),
+                        ("istrunc", terms.is_corrected_fraction),
                         ("ent", float((entropy.detach() * mask).sum() / mask.sum().clamp_min(1))),
                     ):
                         sums[key] += value * share
@@ -358,8 +397,8 @@ class Learner:
         assert lr is not None  # epochs >= 1 and a part at least: every update steps the optimiser
         self.version += 1
         elapsed = time.perf_counter() - start
-        tokens = int(batch.mask.sum())  # the policy's: those trained on
-        lengths = batch.mask.sum(dim=1).float()
+        tokens = int(train_mask.sum())  # the policy's: those trained on
+        response = batch.mask.sum(dim=1).float()
         mean = {k: v / updates for k, v in sums.items()}
         return {
             "loss": mean["loss"],
@@ -367,9 +406,13 @@ class Learner:
             "reward_mean": float(batch.rewards.mean()),
             "reward_std": float(batch.rewards.std(unbiased=False)),
             "accuracy": float((batch.rewards >= 1.0).float().mean()),
-            "response_length": float(lengths.mean()),
+            "response_length": float(response.mean()),
             "entropy": mean["ent"],
+            # 0 where no clip can act (one update per batch: the ratio is 1 by construction)
+            "clip_active": 1.0 if clippable else 0.0,
             "clip_fraction": mean["clip"],
+            "clip_low_fraction": mean["clip_low"],
+            "clip_high_fraction": mean["clip_high"],
             "kl": mean["kl"],
             "is_weight_mean": mean["isw"],
             "is_truncated_fraction": mean["istrunc"],
@@ -377,6 +420,7 @@ class Learner:
             "grad_norm": mean["gn"],
             "train_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
             "groups": float(len(groups)),
+            "groups_dropped": float(dropped),
             "version": float(self.version),
             "lr": lr,
         }
@@ -463,7 +507,7 @@ class Learner:
         """The policy's log-prob of every completion token of ``groups`` (no gradient;
         [N, C], zero past each completion's end and for an environment's tokens:
         ``batch.mask``) and their batch."""
-        batch = collate(groups, self._encode, self._pad, scale_advantages=self.config.scale_advantages)
+        batch = collate(groups, self._encode, self._pad, algorithm=self.config.resolved_algorithm)
         batch = batch.to(self.policy.device)
         with torch.no_grad():
             return self._all_logp(self.policy, batch) * batch.mask, batch

@@ -33,6 +33,7 @@ from rlnb._errors import (
     WeightSyncError,
 )
 from rlnb._samples import Group
+from rlnb.algorithms import has_signal
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Change, Config
 from rlnb.data import Task
@@ -199,6 +200,23 @@ class Trainer:
                 call="step()",
             )
             self.bridge.run(collect, timeout=timeout, cancel=cancel)
+            for _ in range(MAX_SAMPLING_ROUNDS if self._dynamic_sampling() else 0):
+                missing = self.config.rollout.groups_per_step - _with_signal(groups)
+                if missing <= 0:
+                    break
+                more: list[Group] = []
+                self.bridge.run(
+                    rollouter.collect(
+                        missing,
+                        into=more,
+                        wait=background,
+                        paused_timeout=None if background else self.config.step_timeout,
+                        call="step()",
+                    ),
+                    timeout=timeout,
+                    cancel=cancel,
+                )
+                groups += more
             self._call("on_batch", groups)
             with defer_interrupts():
                 return self._update(groups)
@@ -214,6 +232,11 @@ class Trainer:
         self.bridge.run(self.rollouter.start())
         with defer_interrupts() as deferred:
             groups = self._take_batch(deferred, timeout, cancel)
+            for _ in range(MAX_SAMPLING_ROUNDS if self._dynamic_sampling() else 0):
+                missing = self.config.rollout.groups_per_step - _with_signal(groups)
+                if missing <= 0:
+                    break
+                groups += self._take_batch(deferred, timeout, cancel, n=missing)
             self.rollouter.updating_on(len(groups))  # what dispatches now is for the next update
             try:
                 self._call("on_batch", groups)
@@ -224,11 +247,18 @@ class Trainer:
                     self.rollouter.updating_on(0)
                 raise
 
-    def _take_batch(self, deferred: Deferred, timeout: float | None, cancel: threading.Event | None) -> list[Group]:
-        """The async step's batch, waited for with SIGINT held back: a Ctrl-C (or a
-        background stop) while waiting raises at once with nothing taken; once
-        taken, the step completes. The background waits without a deadline."""
-        n, rollouter = self.config.rollout.groups_per_step, self.rollouter
+    def _dynamic_sampling(self) -> bool:
+        return bool(self.learner.config.resolved_algorithm.dynamic_sampling)
+
+    def _take_batch(
+        self, deferred: Deferred, timeout: float | None, cancel: threading.Event | None, *, n: int | None = None
+    ) -> list[Group]:
+        """The async step's batch (``n`` groups; None: ``groups_per_step``), waited for
+        with SIGINT held back: a Ctrl-C (or a background stop) while waiting raises at
+        once with nothing taken; once taken, the step completes. The background waits
+        without a deadline."""
+        n = self.config.rollout.groups_per_step if n is None else n
+        rollouter = self.rollouter
         deadline = None if cancel is not None or timeout is None else time.monotonic() + timeout
         self._set_phase("waiting for a batch")
         while True:
@@ -497,6 +527,16 @@ class Trainer:
             foreground=foreground,
             last_foreground=self.foreground.last,
         )
+
+
+# Dynamic sampling (an Algorithm's ``dynamic_sampling``, DAPO's): groups whose rewards are
+# all equal carry no signal, and the step rolls out (or takes) as many more as it lacks,
+# at most this many times; then it trains on the groups with signal it has.
+MAX_SAMPLING_ROUNDS = 8
+
+
+def _with_signal(groups: list[Group]) -> int:
+    return sum(has_signal([s.reward or 0.0 for s in g.samples]) for g in groups)
 
 
 def _target(n_steps: int | None, until: int | None, version: int) -> int:

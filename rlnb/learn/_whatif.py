@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from rlnb._samples import Group
+from rlnb.algorithms import Algorithm, preset
+from rlnb.algorithms import functional as F
 from rlnb.config import LearnConfig
 from rlnb.learn._learner import Learner, TrainBatch
-from rlnb.learn._loss import grpo_advantages
 
 __all__ = ["BatchOrigin", "KeptBatch", "WhatIf", "advantages_of", "vocabulary_digest", "what_if"]
 
@@ -43,12 +44,28 @@ COMPARED = (
 )
 
 
-def advantages_of(rewards: Sequence[Sequence[float]], *, scale: bool) -> tuple[tuple[float, ...], ...]:
-    """Each group's GRPO advantages (rewards centred on the group's mean, and divided by
-    its std when ``scale``), group by group as the learner computes them."""
-    return tuple(
-        tuple(grpo_advantages(torch.tensor([list(r)], dtype=torch.float64), scale=scale)[0].tolist()) for r in rewards
-    )
+def advantages_of(
+    rewards: Sequence[Sequence[float]], *, scale: bool | None = None, algorithm: Algorithm | None = None
+) -> tuple[tuple[float, ...], ...]:
+    """Each group's advantages, group by group as the learner computes them: by
+    ``algorithm``'s estimator (an :class:`rlnb.algorithms.Algorithm`; an estimator
+    that gives them per token is averaged over each sample's tokens here), or GRPO's
+    (rewards centred on the group's mean, and divided by its std unless ``scale`` is
+    False)."""
+    if algorithm is None:
+        algorithm = preset("grpo") if scale is not False else preset("dr_grpo")
+    flat = torch.tensor([float(x) for r in rewards for x in r], dtype=torch.float64)
+    group_of = torch.tensor([g for g, r in enumerate(rewards) for _ in r], dtype=torch.long)
+    if not len(flat):
+        return tuple(() for _ in rewards)
+    values = F.advantages(algorithm, flat, group_of)
+    if values.dim() == 2:
+        values = values.mean(dim=1)
+    out, at = [], 0
+    for r in rewards:
+        out.append(tuple(values[at : at + len(r)].tolist()))
+        at += len(r)
+    return tuple(out)
 
 
 def vocabulary_digest(tokenizer: Any) -> str:
@@ -108,7 +125,7 @@ class KeptBatch:
     @classmethod
     def of(cls, groups: Sequence[Group], metrics: Mapping[str, float], config: LearnConfig) -> KeptBatch:
         rewards = [[float(s.reward or 0.0) for s in g.samples] for g in groups]
-        advantages = advantages_of(rewards, scale=config.scale_advantages)
+        advantages = advantages_of(rewards, algorithm=config.resolved_algorithm)
         return cls(int(metrics["version"]), tuple(groups), advantages, dict(metrics), config)
 
     def stamped(self, origin: BatchOrigin) -> KeptBatch:
@@ -184,27 +201,32 @@ def what_if(twins: tuple[Learner, Learner], batch: KeptBatch, changes: Mapping[s
             before, tokens = twin.logp(groups)
             metrics = twin.step(groups)
             after, _ = twin.logp(groups)
-        results.append({**metrics, **_update_effect(before, after, tokens, twin.config.clip_eps)})
+        results.append({**metrics, **_update_effect(before, after, tokens, twin.config.resolved_algorithm)})
     return WhatIf(batch.step, dict(changes), dict(batch.metrics), results[0], results[1])
 
 
-def _update_effect(before: torch.Tensor, after: torch.Tensor, batch: TrainBatch, clip_eps: float) -> dict[str, float]:
+def _update_effect(
+    before: torch.Tensor, after: torch.Tensor, batch: TrainBatch, algorithm: Algorithm
+) -> dict[str, float]:
     """What one update did to the policy on its batch's tokens: ``update_kl``, the KL
     from the policy before to the one after (k3 estimate, on the batch's samples);
     ``update_ratio_outside_clip``, the share of tokens whose probability ratio left
-    [1 - clip_eps, 1 + clip_eps]; ``logp_change_positive`` / ``_negative``, the mean
-    change of the log-prob of tokens of samples with a positive / negative advantage."""
+    the algorithm's clip range [1 - clip_low, 1 + clip_high]; ``logp_change_positive``
+    / ``_negative``, the mean change of the log-prob of tokens of samples with a
+    positive / negative advantage (per-token advantages: of such tokens)."""
     mask = batch.mask
     delta = (after - before)[mask]
     ratio = delta.exp()
-    advantage = batch.advantages[:, None].expand_as(mask)[mask]
+    per_token = batch.advantages if batch.advantages.dim() == 2 else batch.advantages[:, None].expand_as(mask)
+    advantage = per_token[mask]
+    low, high = 1 - algorithm.clip_low, 1 + algorithm.clip_high
 
     def mean(values: torch.Tensor) -> float:
         return float(values.mean()) if values.numel() else 0.0
 
     return {
         "update_kl": mean(ratio - 1 - delta),
-        "update_ratio_outside_clip": mean(((ratio - 1).abs() > clip_eps).float()),
+        "update_ratio_outside_clip": mean(((ratio < low) | (ratio > high)).float()),
         "logp_change_positive": mean(delta[advantage > 0]),
         "logp_change_negative": mean(delta[advantage < 0]),
     }

@@ -164,13 +164,14 @@ class Explorer:
             step: int | None = int(kept.step)
             base = int(kept.step) - 1  # the learner's version when it trained on the batch
             advantages = [list(a) for a in kept.advantages]
-            clip_eps = float(kept.config.clip_eps)
+            clip_eps = float(kept.config.resolved_algorithm.clip_high)
             label = f"the batch of step {step}"
         else:
             step, base = None, sess.version
             rewards = [[float(s.reward or 0.0) for s in g.samples] for g in groups]
-            advantages = [list(a) for a in advantages_of(rewards, scale=sess.config.learn.scale_advantages)]
-            clip_eps = float(sess.config.learn.clip_eps)
+            algorithm = sess.config.learn.resolved_algorithm
+            advantages = [list(a) for a in advantages_of(rewards, algorithm=algorithm)]
+            clip_eps = float(algorithm.clip_high)
             label = f"{len(groups)} groups not trained on (lags counted from version {base}, the policy now)"
         learner_version, note = sess.version, ""
         try:

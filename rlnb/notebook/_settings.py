@@ -20,16 +20,21 @@ from typing import Any
 
 from rlnb import _reprs
 from rlnb._errors import ConfigError
-from rlnb.config import LIVE_FIELDS, Change, Config
+from rlnb.config import LIVE_FIELDS, Change, Config, algorithm_label, live_value
 
 __all__ = ["KINDS", "SettingsPanel", "changes_text", "parse", "settings_text", "shown_value"]
 
 # How each live setting is typed in: "float" and "int" in a number input; "optional"
-# (a whole number, empty for None) and "weights" (numbers separated by commas, empty
-# for None) in a text input. The placeholder says what empty means.
+# (a whole number, empty for None), "weights" (numbers separated by commas, empty
+# for None) and "name" (an algorithm preset's name) in a text input. The placeholder
+# says what empty means.
 KINDS: dict[str, str] = {
     "lr": "float",
     "lr_decay_steps": "optional",
+    "algorithm": "name",
+    "clip_low": "float",
+    "clip_high": "float",
+    "entropy_coef": "float",
     "kl_coef": "float",
     "clip_eps": "float",
     "is_cap": "float",
@@ -46,6 +51,7 @@ KINDS: dict[str, str] = {
 # What an empty input means: its placeholder (short, to fit) and its tooltip.
 _EMPTY = {
     "lr_decay_steps": ("None: constant", "empty: None, a constant lr"),
+    "algorithm": ("a preset's name", "a preset: grpo, dr_grpo, dapo, gspo, cispo, rloo, reinforce_pp, ppo, ..."),
     "max_new_tokens": ("None: task's", "empty: None, the task's own limit"),
     "max_policy_lag": ("None: no bound", "empty: None, no bound on how far rollouts run ahead"),
     "reward_weights": ("None: task's", "one number per reward function, e.g. 1, 0.5; empty: None, the task's own"),
@@ -74,6 +80,8 @@ def shown_value(field: str, value: Any) -> Any:
         return int(value)
     if value is None:
         return ""
+    if kind == "name":
+        return algorithm_label(value)
     if kind == "weights":
         return ", ".join(_number(float(w)) for w in value)
     return str(value)
@@ -86,6 +94,8 @@ def parse(field: str, value: Any) -> Any:
     if kind in ("float", "int"):
         return value
     text = str(value).strip()
+    if kind == "name":  # a preset's name: LearnConfig says what a wrong one is
+        return text
     if text == "" or text.lower() == "none":
         return None
     if kind == "optional":
@@ -119,12 +129,12 @@ def changes_text(changes: Sequence[Change]) -> str:
 
 def settings_text(config: Config) -> str:
     """The live settings in force, in a line: "lr 0.0001 · kl_coef 0 · …"."""
-    values = (getattr(getattr(config, part), field) for field, part in LIVE_FIELDS.items())
+    values = (live_value(config, field) for field in LIVE_FIELDS)
     return " · ".join(f"{field} {_reprs.setting(value)}" for field, value in zip(LIVE_FIELDS, values, strict=True))
 
 
 def _in_force(config: Config, field: str) -> Any:
-    return getattr(getattr(config, LIVE_FIELDS[field]), field)
+    return live_value(config, field)
 
 
 class SettingsPanel:
@@ -144,7 +154,7 @@ class SettingsPanel:
         for part, caption in _PARTS.items():
             boxes = []
             for field in (f for f, p in LIVE_FIELDS.items() if p == part):
-                value = shown_value(field, getattr(getattr(config, part), field))
+                value = shown_value(field, live_value(config, field))
                 kind = KINDS[field]
                 owner = f"{type(getattr(config, part)).__name__}.{field}"
                 options: dict[str, Any] = {
@@ -224,8 +234,8 @@ class SettingsPanel:
             if config is self.config and not force:
                 return
             self.config = config
-            for field, part in LIVE_FIELDS.items():
-                value = shown_value(field, getattr(getattr(config, part), field))
+            for field in LIVE_FIELDS:
+                value = shown_value(field, live_value(config, field))
                 box, shown = self.inputs[field], self._shown[field]
                 if value == shown and field not in force:
                     continue

@@ -17,7 +17,7 @@ from rlnb._errors import CheckpointError, ConfigError
 from rlnb._files import check_run_dir_free
 from rlnb._samples import PromptItem, Sample
 from rlnb.buffer import ReplayBuffer
-from rlnb.config import Config, ModelConfig, engine_kind
+from rlnb.config import Config, LearnConfig, ModelConfig, engine_kind
 from rlnb.data import Task
 from rlnb.engines import Engine, SamplingParams
 from rlnb.rewards import Rewards, Scored
@@ -79,10 +79,15 @@ def check_session_args(config: Config | None, name: Any, engine: Any, callbacks:
 
 
 def load_checkpoint(
-    path: str | os.PathLike[str], *, reward: Any, model_path: str | os.PathLike[str] | None, device: str | None
+    path: str | os.PathLike[str],
+    *,
+    reward: Any,
+    model_path: str | os.PathLike[str] | None,
+    device: str | None,
+    algorithm: Any = None,
 ) -> tuple[Config, tuple[dict[str, Any], dict[str, Any], Path]]:
-    """``Session.load``'s checkpoint: its config, with ``model_path`` and ``device`` in
-    place of the model's saved ones, and what the session restores; all checked first."""
+    """``Session.load``'s checkpoint: its config, with ``model_path``, ``device`` and
+    ``algorithm`` in place of the saved ones, and what the session restores; all checked first."""
     from rlnb import checkpoint
 
     changes: dict[str, Any] = {"path": None if model_path is None else os.fspath(model_path), "device": device}
@@ -96,7 +101,14 @@ def load_checkpoint(
         raise CheckpointError(
             f"Session.load(reward={reward!r}): pass the reward function, (completion, answer) -> float"
         )
-    manifest, tensors = checkpoint.read(path, model=changes)
+    learn = None
+    if algorithm is not None:
+        try:
+            LearnConfig(algorithm=algorithm)
+        except ConfigError as exc:
+            raise ConfigError(f"Session.load(algorithm={algorithm!r}): {exc}") from None
+        learn = {"algorithm": algorithm}
+    manifest, tensors = checkpoint.read(path, model=changes, learn=learn)
     saved = manifest.get("reward")
     if saved is not None and reward is None:
         raise CheckpointError(

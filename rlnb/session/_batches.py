@@ -120,9 +120,9 @@ class BatchQuestions:
             config = LearnConfig(**{**_fields(learner.config), **changes})
         except TypeError as exc:
             raise ConfigError(f"what_if(): {exc}") from None
-        if config.kl_coef > 0 and not learner.has_reference:
+        if (kl_coef := config.resolved_algorithm.kl_coef) > 0 and not learner.has_reference:
             raise ConfigError(
-                f"what_if(kl_coef={config.kl_coef!r}): this session keeps no reference policy (it started with "
+                f"what_if(kl_coef={kl_coef!r}): this session keeps no reference policy (it started with "
                 "kl_coef=0), so there is no KL to measure"
             )
         with self._trainer.update_lock:
@@ -153,7 +153,7 @@ class BatchQuestions:
 
         kept = self.kept(batch, "rescore")
         rewards = Rewards.of(reward, reward_weights, field="rescore")
-        scale = self._trainer.learner.config.scale_advantages
+        algorithm = self._trainer.learner.config.resolved_algorithm
         seed = self._seed if kept.origin is None else kept.origin.seed
         values: list[list[float]] = []
         for g, group in enumerate(kept.groups):
@@ -167,7 +167,7 @@ class BatchQuestions:
             values.append(self._rescore_group(rewards, item, group, g))
         return {
             "rewards": values,
-            "advantages": [list(a) for a in advantages_of(values, scale=scale)],
+            "advantages": [list(a) for a in advantages_of(values, algorithm=algorithm)],
             "recorded_rewards": [list(r) for r in kept.rewards],
             "recorded_advantages": [list(a) for a in kept.advantages],
         }

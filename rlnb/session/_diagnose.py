@@ -434,6 +434,7 @@ def _length_cut(groups: Sequence[Any], config: Config) -> list[Finding]:
 def _trends(history: Sequence[Mapping[str, float]], config: Config, accuracy: float | None) -> list[Finding]:
     found = []
     learn = config.learn
+    kl_coef = learn.resolved_algorithm.kl_coef
     fit = _fit(history, "reward_mean")
     if fit is not None:
         n, slope, se, first, last = fit
@@ -481,7 +482,7 @@ def _trends(history: Sequence[Mapping[str, float]], config: Config, accuracy: fl
                     "kl-growing",
                     f"the KL to the initial policy is growing: {first:.3g} to {last:.3g} over the last {n} steps "
                     f"({slope:+.2g} a step)",
-                    f"a larger kl_coef (now {learn.kl_coef:g}: sess.set(kl_coef={max(2 * learn.kl_coef, 0.01):g})) "
+                    f"a larger kl_coef (now {kl_coef:g}: sess.set(kl_coef={max(2 * kl_coef, 0.01):g})) "
                     f"or a lower lr (now {learn.lr:g})",
                 )
             )
@@ -528,7 +529,8 @@ def _recent(
                 "clip-high",
                 f"the PPO clip cut {clip:.0%} of tokens (mean of {steps}): each update moves the policy too far",
                 f"a lower lr (now {learn.lr:g}), fewer epochs or minibatches (now {learn.epochs} and "
-                f"{learn.minibatches}), or a larger clip_eps (now {learn.clip_eps:g})",
+                f"{learn.minibatches}), or a wider clip range (now clip_low={learn.resolved_algorithm.clip_low:g}, "
+                f"clip_high={learn.resolved_algorithm.clip_high:g})",
             )
         )
     staleness, lag = _mean(recent, "staleness"), rollout.max_policy_lag

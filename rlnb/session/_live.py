@@ -46,9 +46,10 @@ def live_config(
     Raises :class:`~rlnb.ConfigError` naming ``call`` and the field."""
     new, diff = config.with_live(**changes)
     changed = {field for field, _, _ in diff}
-    if "kl_coef" in changed and new.learn.kl_coef > 0 and not trainer.learner.has_reference:
+    kl_coef = new.learn.resolved_algorithm.kl_coef
+    if kl_coef > 0 and not trainer.learner.has_reference:
         raise ConfigError(
-            f"{call}(kl_coef={new.learn.kl_coef!r}): this session started with kl_coef=0, so it kept no "
+            f"{call}(kl_coef={kl_coef!r}): this session started with kl_coef=0, so it kept no "
             "frozen reference policy to measure the KL against; start one with LearnConfig(kl_coef>0) "
             "(a small value such as 1e-3 keeps the reference), or use LoRA, whose base model is the reference"
         )

@@ -54,6 +54,7 @@ from rlnb.session._training import Training
 from rlnb.track import EXIT_FAILURE, EXIT_SIGINT, Tracker, exit_code_for
 
 if TYPE_CHECKING:
+    from rlnb.algorithms import Algorithm
     from rlnb.learn import Callback, KeptBatch, WhatIf
     from rlnb.models import HFPolicy, TinyPolicy
     from rlnb.notebook import Dashboard, Explorer
@@ -811,16 +812,22 @@ class Session:
         reward: Callable[[str, Any], float] | None = None,
         model_path: str | os.PathLike[str] | None = None,
         device: str | None = None,
+        algorithm: str | Algorithm | None = None,
     ) -> Session:
         """A new session that goes on exactly where the one saved at ``path`` stopped.
 
         ``reward``: the function given to ``sess.rollouts.set_reward()`` before saving (code is
         not saved; a checkpoint that had one refuses to load without it). For a Hugging
         Face model, ``model_path`` and ``device`` replace its saved directory and device
-        (on another machine, say). Raises :class:`~rlnb.CheckpointError` for a missing,
+        (on another machine, say). ``algorithm``: the one to go on with in place of the
+        saved one (a preset's name or an :class:`~rlnb.algorithms.Algorithm`); needed where
+        the saved one had function parts, whose code a checkpoint does not hold (it names
+        them). Raises :class:`~rlnb.CheckpointError` for a missing,
         damaged or mismatched checkpoint before anything is built. Replaces a live
         session called ``name``. Restores the process's Python and torch random states too."""
-        config, restore = parts.load_checkpoint(path, reward=reward, model_path=model_path, device=device)
+        config, restore = parts.load_checkpoint(
+            path, reward=reward, model_path=model_path, device=device, algorithm=algorithm
+        )
         sess = cls(config, name=name, _restore=restore)
         if reward is not None:
             sess.rollouts.set_reward(reward)

@@ -111,7 +111,10 @@ def test_a_step_moves_probability_towards_the_rewarded_completion() -> None:
         "accuracy",
         "response_length",
         "entropy",
+        "clip_active",
         "clip_fraction",
+        "clip_low_fraction",
+        "clip_high_fraction",
         "kl",
         "is_weight_mean",
         "is_truncated_fraction",
@@ -119,10 +122,12 @@ def test_a_step_moves_probability_towards_the_rewarded_completion() -> None:
         "grad_norm",
         "train_tokens_per_s",
         "groups",
+        "groups_dropped",
         "version",
         "lr",
     }
     assert set(metrics) == expected
+    assert metrics["clip_active"] == 0.0  # one update per batch: the ratio is 1, no clip can act
     assert metrics["lr"] == learner.config.lr  # constant without lr_decay_steps
 
 
@@ -214,7 +219,9 @@ def test_unscaled_advantages_only_centre_the_rewards() -> None:
         )
     ]
     scaled = collate(groups, encode, TOK.PAD).advantages
-    centred = collate(groups, encode, TOK.PAD, scale_advantages=False).advantages
+    centred = collate(
+        groups, encode, TOK.PAD, algorithm=rlnb.LearnConfig(scale_advantages=False).resolved_algorithm
+    ).advantages
     assert torch.allclose(centred, torch.tensor([0.6, -0.2, -0.4]), atol=1e-6)
     assert torch.allclose(scaled, centred / torch.tensor([1.0, 0.2, 0.0]).std(unbiased=False), atol=1e-4)
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 import rlnb
-from rlnb.config import LIVE_FIELDS, Change
+from rlnb.config import LIVE_FIELDS, Change, live_value
 from rlnb.data import get_task, register_task
 from rlnb.engines import FakeEngine
 from tests.helpers import TIMING_METRICS, assert_same_metrics, small_config, wait_until
@@ -177,13 +177,22 @@ def test_every_live_field_can_be_set() -> None:
         "group_size": 3,
         "reward_weights": (2.0,),
     }
-    assert set(values) == set(LIVE_FIELDS)
+    # the algorithm and its own fields; clip_eps=None so that it hides neither clip bound
+    algorithm = {"algorithm": "dapo", "clip_eps": None, "clip_low": 0.1, "clip_high": 0.35, "entropy_coef": 0.001}
+    assert set(values) | set(algorithm) == set(LIVE_FIELDS)
     config = small_config(learn=rlnb.LearnConfig(kl_coef=0.01))
     with rlnb.Session(config, name="live") as sess:
-        made = sess.set(**values)
+        made = sess.set(**values) + sess.set(**algorithm)
         assert {c.field for c in made} == set(LIVE_FIELDS)
-        for field, value in values.items():
-            assert getattr(getattr(sess.config, LIVE_FIELDS[field]), field) == value
+        for field, value in {**values, **algorithm}.items():
+            if field not in ("algorithm", "clip_eps"):
+                assert live_value(sess.config, field) == value, field
+        assert sess.config.learn.resolved_algorithm == rlnb.algorithms.preset("dapo").replace(
+            clip_low=0.1, clip_high=0.35, entropy_coef=0.001, correction_high=3.0, kl_coef=0.0
+        )
+        (changed,) = [c for c in made if c.field == "algorithm"]
+        assert changed.old == "grpo" and changed.as_dict()["new"].startswith("custom (")  # dapo, changed
+        assert "clip_high=0.35" in changed.as_dict()["new"]
         metrics = sess.step()
         assert metrics["groups"] == 2 and sess.batches[-1].groups[0].samples.__len__() == 3
 
