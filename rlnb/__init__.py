@@ -16,7 +16,7 @@ import sys as _sys
 if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from rlnb import probe
+from rlnb import algorithms, probe
 from rlnb._errors import (
     BackgroundError,
     BatchIndexError,
@@ -43,6 +43,7 @@ from rlnb._errors import (
     WeightSyncError,
 )
 from rlnb._samples import Group, PromptItem, RolloutBatch, Sample
+from rlnb.algorithms import Algorithm
 from rlnb.buffer import BufferStatistics, ReplayBuffer
 from rlnb.config import (
     BufferConfig,
@@ -94,6 +95,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Algorithm",
     "AsyncBridge",
     "BackgroundError",
     "BatchIndexError",
@@ -140,6 +142,7 @@ __all__ = [
     "WaitTimeoutError",
     "WarmupConfig",
     "WeightSyncError",
+    "algorithms",
     "close_all",
     "compare",
     "load_ipython_extension",

@@ -2,8 +2,9 @@
 policy loss, aggregation, mismatch correction, KL and entropy regularisers, filters),
 the published variants as presets, and your own parts as functions.
 
-``preset(name)`` gives a preset's :class:`Algorithm`, ``algorithms()`` lists them
-with one line each, ``PRESETS`` holds each one's formula and source::
+``preset(name)`` gives a preset's :class:`Algorithm`, ``algorithms()`` (also
+``rlnb.algorithms()``: the package called) lists them with one line each,
+``PRESETS`` holds each one's formula and source::
 
     from rlnb.algorithms import Algorithm, preset
     dapo = preset("dapo")
@@ -24,6 +25,8 @@ token-mean and dual clip at c=3.
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from rlnb.algorithms._algorithm import Algorithm
@@ -68,6 +71,17 @@ def check(algorithm: Algorithm) -> None:
     from rlnb.algorithms.functional import check as _check
 
     _check(algorithm)
+
+
+class _CallableModule(types.ModuleType):
+    """``rlnb.algorithms`` is the package and, called, the list of its presets."""
+
+    def __call__(self) -> list[tuple[str, str]]:
+        """``rlnb.algorithms()``: each preset's name and one line (:func:`algorithms`)."""
+        return algorithms()
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 
 def __getattr__(name: str) -> Any:
