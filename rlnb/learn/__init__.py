@@ -1,5 +1,7 @@
-"""Learning: GRPO advantages, the PPO-clip loss with off-policy correction, the
-Learner, and the Trainer that runs the step loop."""
+"""Learning: the Learner (one update by the algorithm of its config, from
+:mod:`rlnb.algorithms`), the Trainer that runs the step loop, and GRPO's advantages
+and PPO-clip loss as standalone functions (``grpo_advantages``, ``policy_loss``:
+the default algorithm's, to compute by hand)."""
 
 from rlnb.config import LearnConfig
 from rlnb.learn._learner import Learner, TrainBatch, collate

@@ -1,7 +1,8 @@
 """The ``Learner``: groups of rewarded samples in, one optimisation step, metrics out.
 
-It owns the trainable policy, its AdamW optimiser and, when ``kl_coef > 0``, a
-frozen reference copy. It knows nothing about sessions, loops or notebooks.
+It owns the trainable policy, its AdamW optimiser and, when the algorithm's
+``kl_coef > 0``, a frozen reference copy. The update itself is the algorithm's
+(:mod:`rlnb.algorithms`). It knows nothing about sessions, loops or notebooks.
 """
 
 from __future__ import annotations
@@ -156,8 +157,9 @@ def _length_chunks(rows: torch.Tensor, lengths: torch.Tensor, *, max_chunks: int
 
 
 class Learner:
-    """Optimises ``policy`` with the GRPO/PPO loss of :mod:`rlnb.learn._loss`, as
-    ``config`` (:class:`~rlnb.LearnConfig`) says; the session swaps ``config`` for a
+    """Optimises ``policy`` with the update of ``config.resolved_algorithm`` (its
+    advantages, policy loss, aggregation, correction, regularisers and filters, from
+    :mod:`rlnb.algorithms`), as ``config`` (:class:`~rlnb.LearnConfig`) says; the session swaps ``config`` for a
     live change, read at the start of each step. ``config.threads`` is read once,
     here: torch's intra-op threads during each update (None: the caller's)."""
 
