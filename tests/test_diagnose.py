@@ -22,6 +22,7 @@ import pytest
 import rlnb
 import rlnb.notebook
 from rlnb._samples import Group, Sample
+from rlnb.config import Change
 from rlnb.data import get_task, register_task
 from rlnb.rewards import Rewards
 from rlnb.session._diagnose import (
@@ -107,6 +108,37 @@ def test_a_high_clip_fraction_names_the_settings_to_lower() -> None:
     finding = by_code(diagnose(history, [], None, config), "clip-high")
     assert finding.severity == "warning" and "30% of tokens" in finding.what
     assert "now 0.001" in finding.fix and "now 4 and 1" in finding.fix
+
+
+def test_a_clip_that_cannot_act_is_never_high_nor_widened() -> None:
+    # clip_active 0: one update per batch, the ratio is 1; a clip fraction there is no measure
+    history = rising()[:-5] + [step(clip_active=0.0, clip_fraction=0.5) for _ in range(5)]
+    assert "clip-high" not in codes(diagnose(history, [], None, CONFIG))
+    # steps that could clip count, those that could not are left out of the mean
+    mixed = rising()[:-5] + [step(clip_active=1.0, clip_fraction=0.3)] + [step(clip_active=0.0) for _ in range(4)]
+    finding = by_code(diagnose(mixed, [], None, small_config(learn=rlnb.LearnConfig(epochs=2))), "clip-high")
+    assert "30% of tokens (mean of the last 5 steps)" in finding.what
+
+
+def test_clip_settings_changed_while_the_clip_is_inactive_are_said_to_change_nothing() -> None:
+    history = [*rising()[:-1], step(clip_active=0.0)]
+    changes = [Change(3, "clip_eps", 0.2, 0.1)]
+    finding = by_code(diagnose(history, [], None, CONFIG, changes=changes), "clip-inactive")
+    assert finding.severity == "info"
+    assert finding.what.startswith("the clip settings changed (clip_eps 0.2 -> 0.1 at step 3), but no clip acts")
+    assert "with epochs=1 and minibatches=1 each batch gets one update" in finding.what
+    assert "the ratio is 1 and the clip never cuts" in finding.what
+    assert "LearnConfig(epochs=2) or minibatches > 1, which need a new session" in finding.fix
+    # no clip change, or a clip that acts: nothing to say
+    assert "clip-inactive" not in codes(diagnose(history, [], None, CONFIG))
+    assert "clip-inactive" not in codes(diagnose(history, [], None, CONFIG, changes=[Change(3, "lr", 1e-4, 1e-3)]))
+    acting = [*rising()[:-1], step(clip_active=1.0)]
+    assert "clip-inactive" not in codes(diagnose(acting, [], None, CONFIG, changes=changes))
+    # several updates, a loss without a clip: the loss is named instead
+    sapo = small_config(learn=rlnb.LearnConfig(epochs=2, algorithm="sapo"))
+    changes = [Change(3, "clip_high", 0.2, 0.28)]
+    finding = by_code(diagnose(history, [], None, sapo, changes=changes), "clip-inactive")
+    assert "but the loss 'sapo' has no clip" in finding.what and 'sess.set(algorithm="grpo")' in finding.fix
 
 
 def test_a_flat_reward_needs_enough_steps_and_a_falling_one_is_its_own_finding() -> None:
@@ -246,6 +278,15 @@ def test_timings_and_failures_survive_new_weights() -> None:
 
 
 # -- sessions built to trigger each finding --------------------------------------------------------
+
+
+def test_a_session_whose_clip_settings_changed_with_one_update_per_batch_says_the_clip_is_inactive() -> None:
+    with rlnb.Session(CONFIG, name="diagnose-clip") as sess:
+        sess.set(clip_eps=0.1)
+        sess.step()
+        assert sess.history[-1]["clip_active"] == 0.0
+        finding = by_code(sess.diagnose(track=False), "clip-inactive")
+        assert "clip_eps 0.2 -> 0.1 at step 0" in finding.what and "the ratio is 1" in finding.what
 
 
 def test_a_constant_reward_is_zero_variance_and_a_flat_reward_and_is_logged(tmp_path: Path) -> None:

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 
 from rlnb._samples import Group
-from rlnb.algorithms import Algorithm, preset
+from rlnb.algorithms import Algorithm, describe, preset
 from rlnb.algorithms import functional as F
 from rlnb.config import LearnConfig
 from rlnb.learn._learner import Learner, TrainBatch
 
-__all__ = ["BatchOrigin", "KeptBatch", "WhatIf", "advantages_of", "vocabulary_digest", "what_if"]
+__all__ = ["BatchOrigin", "KeptBatch", "WhatIf", "advantages_of", "clip_note", "vocabulary_digest", "what_if"]
 
 # The metrics a what-if compares, in the order it shows them: the step's own (taken
 # before its update, so lr does not move them), then what the update did to the policy
@@ -33,6 +33,7 @@ COMPARED = (
     "loss",
     "policy_loss",
     "kl",
+    "clip_active",
     "clip_fraction",
     "grad_norm",
     "entropy",
@@ -151,6 +152,39 @@ class KeptBatch:
         return f"<KeptBatch step {self.step}: {len(self.groups)} groups, {self.samples} samples{tail}>"
 
 
+_CLIP_FIELDS = ("clip_eps", "clip_low", "clip_high")
+
+
+def _clip_reason(learn: LearnConfig) -> str:
+    """Why a step under ``learn`` whose record says ``clip_active`` 0 had no clip."""
+    if learn.epochs == 1 and learn.minibatches == 1:
+        return "ratio 1: one update per batch"
+    return f"the loss {describe(learn.resolved_algorithm.loss)!r} has no clip"
+
+
+def clip_note(
+    changes: Mapping[str, Any], baseline: LearnConfig, changed: LearnConfig, active: tuple[bool, bool]
+) -> str:
+    """What a what-if says about the clip under the ``baseline`` and ``changed``
+    settings, where it could act (``active``: each twin's ``clip_active``) in one
+    of them at most; "" where it could in both."""
+    if all(active):
+        return ""
+    if not any(active):
+        reasons = {_clip_reason(baseline), _clip_reason(changed)}
+        text = f"clip inactive in both columns ({'; '.join(sorted(reasons))})"
+        if changes.keys() & set(_CLIP_FIELDS):
+            text += f": {', '.join(k for k in changes if k in _CLIP_FIELDS)} can change nothing here"
+            if changed.epochs == 1 and changed.minibatches == 1:
+                text += (
+                    "; for the clip to act, more than one update per batch: LearnConfig(epochs=2) or minibatches > 1"
+                )
+        return text
+    if active[1]:
+        return f"clip inactive now ({_clip_reason(baseline)}), active with the change"
+    return f"clip active now, inactive with the change ({_clip_reason(changed)})"
+
+
 @dataclasses.dataclass(frozen=True)
 class WhatIf:
     """What one learner step on a kept batch gives under other settings.
@@ -158,13 +192,17 @@ class WhatIf:
     ``recorded``: the step's metrics when it was trained. ``baseline`` and
     ``changed``: the same batch trained once more by twins of the current policy and
     optimiser, with the settings in force and with ``changes``: their difference is
-    the change's alone (the recorded step started from older weights)."""
+    the change's alone (the recorded step started from older weights). ``note``:
+    what it shows says of the clip where it could not act in a column (its
+    ``clip_active`` 0, e.g. one update per batch, whose ratio is 1: a clip setting
+    then changes nothing), "" otherwise."""
 
     step: int
     changes: Mapping[str, Any]
     recorded: Mapping[str, float]
     baseline: Mapping[str, float]
     changed: Mapping[str, float]
+    note: str = ""
 
     def rows(self) -> list[tuple[str, float | None, float, float]]:
         """``(metric, recorded, baseline, changed)`` for each compared metric (recorded
@@ -175,19 +213,30 @@ class WhatIf:
         what = ", ".join(f"{k}={v!r}" for k, v in self.changes.items()) or "no change"
         lines = [f"what if {what}, on the batch of step {self.step}:"]
         lines.append(f"{'':28}{'recorded':>12}{'now':>12}{'what if':>12}")
-        for key, recorded, baseline, changed in self.rows():
-            shown = "" if recorded is None else f"{recorded:.4g}"
-            lines.append(f"{key:28}{shown:>12}{baseline:>12.4g}{changed:>12.4g}")
+        for key, *values in self.rows():
+            lines.append(f"{key:28}" + "".join(f"{_cell(key, v):>12}" for v in values))
+        if self.note:
+            lines.append(self.note)
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         what = html.escape(", ".join(f"{k}={v!r}" for k, v in self.changes.items()) or "no change")
         head = "<tr><th></th><th>recorded</th><th>now</th><th>what if</th></tr>"
         body = "".join(
-            f"<tr><td>{k}</td><td>{'' if r is None else f'{r:.4g}'}</td><td>{b:.4g}</td><td>{c:.4g}</td></tr>"
-            for k, r, b, c in self.rows()
+            f"<tr><td>{k}</td>" + "".join(f"<td>{_cell(k, v)}</td>" for v in values) + "</tr>"
+            for k, *values in self.rows()
         )
-        return f"<b>what if {what}</b>, on the batch of step {self.step}<table>{head}{body}</table>"
+        note = f'<div class="rlnb-whatif-note">{html.escape(self.note)}</div>' if self.note else ""
+        return f"<b>what if {what}</b>, on the batch of step {self.step}<table>{head}{body}</table>{note}"
+
+
+def _cell(key: str, value: float | None) -> str:
+    """A value of the table as shown: ``clip_active`` as "yes"/"no" (could a clip act)."""
+    if value is None:
+        return ""
+    if key == "clip_active":
+        return "yes" if value else "no"
+    return f"{value:.4g}"
 
 
 def what_if(twins: tuple[Learner, Learner], batch: KeptBatch, changes: Mapping[str, Any]) -> WhatIf:
@@ -202,7 +251,9 @@ def what_if(twins: tuple[Learner, Learner], batch: KeptBatch, changes: Mapping[s
             metrics = twin.step(groups)
             after, _ = twin.logp(groups)
         results.append({**metrics, **_update_effect(before, after, tokens, twin.config.resolved_algorithm)})
-    return WhatIf(batch.step, dict(changes), dict(batch.metrics), results[0], results[1])
+    active = (results[0].get("clip_active") != 0.0, results[1].get("clip_active") != 0.0)
+    note = clip_note(changes, twins[0].config, twins[1].config, active)
+    return WhatIf(batch.step, dict(changes), dict(batch.metrics), results[0], results[1], note)
 
 
 def _update_effect(

@@ -1,7 +1,8 @@
 """The dashboard's curves: reward, entropy and held-out accuracy as small SVG charts
-with a labelled grid, built from strings (no matplotlib on the ticker thread), and
-each reward function's mean when a task has several; a dashed line marks each step
-at which live settings changed (``Session.set``), labelled with what changed."""
+with a labelled grid, built from strings (no matplotlib on the ticker thread), the
+share of tokens the clip acted on (or why it cannot act), and each reward function's
+mean when a task has several; a dashed line marks each step at which live settings
+changed (``Session.set``), labelled with what changed."""
 
 from __future__ import annotations
 
@@ -14,9 +15,19 @@ from typing import TYPE_CHECKING
 from rlnb import _reprs
 
 if TYPE_CHECKING:
-    from rlnb.config import Change
+    from rlnb.config import Change, LearnConfig
 
-__all__ = ["DRAWABLE", "Curves", "drawable", "marks", "off_chart", "ticks"]
+__all__ = [
+    "CLIP_TITLE",
+    "DRAWABLE",
+    "Curves",
+    "clip_inactive",
+    "clip_reason",
+    "drawable",
+    "marks",
+    "off_chart",
+    "ticks",
+]
 
 # The largest value a chart draws: float32's, the range rlnb's checks keep rewards in.
 # A value beyond it (an older run's, or a hand-written metrics file's ±1e308) is left
@@ -32,6 +43,26 @@ _MARK = "#b26a00"
 _LABEL_CHARS = 26  # a mark's label is cut to this: a chart is 270 px wide
 _LABEL_ROWS = 3  # rows of labels at the top of a chart; a label that fits in none is left out
 _CHAR_PX = 5.0  # about the width of a character of a 9 px sans-serif label
+_LOW, _HIGH = "#d62728", "#2ca02c"  # the clip's lower and upper bound's lines
+CLIP_TITLE = "clip fraction"
+ONE_UPDATE = "ratio 1: one update per batch"
+
+
+def clip_reason(learn: LearnConfig) -> str:
+    """Why no clip acts in a step trained under ``learn`` whose record says
+    ``clip_active`` 0: one update per batch (the ratio is 1 by construction), or a
+    loss that has no clip."""
+    if learn.epochs == 1 and learn.minibatches == 1:
+        return ONE_UPDATE
+    from rlnb.algorithms import describe
+
+    return f"the loss {describe(learn.resolved_algorithm.loss)!r} has no clip"
+
+
+def clip_inactive(reason: str = ONE_UPDATE) -> str:
+    """What the dashboard says in place of a clip fraction that cannot be anything but
+    0: "clip inactive (ratio 1: one update per batch)"."""
+    return f"clip inactive ({reason})"
 
 
 def drawable(value: float) -> bool:
@@ -106,10 +137,14 @@ class Curves:
         history: Sequence[Mapping[str, float]],
         evaluations: Sequence[tuple[int, float]],
         changes: Sequence[Change] = (),
+        *,
+        clip_reason: str = ONE_UPDATE,
     ) -> str:
         """The charts as one HTML block (each chart an ``<img>`` of SVG, so that it
         survives in a saved notebook's sanitised output too); each of ``changes``
-        (``Session.changes``) is a dashed line at its step, on every chart."""
+        (``Session.changes``) is a dashed line at its step, on every chart. Where the
+        steps record ``clip_active``, a "clip fraction" chart too (see :meth:`clip_chart`;
+        ``clip_reason``: why a step with ``clip_active`` 0 had no clip, :func:`clip_reason`)."""
         changed = marks(changes)
         stride = max(1, len(history) // _MAX_POINTS)  # 400 points look the same as 4,000
         shown = list(history[::stride]) + ([history[-1]] if history and (len(history) - 1) % stride else [])
@@ -117,7 +152,15 @@ class Curves:
         charts = []
         # A task with several reward functions: a chart of each one's mean per step too.
         per_function = [k for k in (history[-1] if history else {}) if k.startswith("reward/") and "/std" not in k[7:]]
-        for key, title in (*self._SERIES, *((k, k) for k in per_function)):
+        clip = [("clip", CLIP_TITLE)] if any("clip_active" in m for m in shown) else []
+        for key, title in (*self._SERIES, *clip, *((k, k) for k in per_function)):
+            tip = ""
+            if key == "clip":
+                svg, said = self.clip_chart(shown, steps, changed, reason=clip_reason)
+                tip = f' title="{html.escape(said)}"' if said else ""
+                data = base64.b64encode(svg.encode()).decode()
+                charts.append(f'<img alt="{html.escape(title)}"{tip} src="data:image/svg+xml;base64,{data}">')
+                continue
             if key == "eval":
                 points = [(float(v), a) for v, a in evaluations]
                 svg = self.chart(title, points, y_range=(0.0, 1.0), dots=True, marks=changed)
@@ -138,17 +181,26 @@ class Curves:
         y_range: tuple[float, float] | None = None,
         dots: bool = False,
         marks: Sequence[tuple[float, str]] = (),
+        lines: Sequence[tuple[str, str, Sequence[tuple[float, float]]]] = (),
+        empty: str | None = None,
+        note: str = "",
     ) -> str:
         """One chart as an SVG document: a line through ``points`` over a grid whose
         lines are labelled with round values on both axes, and a dashed vertical line
         at the step of each of ``marks`` (``(step, label)``; the steps widen the x
         range), labelled unless it is too close to the last label. A point or mark
         that is not :func:`drawable` is left out, and the points left out are counted
-        under the chart."""
+        under the chart. ``lines``: more series, ``(label, colour, points)``, thinner
+        and named in a legend; ``empty``: what a chart without points says (a line
+        each, at ``\\n``; "no data yet" if None); ``note``: a line under the chart."""
         given = len(points)
         points = [(x, y) for x, y in points if drawable(x) and drawable(y)]
+        lines = [
+            (label, colour, [(x, y) for x, y in pts if drawable(x) and drawable(y)]) for label, colour, pts in lines
+        ]
         marks = [m for m in marks if drawable(m[0])]
         off = given - len(points)
+        said = "; ".join(([off_chart(off)] if off else []) + ([note] if note else []))
         w, h = self.WIDTH, self.HEIGHT
         left, right, top, bottom = 40, w - 10, 20, h - 22
         parts = [
@@ -161,16 +213,21 @@ class Curves:
         note = (
             f'<text class="rlnb-off-chart" x="{right - 3}" y="{bottom - 4}" text-anchor="end" font-size="9" '
             'fill="#666" stroke="#fff" stroke-width="2.5" paint-order="stroke">'
-            f"{html.escape(off_chart(off))}</text>"
-            if off
+            f"{html.escape(said)}</text>"
+            if said
             else ""
         )
         if not points:
-            middle = f'x="{(left + right) / 2}" y="{(top + bottom) / 2}"'
-            empty = "no data yet" if not off else "nothing to draw"
-            parts += [frame, f'<text {middle} text-anchor="middle" fill="#999">{empty}</text>{note}</svg>']
+            rows = (empty if empty is not None else "no data yet" if not off else "nothing to draw").split("\n")
+            first = (top + bottom) / 2 - 6 * (len(rows) - 1)
+            texts = "".join(
+                f'<text class="rlnb-empty" x="{(left + right) / 2}" y="{first + 12 * i:.1f}" text-anchor="middle" '
+                f'fill="#999">{html.escape(row)}</text>'
+                for i, row in enumerate(rows)
+            )
+            parts += [frame, f"{texts}{note}</svg>"]
             return "".join(parts)
-        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        xs, ys = [p[0] for p in points], [p[1] for p in points + [q for *_, pts in lines for q in pts]]
         x0, x1 = min(xs + [m[0] for m in marks]), max(xs + [m[0] for m in marks])
         y0, y1 = y_range if y_range is not None else (min(ys), max(ys))
         x0, x1 = (x0 - 1, x1 + 1) if x1 == x0 else (x0, x1)
@@ -193,12 +250,65 @@ class Curves:
         parts.append(f'<text x="{left - 6}" y="{bottom + 12}" text-anchor="end" fill="#666">step</text>')
         parts += _marks_svg([(px(x), x, label) for x, label in marks], top, bottom, right)
         line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
+        for i, (label, colour, pts) in enumerate(lines):
+            if pts:
+                drawn = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+                parts.append(
+                    f'<polyline class="rlnb-line" data-label="{html.escape(label)}" points="{drawn}" fill="none" '
+                    f'stroke="{colour}" stroke-width="1" stroke-dasharray="4,2"/>'
+                )
+            parts.append(
+                f'<text class="rlnb-legend" x="{left + 3}" y="{top + 9 + 10 * i}" font-size="9" fill="{colour}" '
+                f'stroke="#fff" stroke-width="2.5" paint-order="stroke">{html.escape(label)}</text>'
+            )
         parts.append(f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="1.4"/>')
         if dots or len(points) < 3:  # a line through one or two points is hard to see
             parts += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="#1f77b4"/>' for x, y in points]
         parts.append(note)
         parts.append("</svg>")
         return "".join(parts)
+
+    def clip_chart(
+        self,
+        shown: Sequence[Mapping[str, float]],
+        steps: Sequence[float],
+        marks: Sequence[tuple[float, str]] = (),
+        *,
+        reason: str = ONE_UPDATE,
+    ) -> tuple[str, str]:
+        """The "clip fraction" chart of the steps ``shown`` (at ``steps``) and what it
+        says in words ("" when it shows a curve alone). Only the steps whose record
+        has ``clip_active`` 1 are drawn (elsewhere the clip could not act and their 0
+        means nothing): ``clip_fraction``, and ``clip_low_fraction`` and
+        ``clip_high_fraction`` as two more lines where they differ. Where the last step
+        had no clip, the chart says :func:`clip_inactive` (``reason``) instead of a
+        flat 0, or under the curve of the earlier steps that had one."""
+        active = [(x, m) for x, m in zip(steps, shown, strict=True) if m.get("clip_active") == 1.0]
+
+        def series(key: str) -> list[tuple[float, float]]:
+            return [(x, float(m[key])) for x, m in active if key in m and not math.isnan(float(m[key]))]
+
+        points, low, high = series("clip_fraction"), series("clip_low_fraction"), series("clip_high_fraction")
+        lines = [("low", _LOW, low), ("high", _HIGH, high)] if low != high else []
+        now_inactive = bool(shown) and shown[-1].get("clip_active") == 0.0
+        said = clip_inactive(reason) if now_inactive else ""
+        note = ""
+        if now_inactive and points:
+            since = next(
+                x for x, m in zip(reversed(steps), reversed(shown), strict=True) if m.get("clip_active") == 1.0
+            )
+            note, said = f"clip inactive after step {since:g}", f"{said} after step {since:g}"
+        top = max([y for _, y in points + low + high if drawable(y)] or [0.0])
+        svg = self.chart(
+            CLIP_TITLE,
+            points,
+            y_range=(0.0, top if top > 0 else 0.1),
+            marks=marks,
+            lines=lines,
+            empty=f"clip inactive\n({reason})" if now_inactive else None,
+            note=note,
+        )
+        return svg, said
 
     def close(self) -> None:
         """Nothing to release: the charts are strings."""

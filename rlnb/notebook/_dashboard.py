@@ -355,7 +355,7 @@ class Dashboard:
         if curves and now >= self._next_diagnosis:
             self._diagnose(sess)
         if curves and now >= self._next_curves:
-            self._draw_curves(sess.history, sess.evaluations, sess.changes)
+            self._draw_curves(sess.history, sess.evaluations, sess.changes, self._clip_reason(sess))
             step, groups = self._batch.last  # a table of many samples: at the curves' pace
             if step != self._shown_batch:
                 self._shown_batch = step
@@ -399,8 +399,19 @@ class Dashboard:
             self.name, self._stats, rate, exit_code=self._exit_code, model=self.model, mode=self._mode
         )
 
+    @staticmethod
+    def _clip_reason(sess: NotebookSession) -> str:
+        """Why a step of ``sess`` whose record says ``clip_active`` 0 had no clip."""
+        from rlnb.notebook import _curves
+
+        return _curves.clip_reason(sess.config.learn)
+
     def _draw_curves(
-        self, history: list[dict[str, float]], evaluations: list[tuple[int, float]], changes: list[Change]
+        self,
+        history: list[dict[str, float]],
+        evaluations: list[tuple[int, float]],
+        changes: list[Change],
+        clip_reason: str,
     ) -> None:
         """Redraw when the data changed, at most every ``CURVES_INTERVAL`` s and
         never more than 1/_TIME_SHARE of the time."""
@@ -408,7 +419,7 @@ class Dashboard:
         if key == self._drawn:
             return
         started = time.monotonic()
-        self.curves.value = self._curves.render(history, evaluations, changes)
+        self.curves.value = self._curves.render(history, evaluations, changes, clip_reason=clip_reason)
         self.curves.layout.display = None
         self._drawn = key
         self._next_curves = started + max(CURVES_INTERVAL, _TIME_SHARE * (time.monotonic() - started))
@@ -686,11 +697,12 @@ class Dashboard:
         every display for its static copy."""
         from IPython.display import HTML
 
-        from rlnb.notebook import _panels
+        from rlnb.notebook import _curves, _panels
 
         sess = self._session()
         history, evaluations = ([], []) if sess is None else (sess.history, sess.evaluations)
         changes = [] if sess is None else sess.changes
+        clip_reason = _curves.ONE_UPDATE if sess is None else self._clip_reason(sess)
         if sess is not None:
             self._settings.keep(sess.config)  # the static copy shows the settings it closed with
             if self._batch in sess.callbacks:
@@ -708,7 +720,7 @@ class Dashboard:
         del sess
         try:
             if history or evaluations:
-                self._draw_curves(history, evaluations, changes)
+                self._draw_curves(history, evaluations, changes, clip_reason)
             step, groups = self._batch.last
             if step != self._shown_batch:
                 self.rollouts.value = _panels.rollouts_html(groups, step, decode=self._decode)

@@ -22,6 +22,7 @@ from rlnb._errors import ConfigError, InvalidValueError
 from rlnb.config import Config
 
 if TYPE_CHECKING:
+    from rlnb.config import Change
     from rlnb.data import Task
     from rlnb.learn import Trainer
     from rlnb.session._statistics import SessionStatistics
@@ -139,6 +140,7 @@ def diagnose_session(
         failures={} if rewards is None else rewards.failures(),
         batched=() if rewards is None else [f.name for f in rewards.functions if f.is_batched],
         step_seconds=_step_seconds(trainer, snapshot),
+        changes=getattr(trainer, "changes", ()),
     )
     if tracker is not None:
         counts = {f"diagnose/{severity}": float(n) for severity, n in found.counts().items()}
@@ -169,13 +171,15 @@ def diagnose(
     failures: Mapping[str, tuple[int, str]] | None = None,
     batched: Collection[str] = (),
     step_seconds: float | None = None,
+    changes: Sequence[Change] = (),
 ) -> Findings:
     """The findings for a run, from ``history`` (each step's metrics, oldest first),
     ``batches`` (kept batches, or anything with ``.groups``), a ``statistics()``
     snapshot (None: the findings about rollouts, the engine and stalls are skipped),
     the ``config`` in force and the reward functions' ``timings`` and ``failures``
     (``Rewards.timings()``/``failures()``; ``batched``: the names of those called once
-    per group). ``step_seconds``: the median step time, if known. Pure: changes nothing."""
+    per group). ``step_seconds``: the median step time, if known; ``changes``: the
+    live settings changed (``Session.changes``). Pure: changes nothing."""
     found: list[Finding] = []
     if statistics is not None:
         found += _state(statistics, config)
@@ -198,6 +202,7 @@ def diagnose(
     found += _length_cut(groups, config)
     found += _trends(history, config, accuracy)
     found += _recent(history, config, accuracy, statistics)
+    found += _clip_inactive(history, config, changes)
     return Findings(found)
 
 
@@ -521,7 +526,9 @@ def _recent(
                 "check the reward on a few rollouts (sess.rollout())",
             )
         )
-    clip = _mean(recent, "clip_fraction")
+    # A step whose record says clip_active 0 had no clip that could act (its ratio was 1):
+    # its clip_fraction of 0 is no measure, and a wider clip would change nothing.
+    clip = _mean([m for m in recent if m.get("clip_active") != 0.0], "clip_fraction")
     if clip is not None and clip >= CLIP_FRACTION_HIGH:
         found.append(
             Finding(
@@ -547,6 +554,42 @@ def _recent(
             )
         )
     return found
+
+
+_CLIP_FIELDS = ("clip_eps", "clip_low", "clip_high")
+
+
+def _clip_inactive(history: Sequence[Mapping[str, float]], config: Config, changes: Sequence[Change]) -> list[Finding]:
+    """Clip settings changed while the last step's record says no clip could act."""
+    changed = [c for c in changes if c.field in _CLIP_FIELDS]
+    if not changed or not history or history[-1].get("clip_active") != 0.0:
+        return []
+    learn = config.learn
+    said = ", ".join(f"{c.field} {_reprs.setting(c.old)} -> {_reprs.setting(c.new)} at step {c.step}" for c in changed)
+    if learn.epochs == 1 and learn.minibatches == 1:
+        return [
+            Finding(
+                "info",
+                "clip-inactive",
+                f"the clip settings changed ({said}), but no clip acts: with epochs=1 and minibatches=1 each batch "
+                "gets one update, which starts from the proximal policy itself, so the ratio is 1 and the clip "
+                "never cuts (clip_active 0 in the step's record)",
+                "for the clip to act, more than one update per batch: LearnConfig(epochs=2) or minibatches > 1, "
+                "which need a new session (rlnb.Session(config, ...), or Session.load from a checkpoint)",
+            )
+        ]
+    from rlnb.algorithms import describe
+
+    loss = describe(learn.resolved_algorithm.loss)
+    return [
+        Finding(
+            "info",
+            "clip-inactive",
+            f"the clip settings changed ({said}), but the loss {loss!r} has no clip (clip_active 0 in the step's "
+            "record)",
+            'a loss with a clip for them to act on: sess.set(algorithm="grpo") (ppo_clip), "gspo" or "cispo"',
+        )
+    ]
 
 
 # -- helpers --------------------------------------------------------------------------------------

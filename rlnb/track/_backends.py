@@ -58,8 +58,13 @@ class ConsoleBackend:
 
     @staticmethod
     def format(metrics: Mapping[str, float], step: int) -> str:
+        """The line of a step: its :data:`HEADLINE` figures, and ``clip_fraction`` where
+        its record says a clip could act (``clip_active`` 1; with one update per batch
+        the ratio is 1 and the fraction is 0 by construction, which says nothing)."""
         parts = [f"step {step}"]
         parts += [f"{k} {metrics[k]:.3g}" for k in HEADLINE if k in metrics]
+        if metrics.get("clip_active") == 1.0 and "clip_fraction" in metrics:
+            parts.append(f"clip_fraction {metrics['clip_fraction']:.3g}")
         return " | ".join(parts)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:

@@ -64,3 +64,55 @@ def test_values_beyond_float32s_range_are_left_off_and_counted_and_the_rest_draw
     svg = Curves().chart("reward_mean", [(1.0, 3.4e38), (2.0, -3.4e38)], marks=[(2.0, "lr→0.1"), (1e308, "far")])
     assert "not drawn" not in svg and svg.count('class="rlnb-change"') == 1  # within the range: drawn
     assert ticks(-1e308, 1e308) == [-1e308]
+
+
+def _charts(html: str) -> dict[str, tuple[str, str]]:
+    """``{alt: (title, svg)}`` of the charts of a rendered block."""
+    import base64
+
+    found = re.findall(r'<img alt="([^"]+)"(?: title="([^"]*)")? src="data:image/svg\+xml;base64,([^"]+)">', html)
+    return {alt: (title, base64.b64decode(data).decode()) for alt, title, data in found}
+
+
+def _texts(svg: str) -> list[str]:
+    return re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+
+
+def clip_step(version: int, active: float, fraction: float = 0.0, low: float = 0.0, high: float = 0.0) -> dict:
+    return {
+        "version": version,
+        "reward_mean": 0.5,
+        "entropy": 1.0,
+        "clip_active": active,
+        "clip_fraction": fraction,
+        "clip_low_fraction": low,
+        "clip_high_fraction": high,
+    }
+
+
+def test_a_clip_that_cannot_act_is_said_instead_of_a_flat_zero() -> None:
+    html = Curves().render([clip_step(v, 0.0) for v in range(1, 6)], [])
+    assert list(_charts(html)) == ["reward_mean", "entropy", "held-out accuracy", "clip fraction"]
+    title, svg = _charts(html)["clip fraction"]
+    assert title == "clip inactive (ratio 1: one update per batch)"  # the chart's tooltip
+    assert _texts(svg) == ["clip fraction", "clip inactive", "(ratio 1: one update per batch)"]
+    assert "<polyline" not in svg  # no flat line at 0
+    # several updates per batch with a loss that has no clip: the reason says so
+    html = Curves().render([clip_step(1, 0.0)], [], clip_reason="the loss 'sapo' has no clip")
+    assert "(the loss &#x27;sapo&#x27; has no clip)" in _texts(_charts(html)["clip fraction"][1])
+
+
+def test_a_clip_that_acts_draws_its_fraction_and_its_bounds_where_they_differ() -> None:
+    steps = [clip_step(v, 1.0, fraction=0.05 * v, low=0.01 * v, high=0.04 * v) for v in range(1, 6)]
+    title, svg = _charts(Curves().render(steps, []))["clip fraction"]
+    assert title == "" and "clip inactive" not in svg
+    assert svg.count("<polyline") == 3 and {"low", "high"} <= set(_texts(svg))
+    same = [clip_step(v, 1.0, fraction=0.05 * v, low=0.02 * v, high=0.02 * v) for v in range(1, 6)]
+    _, svg = _charts(Curves().render(same, []))["clip fraction"]
+    assert svg.count("<polyline") == 1 and "low" not in _texts(svg)
+    # a clip that stopped acting: the curve of the steps that had one, and since when
+    title, svg = _charts(Curves().render([*steps, clip_step(6, 0.0), clip_step(7, 0.0)], []))["clip fraction"]
+    assert title == "clip inactive (ratio 1: one update per batch) after step 5"
+    assert "clip inactive after step 5" in _texts(svg)
+    # a run recorded before clip_active: no clip chart (its 0s could mean either)
+    assert "clip fraction" not in _charts(Curves().render([{"version": 1, "clip_fraction": 0.0}], []))

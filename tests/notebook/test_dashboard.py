@@ -259,7 +259,26 @@ def test_state_and_gauges_follow_the_session() -> None:
         wait_until(lambda: shows_version.search(dash.state.value) is not None, "the last version")
         wait_until(lambda: gauge(dash, "threads")[0] < training_threads, "the training thread to go")
         wait_until(lambda: dash.curves.value != b"", "the curves")
-        assert dash.curves.value.count("data:image/svg+xml;base64,") == 3
+        # reward, entropy, held-out accuracy, and the clip: inactive with one update per batch
+        assert dash.curves.value.count("data:image/svg+xml;base64,") == 4
+        assert 'alt="clip fraction" title="clip inactive (ratio 1: one update per batch)"' in dash.curves.value
+        assert "clip inactive (ratio 1: one update per batch)" in dash.static_html()
+
+
+def test_the_clip_chart_draws_the_fraction_where_a_clip_acts_and_says_why_not_elsewhere() -> None:
+    import dataclasses
+
+    several = CONFIG.replace(learn=dataclasses.replace(CONFIG.learn, epochs=2))
+    with rlnb.Session(several, name="dash-clip") as sess:
+        dash = sess.dashboard()
+        sess.train(3, progress=False)
+    assert sess.history[-1]["clip_active"] == 1.0
+    closed = dash.static_html()  # the last frame, drawn at the close
+    assert re.search(r'<img alt="clip fraction" src="data:image/svg\+xml', closed) and "clip inactive" not in closed
+    with rlnb.Session(CONFIG, name="dash-clip") as sess:
+        dash = sess.dashboard()
+        sess.train(3, progress=False)
+    assert 'alt="clip fraction" title="clip inactive (ratio 1: one update per batch)"' in dash.static_html()
 
 
 def test_the_state_shows_one_row_per_engine_replica() -> None:
@@ -401,7 +420,7 @@ def test_the_cost_of_a_tick() -> None:
             started = time.perf_counter()
             dash.tick()
             ticks.append(time.perf_counter() - started)
-        assert dash.curves.value.count("data:image/svg+xml;base64,") == 3
+        assert dash.curves.value.count("data:image/svg+xml;base64,") == 4
         ticks.sort()
         print(
             f"\ndashboard tick: median {ticks[25] * 1e3:.2f} ms, max {ticks[-1] * 1e3:.2f} ms; one that draws "
