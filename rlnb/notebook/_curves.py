@@ -257,9 +257,11 @@ class Curves:
                     f'<polyline class="rlnb-line" data-label="{html.escape(label)}" points="{drawn}" fill="none" '
                     f'stroke="{colour}" stroke-width="1" stroke-dasharray="4,2"/>'
                 )
+            # in the title's row, at the right: inside the frame it would hide the curve's start
+            at = right - 42 * (len(lines) - 1 - i)
             parts.append(
-                f'<text class="rlnb-legend" x="{left + 3}" y="{top + 9 + 10 * i}" font-size="9" fill="{colour}" '
-                f'stroke="#fff" stroke-width="2.5" paint-order="stroke">{html.escape(label)}</text>'
+                f'<text class="rlnb-legend" x="{at}" y="13" text-anchor="end" font-size="9" fill="{colour}">'
+                f"- - {html.escape(label)}</text>"
             )
         parts.append(f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="1.4"/>')
         if dots or len(points) < 3:  # a line through one or two points is hard to see

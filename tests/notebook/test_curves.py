@@ -106,10 +106,10 @@ def test_a_clip_that_acts_draws_its_fraction_and_its_bounds_where_they_differ() 
     steps = [clip_step(v, 1.0, fraction=0.05 * v, low=0.01 * v, high=0.04 * v) for v in range(1, 6)]
     title, svg = _charts(Curves().render(steps, []))["clip fraction"]
     assert title == "" and "clip inactive" not in svg
-    assert svg.count("<polyline") == 3 and {"low", "high"} <= set(_texts(svg))
+    assert svg.count("<polyline") == 3 and {"- - low", "- - high"} <= set(_texts(svg))
     same = [clip_step(v, 1.0, fraction=0.05 * v, low=0.02 * v, high=0.02 * v) for v in range(1, 6)]
     _, svg = _charts(Curves().render(same, []))["clip fraction"]
-    assert svg.count("<polyline") == 1 and "low" not in _texts(svg)
+    assert svg.count("<polyline") == 1 and "- - low" not in _texts(svg)
     # a clip that stopped acting: the curve of the steps that had one, and since when
     title, svg = _charts(Curves().render([*steps, clip_step(6, 0.0), clip_step(7, 0.0)], []))["clip fraction"]
     assert title == "clip inactive (ratio 1: one update per batch) after step 5"
