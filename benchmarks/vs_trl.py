@@ -20,6 +20,15 @@ Then, from the checkout, with rlnb's venv::
 
     .venv/bin/python benchmarks/vs_trl.py race --trl-python /tmp/trlenv/bin/python --out runs/vs_trl
 
+``loss`` checks one step instead of racing: on one fixed batch of the same model,
+each variant both ship (TRL's ``loss_type``s, clip-higher, GSPO, CISPO, SAPO,
+``scale_rewards``, KL, the entropy bonus and filter, the mismatch corrections)
+gives TRL's loss and gradient norm, by ``GRPOTrainer``'s own code in TRL's venv
+(``trl_loss_side.py``), and rlnb's, by ``rlnb.algorithms.functional``
+(``vs_trl_loss.py``); the table is in ``docs/algorithms.md``::
+
+    .venv/bin/python benchmarks/vs_trl.py loss --trl-python /tmp/trlenv/bin/python --out runs/vs_trl_loss --threads 1
+
 ``race`` warms the model up once (in TRL's venv, as the baseline does) and then
 runs the contenders one after the other, ``--rounds`` times, alternating who goes
 first, so that both see the same machine. It writes ``race.json`` (every curve
@@ -256,6 +265,23 @@ def race(args: argparse.Namespace) -> int:
     return 0
 
 
+def loss(args: argparse.Namespace) -> int:
+    """One step's loss and gradient norm of every variant both ship, TRL's against
+    rlnb's, on one fixed batch (``vs_trl_loss.py``); prints the table and writes it
+    (``table.md``, ``table.json``) into ``--out``. Returns 1 if a row without a note
+    (a known difference) does not agree within 1e-5 on TRL's advantages."""
+    import vs_trl_loss
+
+    _set_threads(args.threads)
+    table = vs_trl_loss.compare(args.out, args.trl_python, threads=args.threads)
+    print((args.out / "table.md").read_text())
+    # a row without a note must agree on the loss code (rlnb's loss on TRL's advantages)
+    unexpected = [row["variant"] for row in table if not row["note"] and not row["same_advantages_agree"]]
+    if unexpected:
+        print(f"not as expected: {', '.join(unexpected)}", flush=True)
+    return 1 if unexpected else 0
+
+
 def _label(args: argparse.Namespace) -> str:
     """rlnb's curve's name: its mode, and where its engine ran."""
     return f"rlnb {args.mode}" + (", engine in a process" if args.engine_process else "")
@@ -263,10 +289,10 @@ def _label(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("stage", choices=("race", "trl", "rlnb"))
+    parser.add_argument("stage", choices=("race", "trl", "rlnb", "loss"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--warm", type=Path, help="trl/rlnb: the warmed-up model directory")
-    parser.add_argument("--trl-python", default="/tmp/trlenv/bin/python", help="race: TRL's venv's python")
+    parser.add_argument("--trl-python", default="/tmp/trlenv/bin/python", help="race, loss: TRL's venv's python")
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--steps", type=int, default=3800, help="RL steps (the lr decays linearly to 0 over them)")
     parser.add_argument("--eval-every", type=int, default=100)
@@ -279,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.stage == "race":
         return race(args)
+    if args.stage == "loss":
+        return loss(args)
     _set_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.stage == "trl":
