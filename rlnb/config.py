@@ -1007,9 +1007,13 @@ def engine_kind(config: Config) -> str:
 
 def config_to_dict(config: Config) -> dict[str, Any]:
     """``config`` as JSON-safe data (paths become strings; tuples become lists in JSON)."""
+    algorithm = config.learn.algorithm
+    if not isinstance(algorithm, str):
+        # asdict deep-copies every value, and a function part may not copy (a bound method
+        # of an object that holds a lock): the algorithm is written below, field by field
+        config = dataclasses.replace(config, learn=dataclasses.replace(config.learn, algorithm="grpo"))
     data = dataclasses.asdict(config)
     data["track"]["run_dir"] = None if config.track.run_dir is None else os.fspath(config.track.run_dir)
-    algorithm = config.learn.algorithm
     if not isinstance(algorithm, str):  # its fields; a function part by its qualified name (code is not saved)
         data["learn"]["algorithm"] = {
             f.name: _function_name(value) if callable(value := getattr(algorithm, f.name)) else value

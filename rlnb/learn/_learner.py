@@ -281,7 +281,8 @@ class Learner:
         """One optimisation step on ``groups``; returns its metrics. The policy's
         version goes up by one. Raises ``ValueError`` for an empty or malformed batch,
         and :class:`~rlnb.TrainingError` for advantages, a loss or a gradient that is
-        not finite, with the weights and the optimiser's state as they were before."""
+        not finite, with the weights and the optimiser's state as they were before;
+        an algorithm's function part that raises raises its own error, likewise."""
         with intra_op_threads(self.threads):
             return self._step(groups)
 
@@ -349,22 +350,25 @@ class Learner:
                     width = max(1, int(lengths[chunk].max()))
                     mask = train_mask[chunk, :width]
                     logp, entropy = self._token_logp(self.policy, batch, chunk, width)
-                    terms = F.policy_loss(
-                        F.LossInputs(
-                            algorithm=alg,
-                            logp=logp,
-                            prox_logp=None if prox is None else prox[chunk, :width],
-                            behav_logp=batch.behav_logp[chunk, :width],
-                            advantages=batch.advantages[chunk, :width] if per_token else batch.advantages[chunk],
-                            mask=mask,
-                            ref_logp=None if ref is None or kl_in_reward else ref[chunk, :width],
-                            versions=batch.min_versions[chunk],
-                            lengths=lengths[chunk],
-                            entropy=entropy,
-                            normaliser=denominator,
-                            update_tokens=total,
-                        )
+                    inputs = F.LossInputs(
+                        algorithm=alg,
+                        logp=logp,
+                        prox_logp=None if prox is None else prox[chunk, :width],
+                        behav_logp=batch.behav_logp[chunk, :width],
+                        advantages=batch.advantages[chunk, :width] if per_token else batch.advantages[chunk],
+                        mask=mask,
+                        ref_logp=None if ref is None or kl_in_reward else ref[chunk, :width],
+                        versions=batch.min_versions[chunk],
+                        lengths=lengths[chunk],
+                        entropy=entropy,
+                        normaliser=denominator,
+                        update_tokens=total,
                     )
+                    try:
+                        terms = F.policy_loss(inputs)
+                    except BaseException:  # a loss function (a user's) that raises: no half-made step
+                        self._put_back(saved, updates)
+                        raise
                     share = terms.tokens / total
                     loss_value = float(terms.loss.detach())
                     if not math.isfinite(loss_value):

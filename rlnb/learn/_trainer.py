@@ -236,6 +236,9 @@ class Trainer:
                 missing = self.config.rollout.groups_per_step - _with_signal(groups)
                 if missing <= 0:
                     break
+                # The groups just taken gave their places back without waking dispatch,
+                # which may be waiting on a full lag budget: wake it, or nothing comes.
+                self.bridge.run(self.rollouter.start())
                 groups += self._take_batch(deferred, timeout, cancel, n=missing)
             self.rollouter.updating_on(len(groups))  # what dispatches now is for the next update
             try:
