@@ -264,7 +264,8 @@ def test_the_curves_mark_each_change_at_its_step(sess: rlnb.Session) -> None:
     wait_until(lambda: dash._next_curves <= time.monotonic(), "the curves to be due", timeout=60)
     dash.tick()
     charts = svgs(dash)
-    assert len(charts) == 3 and "no data yet" in charts[2]  # held-out accuracy: nothing evaluated
+    assert len(charts) == 4 and "no data yet" in charts[2]  # held-out accuracy: nothing evaluated
+    assert "clip inactive" in charts[3]  # one update per batch: no clip fraction to draw
     for svg in charts[:2]:  # one line and one label for the two changes at step 2, on each chart
         assert re.findall(r'class="rlnb-change" data-step="(\d+)"', svg) == ["2"]
         assert re.findall(r'class="rlnb-change-label"[^>]*>([^<]+)<', svg) == ["lr→0.001, temperature→0.9"]
