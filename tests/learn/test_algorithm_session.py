@@ -121,6 +121,19 @@ def test_every_preset_trains_in_sync_and_async_mode(name: str, mode: str, half_f
         assert sum(m["groups_dropped"] for m in steps) > 0  # the task gave flat groups to drop
 
 
+def test_each_preset_makes_its_own_update_of_the_same_batch(half_flat: str) -> None:
+    """Sync mode, one seed: every preset's first step rolls out the same groups (dapo
+    more), and none updates as grpo does."""
+    grad_norms = {}
+    for name in PRESETS:
+        config = small_config(task=half_flat, learn=rlnb.LearnConfig(algorithm=name))
+        with rlnb.Session(config, name=name) as sess:
+            grad_norms[name] = sess.step()["grad_norm"]
+    assert grad_norms["grpo"] > 0
+    same = [name for name in PRESETS[1:] if grad_norms[name] == pytest.approx(grad_norms["grpo"], rel=1e-3)]
+    assert not same, f"{same} updated as grpo does: {grad_norms}"
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_dynamic_sampling_fills_the_step_with_groups_that_have_signal(mode: str, half_flat: str) -> None:
     config = small_config(task=half_flat, mode=mode, step_timeout=20.0, learn=rlnb.LearnConfig(algorithm="dapo"))
@@ -157,6 +170,37 @@ def test_a_function_as_a_part_trains(part: str, mode: str, background: bool) -> 
         assert sess.version == 2
     assert len(steps) == 2 and all(math.isfinite(m["loss"]) for m in steps)
     assert fn.calls >= 2  # the learner ran the function, once a step at least
+
+
+def weighted_reinforce(inputs: Any) -> torch.Tensor:
+    """The built-in "reinforce" loss, written as a function: -w A log pi."""
+    return reinforce(inputs) * rlnb.algorithms.functional.mismatch_weight(inputs)
+
+
+@pytest.mark.parametrize(
+    ("mine", "built_in"),
+    [
+        (Algorithm(advantage=centred), Algorithm(advantage="dr_grpo")),
+        (Algorithm(loss=weighted_reinforce), Algorithm(loss="reinforce")),
+    ],
+    ids=["advantage", "loss"],
+)
+def test_a_function_part_trains_as_the_built_in_part_it_equals(mine: Algorithm, built_in: Algorithm) -> None:
+    runs = []
+    for i, algorithm in enumerate((mine, built_in)):
+        with rlnb.Session(small_config(learn=rlnb.LearnConfig(algorithm=algorithm, lr=1e-2)), name=f"run-{i}") as sess:
+            runs.append(sess.train(3, progress=False))
+    assert max(m["grad_norm"] for m in runs[1]) > 0
+    assert_same_metrics(runs[0], runs[1])
+
+
+def test_an_advantage_function_of_zeros_trains_nothing() -> None:
+    zeros = Algorithm(advantage=lambda rewards, **context: torch.zeros_like(rewards))
+    with rlnb.Session(small_config(learn=rlnb.LearnConfig(algorithm=zeros)), name="zeros") as sess:
+        before = _weights(sess)
+        steps = sess.train(2, progress=False)
+        assert _same_weights(before, _weights(sess))
+    assert [m["grad_norm"] for m in steps] == [0.0, 0.0]
 
 
 @pytest.mark.parametrize("background", [False, True], ids=["foreground", "background"])
