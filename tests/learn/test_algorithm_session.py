@@ -386,6 +386,16 @@ def test_an_algorithm_that_is_no_preset_names_the_nearest() -> None:
         rlnb.LearnConfig(algorithm="gpso")
     with pytest.raises(rlnb.ConfigError, match=r"the presets are grpo, dr_grpo, dapo, gspo"):
         rlnb.LearnConfig(algorithm="nope")
+    with rlnb.Session(small_config(), name="asks") as sess:
+        sess.step()
+        for call in (
+            lambda: sess.set(algorithm="gpso"),
+            lambda: sess.fork("fork", algorithm="gpso"),
+            lambda: sess.what_if(algorithm="gpso"),
+        ):
+            with pytest.raises(rlnb.ConfigError, match=r"LearnConfig\.algorithm='gpso' is invalid: .*'gspo'"):
+                call()
+        assert sess.changes == [] and rlnb.sessions() == [sess]
 
 
 # -- 7. the default is GRPO as it was ---------------------------------------------------------------
