@@ -128,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")  # TRL's advice on settings (e.g. GSPO with loss_type="dapo") is not ours
     logging.getLogger("trl").setLevel(logging.ERROR)
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
     import trl
     from safetensors.torch import load_file, save_file
 

@@ -64,6 +64,11 @@ VARIANTS = (
     Variant("dapo loss (TRL's default)", {"loss_type": "dapo"}, _BESSEL),
     Variant("grpo loss", {"loss_type": "grpo"}, f'{_BESSEL[:-1]}, aggregation="seq_mean_token_mean")'),
     Variant(
+        "dapo loss, TRL's advantages as your own",
+        {"loss_type": "dapo"},
+        'preset("grpo").replace(advantage=trl_group_advantages)',
+    ),
+    Variant(
         "rlnb's default",
         {"loss_type": "dapo"},
         'preset("grpo")',
@@ -149,6 +154,12 @@ VARIANTS = (
 )
 
 
+def trl_group_advantages(rewards: torch.Tensor, **context: Any) -> torch.Tensor:
+    """TRL's GRPO advantages as an rlnb advantage function: ``(R - mean_g) / (std_g + 1e-4)``,
+    Bessel's std (rlnb's ``grpo`` adds 1e-6, as verl does)."""
+    return (rewards - rewards.mean(dim=1, keepdim=True)) / (rewards.std(dim=1, keepdim=True) + 1e-4)
+
+
 def rloo_sequence_loss(inputs: Any) -> torch.Tensor:
     """TRL's ``RLOOTrainer`` loss as an rlnb loss function: PPO-clip of each
     sequence's probability ratio ``exp(sum_t (logp - prox))``, averaged over sequences."""
@@ -164,7 +175,12 @@ def algorithm_of(variant: Variant) -> Any:
     """``variant``'s rlnb ``Algorithm``."""
     from rlnb.algorithms import Algorithm, preset
 
-    names = {"preset": preset, "Algorithm": Algorithm, "rloo_sequence_loss": rloo_sequence_loss}
+    names = {
+        "preset": preset,
+        "Algorithm": Algorithm,
+        "rloo_sequence_loss": rloo_sequence_loss,
+        "trl_group_advantages": trl_group_advantages,
+    }
     return eval(variant.rlnb, names)  # the text of our own table
 
 
@@ -189,11 +205,20 @@ def _completion(rng: random.Random, answer: str, kind: str) -> list[int]:
     return [*(v[c] for c in text[: MAX_NEW - 1]), base.EOS]
 
 
+def _quiet() -> None:
+    """transformers without its progress bars (their monitor thread outlives the call)."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+
+
 def make_batch(folder: Path) -> None:
     """Write the models (``old/``, ``new/``), ``batch.json`` and ``batch.safetensors``
     into ``folder``."""
     from safetensors.torch import save_file
 
+    _quiet()
     rng = random.Random(7)
     model = base.make_model(seed=0)
     model.save_pretrained(folder / "old")
@@ -243,6 +268,7 @@ def make_batch(folder: Path) -> None:
 def load_model(path: Path) -> Any:
     from transformers import LlamaForCausalLM
 
+    _quiet()
     return LlamaForCausalLM.from_pretrained(path).float()
 
 
