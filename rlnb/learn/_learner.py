@@ -277,16 +277,19 @@ class Learner:
         size = self.config.micro_batch_size or len(every)
         return torch.cat([self._token_logp(model, batch, rows, width)[0] for rows in every.split(size)])
 
-    def step(self, groups: Sequence[Group]) -> dict[str, float]:
+    def step(self, groups: Sequence[Group], *, max_length: int | None = None) -> dict[str, float]:
         """One optimisation step on ``groups``; returns its metrics. The policy's
-        version goes up by one. Raises ``ValueError`` for an empty or malformed batch,
-        and :class:`~rlnb.TrainingError` for advantages, a loss or a gradient that is
+        version goes up by one. ``max_length``: the most tokens a completion may have
+        (the sampling's ``max_new_tokens``), the constant normaliser's length
+        (``aggregation="seq_mean_token_sum_norm"``; None: the batch's longest).
+        Raises ``ValueError`` for an empty or malformed batch, and
+        :class:`~rlnb.TrainingError` for advantages, a loss or a gradient that is
         not finite, with the weights and the optimiser's state as they were before;
         an algorithm's function part that raises raises its own error, likewise."""
         with intra_op_threads(self.threads):
-            return self._step(groups)
+            return self._step(groups, max_length)
 
-    def _step(self, groups: Sequence[Group]) -> dict[str, float]:
+    def _step(self, groups: Sequence[Group], max_length: int | None) -> dict[str, float]:
         if not groups:
             raise InvalidValueError("Learner.step() needs at least one group")
         # The settings that shape the loss are read once, here; lr (with its schedule) and
@@ -343,7 +346,7 @@ class Learner:
                 # of the update's, so the chunks (micro-batches, or rows of similar length,
                 # each padded only to its own longest) add up to the same loss without
                 # most of the padding.
-                denominator = F.normaliser(alg, train_mask[rows])
+                denominator = F.normaliser(alg, train_mask[rows], max_length=max_length)
                 total = max(1, int(train_mask[rows].sum()))
                 self.optimizer.zero_grad(set_to_none=True)
                 for chunk in self._chunks(rows, lengths):

@@ -288,7 +288,7 @@ class Trainer:
         self._set_phase("updating")
         with self.update_lock:
             config = self.learner.config
-            metrics = self.learner.step(groups)
+            metrics = self.learner.step(groups, max_length=self.rollouter.sampling.max_new_tokens)
         metrics.update(per_function(s for g in groups for s in g.samples))  # a task with several rewards
         if self.batches.maxlen:
             self.batches.append(KeptBatch.of(groups, metrics, config))

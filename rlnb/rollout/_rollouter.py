@@ -275,6 +275,12 @@ class Rollouter:
         """The settings in force: the last :meth:`configure`'s, or the constructor's."""
         return self._runner.config
 
+    @property
+    def sampling(self) -> SamplingParams:
+        """The sampling of groups dispatched now (``max_new_tokens`` the task's limit
+        where ``RolloutConfig.max_new_tokens`` is None)."""
+        return self._runner.sampling
+
     async def configure(self, config: RolloutConfig, sampling: SamplingParams) -> None:
         """``config`` and ``sampling`` for every group dispatched from now on (in-flight
         groups keep their size and sampling; ``statistics().old_settings_in_flight``

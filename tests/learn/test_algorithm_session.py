@@ -418,3 +418,23 @@ def test_the_default_algorithm_is_grpo_with_its_settings_spelt_out() -> None:
     assert max(m["clip_fraction"] for m in runs[0]) > 0  # the clip acted
     assert_same_metrics(runs[1], runs[0])
     assert_same_metrics(runs[2], runs[0])
+
+
+def test_dr_grpos_constant_normaliser_is_the_sampling_limit_not_the_batchs_longest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Dr. GRPO divides the summed token losses by samples x the most tokens a completion
+    # may have (the sampling's max_new_tokens), whatever the batch's longest is.
+    config = small_config(learn=rlnb.LearnConfig(algorithm="dr_grpo"), rollout=rlnb.RolloutConfig(max_new_tokens=6))
+    with rlnb.Session(config, name="dr-grpo-norm") as sess:
+        groups = list(sess.rollout(4))
+        longest = max(len(s.token_ids) for g in groups for s in g.samples)
+        learner = sess._trainer.learner
+        by_limit = learner.twin().step(groups, max_length=2 * longest)["loss"]
+        by_longest = learner.twin().step(groups)["loss"]
+        assert by_longest != 0 and by_limit == pytest.approx(by_longest / 2, rel=1e-5)
+        seen: list[int | None] = []
+        step = learner.step
+        monkeypatch.setattr(learner, "step", lambda g, *, max_length=None: seen.append(max_length) or step(g))
+        sess.step()
+        assert seen == [6]  # the session's steps pass the sampling's limit
