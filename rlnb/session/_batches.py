@@ -117,7 +117,7 @@ class BatchQuestions:
         kept = self.kept(batch, "what_if")
         learner = self._trainer.learner
         try:
-            config = LearnConfig(**{**_fields(learner.config), **changes})
+            config = _what_if_config(learner.config, changes)
         except TypeError as exc:
             raise ConfigError(f"what_if(): {exc}") from None
         if (kl_coef := config.resolved_algorithm.kl_coef) > 0 and not learner.has_reference:
@@ -220,5 +220,30 @@ class BatchQuestions:
         return str(self._tokenizer.decode(list(sample.token_ids[start:end])))
 
 
-def _fields(config: LearnConfig) -> dict[str, Any]:
+def _fields(config: Any) -> dict[str, Any]:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+def _what_if_config(config: LearnConfig, changes: dict[str, Any]) -> LearnConfig:
+    """``config`` with ``changes``: LearnConfig's fields, and the algorithm's own
+    (``clip_high=0.28``, ``loss="gspo"``...), which change the algorithm in force (its
+    LearnConfig overrides included) and then take LearnConfig's changes on top."""
+    from rlnb.algorithms import Algorithm
+
+    own = {f.name for f in dataclasses.fields(Algorithm)} - set(_fields(config))
+    knobs = {k: v for k, v in changes.items() if k in own}
+    learn = {k: v for k, v in changes.items() if k not in own}
+    fields = _fields(config)
+    if knobs:
+        if "clip_eps" in learn and learn["clip_eps"] is not None and {"clip_low", "clip_high"} & set(knobs):
+            raise ConfigError(
+                f"what_if(clip_eps={learn['clip_eps']!r}, ...): clip_eps sets both clip bounds and would hide "
+                f"{sorted({'clip_low', 'clip_high'} & set(knobs))}: give one or the other"
+            )
+        base = LearnConfig(**{**fields, "algorithm": learn.pop("algorithm", config.algorithm)}).resolved_algorithm
+        try:
+            algorithm = base.replace(**knobs)
+        except ConfigError as exc:
+            raise ConfigError(f"what_if(): {exc}") from None
+        fields.update(algorithm=algorithm, clip_eps=None, is_cap=None, kl_coef=None, scale_advantages=None)
+    return LearnConfig(**{**fields, **learn})

@@ -366,6 +366,24 @@ def test_what_if_with_another_algorithm_leaves_the_session_as_it_was() -> None:
     assert mine.changed["loss"] != pytest.approx(mine.baseline["loss"], abs=1e-4)  # -A log pi as well
 
 
+def test_what_if_takes_the_algorithms_own_fields_and_refuses_what_would_hide_one() -> None:
+    config = small_config(learn=rlnb.LearnConfig(epochs=2, lr=3e-3))  # two updates: a clip can act
+    with rlnb.Session(config, name="asks-knobs") as sess:
+        sess.train(2, progress=False)
+        weights = _weights(sess)
+        tight = sess.what_if(clip_low=1e-4, clip_high=1e-4)
+        other = sess.what_if(loss="gspo", clip_high=4e-4, clip_low=3e-4)
+        assert sess.config.learn.resolved_algorithm == preset("grpo") and sess.changes == []
+        assert _same_weights(weights, _weights(sess))
+        with pytest.raises(rlnb.ConfigError, match="clip_eps sets both clip bounds"):
+            sess.what_if(clip_eps=0.1, clip_high=0.3)
+        with pytest.raises(rlnb.ConfigError, match="clip_high"):
+            sess.what_if(clip_high=-1.0)
+    # a clip range of 1e-4 cuts the second update's ratios: more clipped, a different loss
+    assert tight.changed["clip_fraction"] > tight.baseline["clip_fraction"]
+    assert other.changed["loss"] != pytest.approx(other.baseline["loss"], abs=1e-6)
+
+
 def test_a_fork_with_another_algorithm_trains_beside_its_parent() -> None:
     with rlnb.Session(small_config(), name="parent") as parent:
         parent.step()
