@@ -557,6 +557,17 @@ class LearnConfig:
         resolved: Algorithm = self.__dict__["_resolved"]
         return resolved
 
+    @property
+    def why_no_clip(self) -> str | None:
+        """Why no clip acts in a step under these settings, or None where one can:
+        "ratio 1: one update per batch" (``epochs=1`` and ``minibatches=1``: the update
+        starts from the proximal policy itself, so the ratio is 1 by construction), or
+        "the loss 'sapo' has no clip" (a loss other than ppo_clip, gspo and cispo)."""
+        if self.epochs == 1 and self.minibatches == 1:
+            return ONE_UPDATE
+        loss = self.resolved_algorithm.loss
+        return None if loss in CLIPPED_LOSSES else f"the loss {describe(loss)!r} has no clip"
+
     def _resolve(self) -> Algorithm:
         if isinstance(self.algorithm, str):
             try:
@@ -876,6 +887,9 @@ LIVE_FIELDS: dict[str, str] = {
 }
 
 
+# Why a step's ratio cannot be clipped with one update per batch (LearnConfig.why_no_clip).
+ONE_UPDATE = "ratio 1: one update per batch"
+CLIPPED_LOSSES = ("ppo_clip", "gspo", "cispo")  # the built-in losses a clip range acts on
 # A learner setting left None takes the algorithm's value: the value in force, by field.
 _FROM_ALGORITHM = {"clip_eps": "clip_high", "is_cap": "correction_high", "kl_coef": "kl_coef"}
 # Live settings that are the algorithm's own fields: set() makes LearnConfig.algorithm an

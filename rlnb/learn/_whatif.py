@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from rlnb._samples import Group
-from rlnb.algorithms import Algorithm, describe, preset
+from rlnb.algorithms import Algorithm, preset
 from rlnb.algorithms import functional as F
-from rlnb.config import LearnConfig
+from rlnb.config import ONE_UPDATE, LearnConfig
 from rlnb.learn._learner import Learner, TrainBatch
 
 __all__ = ["BatchOrigin", "KeptBatch", "WhatIf", "advantages_of", "clip_note", "vocabulary_digest", "what_if"]
@@ -157,9 +157,7 @@ _CLIP_FIELDS = ("clip_eps", "clip_low", "clip_high")
 
 def _clip_reason(learn: LearnConfig) -> str:
     """Why a step under ``learn`` whose record says ``clip_active`` 0 had no clip."""
-    if learn.epochs == 1 and learn.minibatches == 1:
-        return "ratio 1: one update per batch"
-    return f"the loss {describe(learn.resolved_algorithm.loss)!r} has no clip"
+    return learn.why_no_clip or ONE_UPDATE
 
 
 def clip_note(

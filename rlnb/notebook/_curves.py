@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rlnb import _reprs
+from rlnb.config import ONE_UPDATE
 
 if TYPE_CHECKING:
     from rlnb.config import Change, LearnConfig
@@ -45,18 +46,13 @@ _LABEL_ROWS = 3  # rows of labels at the top of a chart; a label that fits in no
 _CHAR_PX = 5.0  # about the width of a character of a 9 px sans-serif label
 _LOW, _HIGH = "#d62728", "#2ca02c"  # the clip's lower and upper bound's lines
 CLIP_TITLE = "clip fraction"
-ONE_UPDATE = "ratio 1: one update per batch"
 
 
 def clip_reason(learn: LearnConfig) -> str:
     """Why no clip acts in a step trained under ``learn`` whose record says
     ``clip_active`` 0: one update per batch (the ratio is 1 by construction), or a
     loss that has no clip."""
-    if learn.epochs == 1 and learn.minibatches == 1:
-        return ONE_UPDATE
-    from rlnb.algorithms import describe
-
-    return f"the loss {describe(learn.resolved_algorithm.loss)!r} has no clip"
+    return learn.why_no_clip or ONE_UPDATE
 
 
 def clip_inactive(reason: str = ONE_UPDATE) -> str:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from rlnb import _reprs
 from rlnb._errors import ConfigError, InvalidValueError
-from rlnb.config import Config
+from rlnb.algorithms import describe
+from rlnb.config import ONE_UPDATE, Config
 
 if TYPE_CHECKING:
     from rlnb.config import Change
@@ -566,7 +567,7 @@ def _clip_inactive(history: Sequence[Mapping[str, float]], config: Config, chang
         return []
     learn = config.learn
     said = ", ".join(f"{c.field} {_reprs.setting(c.old)} -> {_reprs.setting(c.new)} at step {c.step}" for c in changed)
-    if learn.epochs == 1 and learn.minibatches == 1:
+    if learn.why_no_clip == ONE_UPDATE:
         return [
             Finding(
                 "info",
@@ -578,8 +579,6 @@ def _clip_inactive(history: Sequence[Mapping[str, float]], config: Config, chang
                 "which need a new session (rlnb.Session(config, ...), or Session.load from a checkpoint)",
             )
         ]
-    from rlnb.algorithms import describe
-
     loss = describe(learn.resolved_algorithm.loss)
     return [
         Finding(

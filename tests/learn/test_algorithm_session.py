@@ -456,3 +456,12 @@ def test_dr_grpos_constant_normaliser_is_the_sampling_limit_not_the_batchs_longe
         monkeypatch.setattr(learner, "step", lambda g, *, max_length=None: seen.append(max_length) or step(g))
         sess.step()
         assert seen == [6]  # the session's steps pass the sampling's limit
+
+
+def test_a_config_says_why_no_clip_acts_in_its_steps() -> None:
+    assert rlnb.LearnConfig().why_no_clip == "ratio 1: one update per batch"
+    assert rlnb.LearnConfig(epochs=2).why_no_clip is None
+    assert rlnb.LearnConfig(minibatches=2, algorithm="gspo").why_no_clip is None
+    assert rlnb.LearnConfig(epochs=2, algorithm="sapo").why_no_clip == "the loss 'sapo' has no clip"
+    mine = rlnb.LearnConfig(epochs=2, algorithm=Algorithm(loss=reinforce)).why_no_clip
+    assert mine is not None and mine.endswith("reinforce' has no clip")
