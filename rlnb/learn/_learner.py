@@ -339,6 +339,7 @@ class Learner:
         sums: dict[str, float] = dict.fromkeys(keys, 0.0)
         clippable = False
         updates = 0
+        counted = 0.0  # the tokens the policy loss is taken over, after top_entropy_quantile too
         for _ in range(cfg.epochs):
             for part in parts:
                 rows = torch.nonzero(torch.isin(batch.group_of, part)).flatten()
@@ -379,6 +380,7 @@ class Learner:
                         raise self._not_finite(f"the loss is {loss_value}", batch, _OVERFLOW)
                     terms.loss.backward()
                     clippable = clippable or terms.clippable
+                    counted += terms.tokens * terms.kept_fraction
                     sums["loss"] += loss_value
                     for key, value in (
                         ("policy", terms.policy),
@@ -430,6 +432,8 @@ class Learner:
             "train_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
             "groups": float(len(groups)),
             "groups_dropped": float(dropped),
+            # per pass over the batch: less than its tokens where a filter left some out
+            "tokens_counted": float(round(counted / cfg.epochs)),
             "version": float(self.version),
             "lr": lr,
         }

@@ -38,6 +38,7 @@ COMPARED = (
     "grad_norm",
     "entropy",
     "lr",
+    "tokens_counted",
     "update_kl",
     "update_ratio_outside_clip",
     "logp_change_positive",
@@ -229,11 +230,14 @@ class WhatIf:
 
 
 def _cell(key: str, value: float | None) -> str:
-    """A value of the table as shown: ``clip_active`` as "yes"/"no" (could a clip act)."""
+    """A value of the table as shown: ``clip_active`` as "yes"/"no" (could a clip act),
+    ``tokens_counted`` whole."""
     if value is None:
         return ""
     if key == "clip_active":
         return "yes" if value else "no"
+    if key == "tokens_counted":
+        return f"{value:.0f}"  # a count: 12345, not 1.234e+04
     return f"{value:.4g}"
 
 

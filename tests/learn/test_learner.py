@@ -123,6 +123,7 @@ def test_a_step_moves_probability_towards_the_rewarded_completion() -> None:
         "train_tokens_per_s",
         "groups",
         "groups_dropped",
+        "tokens_counted",
         "version",
         "lr",
     }
