@@ -17,6 +17,7 @@ from rlnb.algorithms._parts import (
     ADVANTAGES,
     AGGREGATIONS,
     CORRECTIONS,
+    CRITICS,
     KL_ESTIMATORS,
     KL_PLACES,
     LOSSES,
@@ -35,7 +36,9 @@ class Algorithm:
     PPO-clip at 0.2, the engine/learner mismatch weight truncated at 2, token-mean.
 
     advantage: a built-in estimator's name (``ADVANTAGES``: "grpo", "dr_grpo",
-        "rloo", "opo", "gpg", "reinforce_pp", "reinforce_pp_baseline") or a function
+        "rloo", "opo", "gpg", "reinforce_pp", "reinforce_pp_baseline", or "gae":
+        GAE(gamma, lam) per token on a learned value function, whitened over the
+        batch's tokens, which makes the learner keep a critic) or a function
         ``fn(rewards, **context)``: ``rewards`` a float tensor [groups, G], the context
         ``per_function`` ([groups, G, F] or None), ``lengths`` ([groups, G], the tokens
         trained on), ``mask`` ([groups, G, T] bool) and ``groups`` (the rlnb Groups, or
@@ -73,6 +76,15 @@ class Algorithm:
     mask_truncated: completions cut at the length limit are not trained on.
     top_entropy_quantile: train only on the tokens whose entropy is in this top
         share (1.0: all; 0.2: the 20% of highest entropy).
+    critic: what learns the value function of ``advantage="gae"`` (``CRITICS``):
+        "model", a copy of the policy (as it is when the critic is first needed)
+        with a scalar value head on its last hidden state, and an AdamW of its own.
+        Read only with ``advantage="gae"``.
+    gamma, lam: GAE's discount and trace decay, in [0, 1] (per policy token).
+    value_clip: None, or the range of the clipped value loss: each value may move
+        at most this far from the one the step started with (PPO's clipped value
+        loss, ``0.5 max((V - R)^2, (clip(V, V_old +- value_clip) - R)^2)``).
+    critic_lr: the critic's learning rate (None: the policy's, with its schedule).
 
     Raises :class:`~rlnb.ConfigError` naming the field and the fix for a bad value,
     or for a function that fails on a small dry batch (a wrong shape, a NaN or inf,
@@ -99,6 +111,11 @@ class Algorithm:
     dynamic_sampling: bool = False
     mask_truncated: bool = False
     top_entropy_quantile: float = 1.0
+    critic: str = "model"
+    gamma: float = 1.0
+    lam: float = 0.95
+    value_clip: float | None = 0.2
+    critic_lr: float | None = None
 
     def __post_init__(self) -> None:
         _choice("advantage", self.advantage, ADVANTAGES, functions=True, example='advantage="rloo"')
@@ -172,10 +189,31 @@ class Algorithm:
             le=1,
             fix="use a share in (0, 1] (1.0: every token), e.g. top_entropy_quantile=0.2",
         )
+        _choice("critic", self.critic, CRITICS, example='critic="model"')
+        for name in ("gamma", "lam"):
+            check_number(
+                f"Algorithm.{name}", getattr(self, name), ge=0, le=1, fix=f"use a number in [0, 1], e.g. {name}=1.0"
+            )
+        if self.value_clip is not None:
+            check_number(
+                "Algorithm.value_clip",
+                self.value_clip,
+                gt=0,
+                fix="use None (an unclipped value loss) or a range > 0, e.g. value_clip=0.2",
+            )
+        if self.critic_lr is not None:
+            check_number(
+                "Algorithm.critic_lr", self.critic_lr, gt=0, fix="use None (the policy's lr) or a rate > 0, e.g. 1e-4"
+            )
         if callable(self.advantage) or callable(self.loss):
             from rlnb.algorithms.functional import check  # torch: a function part needs it anyway
 
             check(self)
+
+    @property
+    def has_critic(self) -> bool:
+        """Whether the learner keeps a value function for this algorithm (``advantage="gae"``)."""
+        return self.advantage == "gae"
 
     @property
     def functions(self) -> tuple[str, ...]:

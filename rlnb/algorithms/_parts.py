@@ -12,6 +12,7 @@ __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
     "CORRECTIONS",
+    "CRITICS",
     "KL_ESTIMATORS",
     "KL_PLACES",
     "LOSSES",
@@ -21,7 +22,8 @@ __all__ = [
 ]
 
 # The built-in parts, by name (each is described in rlnb.algorithms.functional).
-ADVANTAGES = ("grpo", "dr_grpo", "rloo", "opo", "gpg", "reinforce_pp", "reinforce_pp_baseline")
+ADVANTAGES = ("grpo", "dr_grpo", "rloo", "opo", "gpg", "reinforce_pp", "reinforce_pp_baseline", "gae")
+CRITICS = ("model",)  # what learns the value function of advantage="gae"
 LOSSES = ("ppo_clip", "gspo", "cispo", "sapo", "reinforce")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -100,3 +102,18 @@ class Settings(Protocol):
 
     @property
     def top_entropy_quantile(self) -> float: ...
+
+    @property
+    def critic(self) -> str: ...
+
+    @property
+    def gamma(self) -> float: ...
+
+    @property
+    def lam(self) -> float: ...
+
+    @property
+    def value_clip(self) -> float | None: ...
+
+    @property
+    def critic_lr(self) -> float | None: ...

@@ -109,12 +109,14 @@ _ALL = (
     ),
     Preset(
         "ppo",
-        Algorithm(advantage="reinforce_pp_baseline", std="bessel", dual_clip=3.0),
-        "PPO without a critic: dual-clip at c=3, advantages centred per group and scaled by the batch's std",
-        "A as reinforce_pp_baseline; loss_t = -w_t min(r_t A, clip(r_t, 0.8, 1.2) A), and for A < 0 "
-        "at most -3 A; token-mean",
-        "Schulman et al. 2017, arXiv:1707.06347; dual clip: Ye et al. 2020, arXiv:1912.09729. "
-        "verl: clip_ratio_c=3.0 (its default); TRL: scale_rewards='batch'",
+        Algorithm(advantage="gae", critic="model", gamma=1.0, lam=0.95, value_clip=0.2, dual_clip=3.0),
+        "PPO with a critic: GAE(1, 0.95) on a learned value model, clipped value loss, dual-clip at c=3",
+        "delta_t = r_t + gamma V(s_t+1) - V(s_t), A_t = sum_l (gamma lam)^l delta_t+l, whitened over the batch's "
+        "tokens; loss_t = -w_t min(r_t A_t, clip(r_t, 0.8, 1.2) A_t), and for A_t < 0 at most -3 A_t; token-mean; "
+        "critic: 0.5 max((V - R)^2, (clip(V, V_old +- 0.2) - R)^2), R = A + V_old, its own AdamW",
+        "Schulman et al. 2017, arXiv:1707.06347; GAE: Schulman et al. 2016, arXiv:1506.02438; dual clip: "
+        "Ye et al. 2020, arXiv:1912.09729. verl: adv_estimator=gae, clip_ratio_c=3.0; TRL: PPOTrainer "
+        "(gamma 1, lam 0.95, cliprange_value 0.2)",
     ),
     Preset(
         "sapo",

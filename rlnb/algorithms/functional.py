@@ -45,6 +45,14 @@ The group statistics run on [groups, G] tensors, one per group size, the way
   each sample weighted by its ``lengths`` (verl's ``masked_whiten`` over tokens),
   var divided by ``sum l`` or ``sum l - 1`` (``Algorithm.std``).
 - ``reinforce_pp_baseline``: the same whitening of ``R_i - mean_g``.
+- ``gae``: per token, from a learned value function (``values=`` [N, T]: the
+  critic's value of the state before each token; None: a critic that says 0).
+  :func:`gae` gives ``A_t = sum_l (gamma lam)^l delta_{t+l}``, ``delta_t = r_t +
+  gamma V_{t+1} - V_t``, over the policy's tokens only (an environment's tokens in a
+  conversation are skipped, not discounted), the reward ``R_i`` at the last policy
+  token; then :func:`whiten` over the batch's tokens, as verl and TRL do. The
+  learner also trains the critic toward the returns ``A_t + V_t`` with
+  :func:`value_loss`.
 
 A function part is called as ``fn(rewards, per_function=..., lengths=..., mask=...,
 groups=...)`` once per group size, with ``rewards`` [groups, G] and the context
@@ -112,12 +120,15 @@ __all__ = [
     "LossTerms",
     "advantages",
     "check",
+    "gae",
     "kl_divergence",
     "kl_penalty",
     "mismatch_weight",
     "normaliser",
     "policy_loss",
     "train_mask",
+    "value_loss",
+    "whiten",
 ]
 
 # Beyond this, float32's group statistics can overflow (the sum of a group of rewards
@@ -141,10 +152,12 @@ def advantages(
     mask: torch.Tensor | None = None,
     per_function: torch.Tensor | None = None,
     groups: Sequence[Any] | None = None,
+    values: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Advantages [N] (or [N, T]) of ``rewards`` [N] by ``algorithm.advantage``; see
-    the module's docstring. Raises ``ValueError`` for mismatched shapes, or for a
-    function's result of the wrong shape (naming the function)."""
+    the module's docstring (``values``: the critic's, for ``gae``). Raises
+    ``ValueError`` for mismatched shapes, or for a function's result of the wrong
+    shape (naming the function)."""
     rewards = torch.as_tensor(rewards)
     group_of = torch.as_tensor(group_of)
     if rewards.dim() != 1 or group_of.shape != rewards.shape:
@@ -161,6 +174,11 @@ def advantages(
     if len(rewards) == 0:
         return torch.zeros(0)
     part = algorithm.advantage
+    if part == "gae":
+        token_mask = mask if mask is not None else torch.ones(len(rewards), 1, dtype=torch.bool)
+        zero = torch.zeros(token_mask.shape, dtype=torch.float32)
+        raw, _ = gae(rewards, zero if values is None else values, token_mask, algorithm.gamma, algorithm.lam)
+        return whiten(raw, token_mask)
     if callable(part):
         return _function_advantages(part, rewards, group_of, lengths, mask, per_function, groups)
     assert isinstance(part, str)
@@ -293,6 +311,75 @@ def _function_advantages(
             flat = flat[:, None].expand(-1, merged.shape[1])
         merged[rows.flatten()] = flat
     return merged
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016, arXiv:1506.02438) of
+    outcome rewards: ``rewards`` [N] (given at each row's last ``mask`` token),
+    ``values`` [N, T] (the value of the state before each token), ``mask`` [N, T]
+    (the policy's tokens). Returns the advantages and the returns ``A + V``, both
+    [N, T] float32 and 0 off the mask. The recursion runs over the policy's tokens
+    only: an environment's tokens between two turns are skipped, not discounted."""
+    mask = mask.to(torch.bool)
+    n, width = mask.shape
+    if values.shape != mask.shape or rewards.shape != (n,):
+        raise InvalidValueError(
+            f"gae needs rewards [N], values and mask [N, T] alike, got {tuple(rewards.shape)}, "
+            f"{tuple(values.shape)} and {tuple(mask.shape)}"
+        )
+    v = values.detach().to(torch.float32) * mask
+    r = rewards.detach().to(torch.float32)
+    last = torch.where(mask.any(dim=1), width - 1 - mask.flip(1).to(torch.int8).argmax(dim=1), -1)
+    adv = torch.zeros(n, width)
+    next_value, next_adv = torch.zeros(n), torch.zeros(n)
+    for t in range(width - 1, -1, -1):
+        on = mask[:, t]
+        reward = torch.where(last == t, r, 0.0)
+        delta = reward + gamma * next_value - v[:, t]
+        a = delta + gamma * lam * next_adv
+        adv[:, t] = torch.where(on, a, 0.0)
+        next_value = torch.where(on, v[:, t], next_value)
+        next_adv = torch.where(on, a, next_adv)
+    return adv, (adv + v) * mask
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``x`` [N, T] centred and scaled over its ``mask`` tokens (Bessel's variance, eps
+    :data:`WHITEN_EPS`: verl's ``masked_whiten``); 0 off the mask, and all 0 where
+    fewer than two tokens count."""
+    mask = mask.to(torch.bool)
+    count = int(mask.sum())
+    if count < 2:
+        return torch.zeros_like(x, dtype=torch.float32)
+    xs = x.to(torch.float64)[mask]
+    mu, var = xs.mean(), xs.var(unbiased=True)
+    out = (x.to(torch.float64) - mu) * torch.rsqrt(var + WHITEN_EPS)
+    return (out * mask).to(torch.float32)
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float | None,
+    normaliser: float,
+) -> tuple[torch.Tensor, float]:
+    """PPO's value loss of one chunk: ``sum 0.5 max((V - R)^2, (V_clip - R)^2) /
+    normaliser`` over ``mask``, ``V_clip = V_old + clamp(V - V_old, -clip, clip)``
+    (``clip`` None: the plain squared error); and the share of the chunk's tokens
+    whose clipped error was the larger (where the clip acted)."""
+    m = mask.to(values.dtype)
+    error = (values - returns) ** 2
+    if clip is None:
+        return 0.5 * (error * m).sum() / normaliser, 0.0
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    error_clipped = (clipped - returns) ** 2
+    acted = (error_clipped > error) & mask.to(torch.bool)
+    loss = 0.5 * (torch.maximum(error, error_clipped) * m).sum() / normaliser
+    return loss, float(acted.sum()) / max(1, int(mask.sum()))
 
 
 # --- the update's tokens and its normaliser ----------------------------------------

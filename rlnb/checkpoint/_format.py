@@ -23,7 +23,7 @@ FORMAT_VERSION = 2
 READS = (1, 2)
 MANIFEST = "checkpoint.json"
 # The tensor files a checkpoint may hold (file stems); it always holds the first three.
-STEMS = ("model", "optimizer", "rng", "warmup_optimizer", "reference")
+STEMS = ("model", "optimizer", "rng", "warmup_optimizer", "reference", "critic", "critic_optimizer")
 
 
 def flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

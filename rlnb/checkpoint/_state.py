@@ -88,6 +88,13 @@ def capture(
         )
     if learner.reference is not None:
         tensors["reference"] = learner.reference.state_dict()
+    if learner.critic is not None:  # advantage="gae"'s value model, its head and its optimiser
+        critic = learner.critic.state()
+        tensors["critic"] = {
+            **{f"model.{k}": v for k, v in critic["model"].items()},
+            **{f"head.{k}": v for k, v in critic["head"].items()},
+        }
+        tensors["critic_optimizer"], manifest["critic_optimizer"] = flatten_optimizer(critic["optimizer"])
     try:
         json.dumps(manifest)
     except TypeError as exc:
@@ -136,6 +143,7 @@ def restore(trainer: Trainer, manifest: dict[str, Any], tensors: dict[str, Any],
         trainer.warmup_stage.restore(int(manifest["warmup_steps"]), warmup_state)
         if learner.reference is not None:
             learner.reference.load_state_dict(tensors["reference"])
+        _restore_critic(learner, manifest, tensors)
         buffer = manifest["buffer"]
         if manifest["format_version"] == 1:  # groups saved without their prompts' token ids
             buffer = with_prompt_ids(buffer, learner.encode)
@@ -148,3 +156,22 @@ def restore(trainer: Trainer, manifest: dict[str, Any], tensors: dict[str, Any],
     trainer.sync_weights()
     torch.set_rng_state(tensors["rng"]["torch"])
     random.setstate(python_rng(manifest["python_rng"]))
+
+
+def _restore_critic(learner: Any, manifest: dict[str, Any], tensors: dict[str, Any]) -> None:
+    """The saved critic, or, for a checkpoint without one loaded with an algorithm that
+    needs one, a new critic made from the loaded policy (not the initial one)."""
+    if "critic" not in tensors:
+        if learner.critic is not None:
+            learner.critic = None
+            learner.ensure_critic()
+        return
+    saved = tensors["critic"]
+    critic = learner.ensure_critic()
+    critic.load_state(
+        {
+            "model": {k.removeprefix("model."): v for k, v in saved.items() if k.startswith("model.")},
+            "head": {k.removeprefix("head."): v for k, v in saved.items() if k.startswith("head.")},
+            "optimizer": unflatten_optimizer(tensors["critic_optimizer"], manifest["critic_optimizer"]),
+        }
+    )

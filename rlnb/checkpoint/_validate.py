@@ -107,6 +107,14 @@ def check(manifest: dict[str, Any], tensors: dict[str, dict[str, Any]], root: Pa
         expect((stem in tensors) == (stem in manifest), where, stem, manifest.get(stem), f"{stem}.safetensors' data")
         if stem in tensors:
             _check_optimizer(tensors[stem], manifest[stem], list(shapes.values()), root, stem)
+    expect(
+        ("critic" in tensors) == ("critic_optimizer" in tensors) == ("critic_optimizer" in manifest),
+        where,
+        "critic_optimizer",
+        manifest.get("critic_optimizer"),
+        "critic.safetensors, critic_optimizer.safetensors and this entry together (a critic's weights and its "
+        "optimiser's state), or none of them",
+    )
     state = tensors["rng"].get("torch")
     rng_ok = state is not None and state.dtype == torch.uint8 and state.shape == torch.get_rng_state().shape
     expect(set(tensors["rng"]) == {"torch"} and rng_ok, root / "rng.safetensors", "torch", state, "torch's RNG state")

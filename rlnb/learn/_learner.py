@@ -1,7 +1,8 @@
 """The ``Learner``: groups of rewarded samples in, one optimisation step, metrics out.
 
-It owns the trainable policy, its AdamW optimiser and, when the algorithm's
-``kl_coef > 0``, a frozen reference copy. The update itself is the algorithm's
+It owns the trainable policy, its AdamW optimiser, when the algorithm's
+``kl_coef > 0`` a frozen reference copy, and with ``advantage="gae"`` a critic
+(:class:`~rlnb.learn._critic.Critic`, a value model with an optimiser of its own). The update itself is the algorithm's
 (:mod:`rlnb.algorithms`). It knows nothing about sessions, loops or notebooks.
 """
 
@@ -23,6 +24,7 @@ from rlnb.algorithms import Algorithm, has_signal, preset
 from rlnb.algorithms import functional as F
 from rlnb.config import LearnConfig
 from rlnb.envs import Demonstration
+from rlnb.learn._critic import Critic
 from rlnb.models import HFPolicy, TinyPolicy
 
 __all__ = ["Learner", "TrainBatch", "collate"]
@@ -145,6 +147,19 @@ def intra_op_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _value_metrics(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How well the critic's values (before its update) predicted the returns: their
+    means, and the explained variance ``1 - Var(R - V) / Var(R)`` over ``mask`` (1: a
+    perfect critic; 0: no better than a constant; NaN-free: 0 where the returns are flat)."""
+    m = mask.to(torch.bool)
+    if not bool(m.any()):
+        return {"value_mean": 0.0, "return_mean": 0.0, "explained_variance": 0.0}
+    v, r = values[m].double(), returns[m].double()
+    spread = float(r.var(unbiased=False))
+    explained = 1.0 - float((r - v).var(unbiased=False)) / spread if spread > 1e-12 else 0.0
+    return {"value_mean": float(v.mean()), "return_mean": float(r.mean()), "explained_variance": explained}
+
+
 def _length_chunks(rows: torch.Tensor, lengths: torch.Tensor, *, max_chunks: int = 4) -> list[torch.Tensor]:
     """``rows`` split into up to ``max_chunks`` runs of similar length when padding
     them all to the longest would waste a fifth or more of the positions."""
@@ -196,7 +211,20 @@ class Learner:
         self._lora = isinstance(policy, HFPolicy) and policy.lora is not None
         self._kl = config.resolved_algorithm.kl_coef > 0
         self.reference = copy.deepcopy(policy).eval().requires_grad_(False) if self._kl and not self._lora else None
+        # The value function of advantage="gae": made with the learner, or at the first
+        # step that needs it (a live switch to such an algorithm), from the policy then.
+        self.critic: Critic | None = None
+        self._critic_before: dict[str, Any] | None = None  # the critic's state while a step runs
+        if config.resolved_algorithm.has_critic:
+            self.ensure_critic()
         self.version = 0
+
+    def ensure_critic(self) -> Critic:
+        """The critic, made from a copy of the policy as it is now if there is none yet."""
+        if self.critic is None:
+            cfg = self.config
+            self.critic = Critic(self.policy, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        return self.critic
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The parameters training changes (an optimiser's): all of them, or a LoRA adapter's."""
@@ -287,7 +315,14 @@ class Learner:
         not finite, with the weights and the optimiser's state as they were before;
         an algorithm's function part that raises raises its own error, likewise."""
         with intra_op_threads(self.threads):
-            return self._step(groups, max_length)
+            try:
+                return self._step(groups, max_length)
+            except BaseException:  # the step was not taken: its critic update is undone too
+                if self.critic is not None and self._critic_before is not None:
+                    self.critic.load_state(self._critic_before)
+                raise
+            finally:
+                self._critic_before = None
 
     def _step(self, groups: Sequence[Group], max_length: int | None) -> dict[str, float]:
         if not groups:
@@ -318,13 +353,39 @@ class Learner:
         with torch.no_grad():
             prox = None if single_update and not kl_in_reward else self._all_logp(self.policy, batch)
             ref = self._reference_logp(batch, alg.kl_coef)
+        train_mask = F.train_mask(alg, batch.mask, truncated=batch.truncated)
+        rewards = batch.rewards
         if kl_in_reward and ref is not None and prox is not None:
             rewards = batch.rewards - F.kl_penalty(alg, prox, ref, batch.mask).to(batch.rewards.dtype)
-            advantages = F.advantages(
-                alg, rewards, batch.group_of, lengths=batch.mask.sum(1), mask=batch.mask, groups=groups
-            )
-            batch = dataclasses.replace(batch, advantages=advantages)
+            if not alg.has_critic:
+                advantages = F.advantages(
+                    alg, rewards, batch.group_of, lengths=batch.mask.sum(1), mask=batch.mask, groups=groups
+                )
+                batch = dataclasses.replace(batch, advantages=advantages)
             prox = None if single_update else prox
+        critic_metrics: dict[str, float] = {}
+        if alg.has_critic:
+            # GAE on the critic's values of the states the batch went through; the critic
+            # learns first, so that one that fails leaves the policy untouched (and a
+            # policy update that fails puts the critic back: step()).
+            critic = self.ensure_critic()
+            old_values = critic.all_values(batch, cfg.micro_batch_size)
+            raw, returns = F.gae(rewards, old_values, train_mask, alg.gamma, alg.lam)
+            batch = dataclasses.replace(batch, advantages=F.whiten(raw, train_mask))
+            self._critic_before = critic.snapshot()
+            critic_metrics = critic.update(
+                batch,
+                algorithm=alg,
+                mask=train_mask,
+                old_values=old_values,
+                returns=returns,
+                parts=parts,
+                epochs=cfg.epochs,
+                chunks=lambda rows: self._chunks(rows, batch.lengths),
+                lr=alg.critic_lr if alg.critic_lr is not None else self.lr_at(self.version, cfg),
+                max_grad_norm=cfg.max_grad_norm,
+            )
+            critic_metrics.update(_value_metrics(old_values, returns, train_mask))
         if not bool(torch.isfinite(batch.advantages.float()).all()):
             raise self._not_finite(
                 "the advantages are beyond float32's range",
@@ -332,7 +393,6 @@ class Learner:
                 "LearnConfig.scale_advantages=False keeps the rewards' scale: use scale_advantages=True, "
                 "or rewards (and reward_weights) whose spread in a group is within 3.4e38",
             )
-        train_mask = F.train_mask(alg, batch.mask, truncated=batch.truncated)
         per_token = batch.advantages.dim() == 2
         lengths = batch.lengths
         keys = ("loss", "policy", "kl", "clip", "clip_low", "clip_high", "isw", "istrunc", "ent", "gn")
@@ -436,6 +496,7 @@ class Learner:
             "tokens_counted": float(round(counted / cfg.epochs)),
             "version": float(self.version),
             "lr": lr,
+            **critic_metrics,
         }
 
     def _save_state(self) -> tuple[list[torch.Tensor], dict[str, Any]]:
@@ -532,6 +593,7 @@ class Learner:
         twin = copy.copy(self)
         twin.config = self.config if config is None else config
         twin.policy = copy.deepcopy(self.policy)
+        twin.critic = copy.deepcopy(self.critic)  # None, or one of its own: training it changes nothing here
         lc = twin.config
         twin.optimizer = torch.optim.AdamW(
             twin.trainable_parameters(), lr=lc.lr, betas=lc.betas, weight_decay=lc.weight_decay, foreach=True

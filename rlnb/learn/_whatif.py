@@ -43,31 +43,54 @@ COMPARED = (
     "update_ratio_outside_clip",
     "logp_change_positive",
     "logp_change_negative",
+    "value_loss",
+    "explained_variance",
 )
 
 
 def advantages_of(
-    rewards: Sequence[Sequence[float]], *, scale: bool | None = None, algorithm: Algorithm | None = None
+    rewards: Sequence[Sequence[float]],
+    *,
+    scale: bool | None = None,
+    algorithm: Algorithm | None = None,
+    groups: Sequence[Group] | None = None,
 ) -> tuple[tuple[float, ...], ...]:
     """Each group's advantages, group by group as the learner computes them: by
     ``algorithm``'s estimator (an :class:`rlnb.algorithms.Algorithm`; an estimator
-    that gives them per token is averaged over each sample's tokens here), or GRPO's
-    (rewards centred on the group's mean, and divided by its std unless ``scale`` is
-    False)."""
+    that gives them per token is averaged over each sample's trained tokens here), or
+    GRPO's (rewards centred on the group's mean, and divided by its std unless
+    ``scale`` is False). ``groups``, the groups ``rewards`` score, give the estimator
+    the context the learner gives it (each sample's mask and trained tokens, the
+    groups); without them each sample counts as one token, and an advantage function
+    gets ``mask=None``."""
     if algorithm is None:
         algorithm = preset("grpo") if scale is not False else preset("dr_grpo")
     flat = torch.tensor([float(x) for r in rewards for x in r], dtype=torch.float64)
     group_of = torch.tensor([g for g, r in enumerate(rewards) for _ in r], dtype=torch.long)
     if not len(flat):
         return tuple(() for _ in rewards)
-    values = F.advantages(algorithm, flat, group_of)
+    mask = None if groups is None else _mask(groups)
+    if mask is None:
+        values = F.advantages(algorithm, flat, group_of)
+    else:
+        values = F.advantages(algorithm, flat, group_of, lengths=mask.sum(1), mask=mask, groups=groups)
     if values.dim() == 2:
-        values = values.mean(dim=1)
+        weights = torch.ones_like(values) if mask is None else mask.to(values.dtype)
+        values = (values * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
     out, at = [], 0
     for r in rewards:
         out.append(tuple(values[at : at + len(r)].tolist()))
         at += len(r)
     return tuple(out)
+
+
+def _mask(groups: Sequence[Group]) -> torch.Tensor:
+    """The samples' masks [N, T], right-padded with 0, as the learner builds them."""
+    masks = [sample.mask for group in groups for sample in group.samples]
+    out = torch.zeros(len(masks), max(1, max((len(m) for m in masks), default=0)), dtype=torch.bool)
+    for row, m in enumerate(masks):
+        out[row, : len(m)] = torch.tensor(m, dtype=torch.bool)
+    return out
 
 
 def vocabulary_digest(tokenizer: Any) -> str:
@@ -125,10 +148,26 @@ class KeptBatch:
     origin: BatchOrigin | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
-    def of(cls, groups: Sequence[Group], metrics: Mapping[str, float], config: LearnConfig) -> KeptBatch:
-        rewards = [[float(s.reward or 0.0) for s in g.samples] for g in groups]
-        advantages = advantages_of(rewards, algorithm=config.resolved_algorithm)
+    def of(
+        cls,
+        groups: Sequence[Group],
+        metrics: Mapping[str, float],
+        config: LearnConfig,
+        advantages: tuple[tuple[float, ...], ...] | None = None,
+    ) -> KeptBatch:
+        """The batch of ``groups``, trained on under ``config`` with ``metrics``;
+        ``advantages``: :meth:`advantages_for`'s, computed here when None."""
+        if advantages is None:
+            advantages = cls.advantages_for(groups, config)
         return cls(int(metrics["version"]), tuple(groups), advantages, dict(metrics), config)
+
+    @staticmethod
+    def advantages_for(groups: Sequence[Group], config: LearnConfig) -> tuple[tuple[float, ...], ...]:
+        """What a kept batch of ``groups`` records as their advantages under ``config``
+        (an advantage function is called: the trainer asks before it updates, so that
+        one that raises fails the step before anything changed)."""
+        rewards = [[float(s.reward or 0.0) for s in g.samples] for g in groups]
+        return advantages_of(rewards, algorithm=config.resolved_algorithm, groups=groups)
 
     def stamped(self, origin: BatchOrigin) -> KeptBatch:
         """This batch, its :attr:`origin` set to ``origin`` if it had none (once, in
@@ -203,10 +242,15 @@ class WhatIf:
     changed: Mapping[str, float]
     note: str = ""
 
-    def rows(self) -> list[tuple[str, float | None, float, float]]:
-        """``(metric, recorded, baseline, changed)`` for each compared metric (recorded
-        is None for what the update did, which a training step does not measure)."""
-        return [(k, self.recorded.get(k), self.baseline[k], self.changed[k]) for k in COMPARED if k in self.changed]
+    def rows(self) -> list[tuple[str, float | None, float | None, float | None]]:
+        """``(metric, recorded, baseline, changed)`` for each compared metric in either
+        column (None where a column has none: recorded for what the update did, which a
+        training step does not measure; a critic's for an algorithm without one)."""
+        return [
+            (k, self.recorded.get(k), self.baseline.get(k), self.changed.get(k))
+            for k in COMPARED
+            if k in self.changed or k in self.baseline
+        ]
 
     def __repr__(self) -> str:
         what = ", ".join(f"{k}={v!r}" for k, v in self.changes.items()) or "no change"

@@ -243,6 +243,11 @@ class HFPolicy(nn.Module):
         return next(self.model.parameters()).dtype
 
     @property
+    def hidden_size(self) -> int:
+        """The width of the final hidden states (``forward_shared(..., hidden=True)``)."""
+        return int(self.model.config.hidden_size)
+
+    @property
     def device(self) -> torch.device:
         """Where the weights are."""
         return next(self.model.parameters()).device
@@ -253,27 +258,37 @@ class HFPolicy(nn.Module):
         positions: torch.Tensor,
         visible: torch.Tensor,
         on_update: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]],
+        *,
+        hidden: bool = False,
     ) -> torch.Tensor:
         """Logits ``[B, T, V]`` of ``ids`` [B, T] at ``positions`` [B, T], each query
-        seeing the keys ``visible`` [B, T, K] marks among those ``on_update`` returns."""
-        out = self.model(
+        seeing the keys ``visible`` [B, T, K] marks among those ``on_update`` returns
+        (``hidden``: the decoder's last hidden states ``[B, T, H]``, no output head)."""
+        out = (self.model.get_decoder() if hidden else self.model)(
             input_ids=ids,
             position_ids=positions,
             attention_mask=_additive(visible[:, None], self._dtype),
             past_key_values=_KVHook(on_update),
             use_cache=True,
         )
-        return out.logits
+        return out.last_hidden_state if hidden else out.logits
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, T, V]`` for token ids ``[B, T]`` (right-padding allowed)."""
         return self.model(input_ids=ids, use_cache=False).logits
 
     def forward_shared(
-        self, prompts: torch.Tensor, prompt_lengths: torch.Tensor, completions: torch.Tensor, group_of: torch.Tensor
+        self,
+        prompts: torch.Tensor,
+        prompt_lengths: torch.Tensor,
+        completions: torch.Tensor,
+        group_of: torch.Tensor,
+        *,
+        hidden: bool = False,
     ) -> torch.Tensor:
         """As :meth:`rlnb.models.TinyPolicy.forward_shared`: ``[N, Tc + 1, V]``, each
-        prompt run once and its keys and values shared by the rows of its group."""
+        prompt run once and its keys and values shared by the rows of its group
+        (``hidden``: the final hidden states ``[N, Tc + 1, hidden_size]``)."""
         n_prompts, tp = prompts.shape
         n, tc = completions.shape
         dev = prompts.device
@@ -285,7 +300,7 @@ class HFPolicy(nn.Module):
 
         arange = torch.arange(max(tp, tc), device=dev)
         causal_p = (arange[:tp, None] >= arange[None, :tp]).expand(n_prompts, tp, tp)
-        logits_p = self._run(prompts, arange[:tp].expand(n_prompts, tp), causal_p, keep)
+        logits_p = self._run(prompts, arange[:tp].expand(n_prompts, tp), causal_p, keep, hidden=hidden)
         last = logits_p[torch.arange(n_prompts, device=dev), prompt_lengths - 1].index_select(0, group_of)
         if tc == 0:
             return last[:, None]
@@ -298,7 +313,7 @@ class HFPolicy(nn.Module):
         positions = (starts + arange[:tc]).clamp_max(self.max_len - 1)
         in_prompt = (arange[:tp] < starts)[:, None, :].expand(n, tc, tp)
         causal = (arange[:tc, None] >= arange[None, :tc]).expand(n, tc, tc)
-        logits_c = self._run(completions, positions, torch.cat([in_prompt, causal], dim=2), extend)
+        logits_c = self._run(completions, positions, torch.cat([in_prompt, causal], dim=2), extend, hidden=hidden)
         return torch.cat([last[:, None], logits_c], dim=1)
 
     # -- the engine's side: a slot cache ------------------------------------------------

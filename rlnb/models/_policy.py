@@ -166,7 +166,13 @@ class TinyPolicy(nn.Module):
         return self._head(x)
 
     def forward_shared(
-        self, prompts: torch.Tensor, prompt_lengths: torch.Tensor, completions: torch.Tensor, group_of: torch.Tensor
+        self,
+        prompts: torch.Tensor,
+        prompt_lengths: torch.Tensor,
+        completions: torch.Tensor,
+        group_of: torch.Tensor,
+        *,
+        hidden: bool = False,
     ) -> torch.Tensor:
         """Logits for many completions of a few prompts, each prompt run once.
 
@@ -179,7 +185,9 @@ class TinyPolicy(nn.Module):
         when each prompt has several completions (GRPO's groups). Gradients reach
         the prompts' computation once per group. Rows must fit ``max_len``; padding
         past a row's end may be cut off at the last position. Raises ``ValueError``
-        for mismatched shapes.
+        for mismatched shapes. ``hidden=True``: the final hidden states
+        ``[N, Tc + 1, hidden_size]`` (after the last norm) in place of the logits,
+        which a value head reads.
         """
         if (
             prompts.dim() != 2
@@ -204,9 +212,10 @@ class TinyPolicy(nn.Module):
         for block in self._blocks():
             x, k, v = block(x)
             prefix_kv.append((k.index_select(0, group_of), v.index_select(0, group_of)))
+        head = self.ln_f if hidden else self._head
         last = x[torch.arange(n_prompts, device=x.device), prompt_lengths - 1].index_select(0, group_of)
         if tc == 0:
-            return self._head(last[:, None])
+            return head(last[:, None])
         starts = prompt_lengths.index_select(0, group_of)[:, None]  # [N, 1]
         positions = (starts + self._positions[:tc]).clamp_max(self.config.max_len - 1)
         y = self.tok_emb(completions) + self.pos_emb(positions)
@@ -215,7 +224,7 @@ class TinyPolicy(nn.Module):
         visible = torch.cat([in_prompt, causal], dim=2)[:, None]
         for block, (k, v) in zip(self._blocks(), prefix_kv, strict=True):
             y = block.extend(y, k, v, visible)
-        return self._head(torch.cat([last[:, None], y], dim=1))
+        return head(torch.cat([last[:, None], y], dim=1))
 
     @property
     def device(self) -> torch.device:
@@ -307,6 +316,11 @@ class TinyPolicy(nn.Module):
         for i, block in enumerate(self._blocks()):
             x = block.step(x, cache.k[i], cache.v[i], plan)
         return self._head(x)
+
+    @property
+    def hidden_size(self) -> int:
+        """The width of the final hidden states (``forward_shared(..., hidden=True)``)."""
+        return int(self.tok_emb.embedding_dim)
 
     @property
     def max_len(self) -> int:

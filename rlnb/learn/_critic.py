@@ -1,0 +1,138 @@
+"""The ``Critic``: the value function that ``Algorithm(advantage="gae")`` (the ``ppo``
+preset) learns beside the policy, with an optimiser of its own.
+
+``critic="model"`` is what the field runs (verl's and OpenRLHF's critic, TRL's
+``value_model``): a whole copy of the policy, as it is when the critic is first
+needed, with a scalar head on its last hidden state. It costs a second model and its
+AdamW moments. The learner owns it; a checkpoint keeps it; a what-if or fork copies it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlnb._errors import TrainingError
+from rlnb.algorithms import Algorithm
+from rlnb.algorithms import functional as F
+from rlnb.models import HFPolicy, TinyPolicy
+
+if TYPE_CHECKING:
+    from rlnb.learn._learner import TrainBatch
+
+__all__ = ["Critic"]
+
+
+class Critic:
+    """A value function ``V(prompt, y_<t)`` for each completion token: ``model`` (a copy
+    of ``policy``, every weight trained) and a linear ``head`` on its final hidden
+    state, zero at the start (values of 0: the first advantages are the whitened
+    returns), trained by an AdamW of its own with ``betas`` and ``weight_decay``."""
+
+    def __init__(
+        self, policy: TinyPolicy | HFPolicy, *, betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0
+    ) -> None:
+        self.model = copy.deepcopy(policy).train().requires_grad_(True)
+        self.head = torch.nn.Linear(policy.hidden_size, 1, device=policy.device, dtype=torch.float32)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+        self.optimizer = torch.optim.AdamW(self.parameters(), betas=betas, weight_decay=weight_decay, foreach=True)
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """What the critic's optimiser trains: the model's weights and the head's."""
+        return [*self.model.parameters(), *self.head.parameters()]
+
+    def values(self, batch: TrainBatch, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """The values [len(rows), width] of the states before ``rows``' first ``width``
+        targets (with gradient, unless called under ``torch.no_grad()``)."""
+        groups, local = torch.unique(batch.group_of[rows], return_inverse=True)
+        prompt_lengths = batch.prompt_lengths[groups]
+        prompts = batch.prompts[groups, : int(prompt_lengths.max())]
+        targets = batch.targets[rows, :width]
+        hidden = self.model.forward_shared(prompts, prompt_lengths, targets[:, :-1], local, hidden=True)
+        return self.head(hidden.float()).squeeze(-1)
+
+    def all_values(self, batch: TrainBatch, size: int | None) -> torch.Tensor:
+        """Every target's value [N, C] of ``batch`` (no gradient), ``size`` rows at a time."""
+        every, width = torch.arange(len(batch.group_of), device=batch.targets.device), batch.targets.shape[1]
+        with torch.no_grad():
+            return torch.cat([self.values(batch, rows, width) for rows in every.split(size or len(every))])
+
+    def update(
+        self,
+        batch: TrainBatch,
+        *,
+        algorithm: Algorithm,
+        mask: torch.Tensor,
+        old_values: torch.Tensor,
+        returns: torch.Tensor,
+        parts: Sequence[torch.Tensor],
+        epochs: int,
+        chunks: Callable[[torch.Tensor], list[torch.Tensor]],
+        lr: float,
+        max_grad_norm: float,
+    ) -> dict[str, float]:
+        """``epochs`` passes over ``parts`` (the policy's minibatches: groups), one
+        optimiser step each, on the clipped value loss toward ``returns``; returns the
+        mean ``value_loss``, ``value_clip_fraction`` and ``critic_grad_norm``. Raises
+        :class:`~rlnb.TrainingError` for a loss or gradient that is not finite (the
+        caller puts back :meth:`state`)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        sums = {"loss": 0.0, "clip": 0.0, "gn": 0.0}
+        updates = 0
+        for _ in range(epochs):
+            for part in parts:
+                rows = torch.nonzero(torch.isin(batch.group_of, part)).flatten()
+                denominator = max(1.0, float(mask[rows].sum()))
+                self.optimizer.zero_grad(set_to_none=True)
+                for chunk in chunks(rows):
+                    width = max(1, int(batch.lengths[chunk].max()))
+                    values = self.values(batch, chunk, width)
+                    loss, clipped = F.value_loss(
+                        values,
+                        old_values[chunk, :width],
+                        returns[chunk, :width],
+                        mask[chunk, :width],
+                        algorithm.value_clip,
+                        denominator,
+                    )
+                    value = float(loss.detach())
+                    if not torch.isfinite(loss):
+                        raise TrainingError(f"the critic's value loss is {value}: use a smaller Algorithm.critic_lr")
+                    loss.backward()
+                    share = float(mask[chunk, :width].sum()) / denominator
+                    sums["loss"] += value
+                    sums["clip"] += clipped * share
+                norm = float(torch.nn.utils.clip_grad_norm_(self.parameters(), max_grad_norm))
+                if not torch.isfinite(torch.tensor(norm)):
+                    raise TrainingError(f"the critic's gradient norm is {norm}: use a smaller Algorithm.critic_lr")
+                self.optimizer.step()
+                sums["gn"] += norm
+                updates += 1
+        return {
+            "value_loss": sums["loss"] / updates,
+            "value_clip_fraction": sums["clip"] / updates,
+            "critic_grad_norm": sums["gn"] / updates,
+        }
+
+    def state(self) -> dict[str, Any]:
+        """The critic's weights, head and optimiser state (tensors, not copies)."""
+        return {
+            "model": dict(self.model.state_dict()),
+            "head": dict(self.head.state_dict()),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Put back :meth:`state`'s tensors (others: torch's ``RuntimeError``)."""
+        self.model.load_state_dict(state["model"])
+        self.head.load_state_dict(state["head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of :meth:`state`, to put back a step that was not taken."""
+        return copy.deepcopy(self.state())
