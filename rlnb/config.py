@@ -777,6 +777,14 @@ class Config:
             f"the engine process serves on the CPU and ModelConfig.device={self.model.device!r}: "
             "use process=False (the engine shares the GPU in this process) or kind='vllm'",
         )
+        algorithm = self.learn.resolved_algorithm
+        require(
+            not (algorithm.has_critic and algorithm.critic == "lora" and self.model.lora is None),
+            "Algorithm.critic",
+            algorithm.critic,
+            "a LoRA critic is an adapter on the policy's frozen base weights, and this policy trains every weight "
+            '(ModelConfig.lora=None): use critic="model", or a Hugging Face model with lora=rlnb.LoraConfig()',
+        )
         check_number(
             "Config.step_timeout", self.step_timeout, gt=0, fix="use a number of seconds > 0, e.g. step_timeout=120.0"
         )

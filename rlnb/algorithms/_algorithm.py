@@ -76,10 +76,13 @@ class Algorithm:
     mask_truncated: completions cut at the length limit are not trained on.
     top_entropy_quantile: train only on the tokens whose entropy is in this top
         share (1.0: all; 0.2: the 20% of highest entropy).
-    critic: what learns the value function of ``advantage="gae"`` (``CRITICS``):
-        "model", a copy of the policy (as it is when the critic is first needed)
-        with a scalar value head on its last hidden state, and an AdamW of its own.
-        Read only with ``advantage="gae"``.
+    critic: what learns the value function of ``advantage="gae"`` (``CRITICS``),
+        each with a scalar value head on the last hidden state and an AdamW of its
+        own, starting from the policy as it is when the critic is first needed:
+        "model", a whole copy of the policy, every weight trained (what the field
+        runs); "lora", for a LoRA policy (``ModelConfig.lora``), a second adapter on
+        the policy's own frozen base weights (shared, not copied): the critic costs
+        an adapter, not a model. Read only with ``advantage="gae"``.
     gamma, lam: GAE's discount and trace decay, in [0, 1] (per policy token).
     value_clip: None, or the range of the clipped value loss: each value may move
         at most this far from the one the step started with (PPO's clipped value

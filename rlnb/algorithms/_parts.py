@@ -23,7 +23,7 @@ __all__ = [
 
 # The built-in parts, by name (each is described in rlnb.algorithms.functional).
 ADVANTAGES = ("grpo", "dr_grpo", "rloo", "opo", "gpg", "reinforce_pp", "reinforce_pp_baseline", "gae")
-CRITICS = ("model",)  # what learns the value function of advantage="gae"
+CRITICS = ("model", "lora")  # what learns the value function of advantage="gae"
 LOSSES = ("ppo_clip", "gspo", "cispo", "sapo", "reinforce")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")

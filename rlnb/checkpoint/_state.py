@@ -95,6 +95,7 @@ def capture(
             **{f"head.{k}": v for k, v in critic["head"].items()},
         }
         tensors["critic_optimizer"], manifest["critic_optimizer"] = flatten_optimizer(critic["optimizer"])
+        manifest["critic"] = learner.critic.kind
     try:
         json.dumps(manifest)
     except TypeError as exc:
@@ -167,7 +168,7 @@ def _restore_critic(learner: Any, manifest: dict[str, Any], tensors: dict[str, A
             learner.ensure_critic()
         return
     saved = tensors["critic"]
-    critic = learner.ensure_critic()
+    critic = learner.ensure_critic(manifest.get("critic", "model"))
     critic.load_state(
         {
             "model": {k.removeprefix("model."): v for k, v in saved.items() if k.startswith("model.")},

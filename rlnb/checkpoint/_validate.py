@@ -76,6 +76,8 @@ def check(manifest: dict[str, Any], tensors: dict[str, dict[str, Any]], root: Pa
     so a load fails here rather than half-way, leaving a live session of the same name alone."""
     import torch
 
+    from rlnb.algorithms._parts import CRITICS
+
     where, config = root / MANIFEST, saved_config(manifest, root)
     for key, (valid, want) in _ENTRIES.items():
         expect(bool(valid(manifest.get(key))), where, key, manifest.get(key), want)
@@ -114,6 +116,14 @@ def check(manifest: dict[str, Any], tensors: dict[str, dict[str, Any]], root: Pa
         manifest.get("critic_optimizer"),
         "critic.safetensors, critic_optimizer.safetensors and this entry together (a critic's weights and its "
         "optimiser's state), or none of them",
+    )
+    kind = manifest.get("critic")
+    expect(
+        kind is None or (kind in CRITICS and (kind != "lora" or config.model.lora is not None)),
+        where,
+        "critic",
+        kind,
+        f"one of {', '.join(map(repr, CRITICS))} (a 'lora' critic with a LoRA policy), or no entry without a critic",
     )
     state = tensors["rng"].get("torch")
     rng_ok = state is not None and state.dtype == torch.uint8 and state.shape == torch.get_rng_state().shape

@@ -1,10 +1,16 @@
 """The ``Critic``: the value function that ``Algorithm(advantage="gae")`` (the ``ppo``
 preset) learns beside the policy, with an optimiser of its own.
 
-``critic="model"`` is what the field runs (verl's and OpenRLHF's critic, TRL's
-``value_model``): a whole copy of the policy, as it is when the critic is first
-needed, with a scalar head on its last hidden state. It costs a second model and its
-AdamW moments. The learner owns it; a checkpoint keeps it; a what-if or fork copies it.
+Two kinds (``Algorithm.critic``), each with a scalar head on the last hidden state:
+
+- ``"model"`` is what the field runs (verl's and OpenRLHF's critic, TRL's
+  ``value_model``): a whole copy of the policy, as it is when the critic is first
+  needed. It costs a second model and its AdamW moments.
+- ``"lora"``, for a LoRA policy: a copy of the policy's adapter on the policy's own
+  frozen base weights, which the critic shares (the same tensors, never copied: LoRA
+  never changes them). It costs an adapter and its moments.
+
+The learner owns it; a checkpoint keeps it; a what-if or fork copies it.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlnb._errors import TrainingError
+from rlnb._errors import InvalidValueError, TrainingError
 from rlnb.algorithms import Algorithm
 from rlnb.algorithms import functional as F
 from rlnb.models import HFPolicy, TinyPolicy
@@ -27,23 +33,37 @@ __all__ = ["Critic"]
 
 
 class Critic:
-    """A value function ``V(prompt, y_<t)`` for each completion token: ``model`` (a copy
-    of ``policy``, every weight trained) and a linear ``head`` on its final hidden
-    state, zero at the start (values of 0: the first advantages are the whitened
-    returns), trained by an AdamW of its own with ``betas`` and ``weight_decay``."""
+    """A value function ``V(prompt, y_<t)`` for each completion token: ``model``, a copy
+    of ``policy`` (``kind`` "model": every weight trained; "lora": its adapter trained,
+    its frozen base weights shared with ``policy``), and a linear ``head`` on its final
+    hidden state, zero at the start (values of 0: the first advantages are the
+    whitened returns), trained by an AdamW of its own with ``betas`` and ``weight_decay``."""
 
     def __init__(
-        self, policy: TinyPolicy | HFPolicy, *, betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0
+        self,
+        policy: TinyPolicy | HFPolicy,
+        *,
+        kind: str = "model",
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
     ) -> None:
-        self.model = copy.deepcopy(policy).train().requires_grad_(True)
+        self.kind = kind
+        if kind == "lora":
+            if not isinstance(policy, HFPolicy) or policy.lora is None:
+                raise InvalidValueError('critic="lora" needs a policy with a LoRA adapter (ModelConfig.lora)')
+            frozen = {id(p): p for p in policy.parameters() if not p.requires_grad}
+            self.model = copy.deepcopy(policy, frozen).train()  # the frozen weights: the policy's own tensors
+        else:
+            self.model = copy.deepcopy(policy).train().requires_grad_(True)
         self.head = torch.nn.Linear(policy.hidden_size, 1, device=policy.device, dtype=torch.float32)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
         self.optimizer = torch.optim.AdamW(self.parameters(), betas=betas, weight_decay=weight_decay, foreach=True)
 
     def parameters(self) -> list[torch.nn.Parameter]:
-        """What the critic's optimiser trains: the model's weights and the head's."""
-        return [*self.model.parameters(), *self.head.parameters()]
+        """What the critic's optimiser trains: the model's trainable weights (a LoRA
+        critic's: its adapter) and the head's."""
+        return [*(p for p in self.model.parameters() if p.requires_grad), *self.head.parameters()]
 
     def values(self, batch: TrainBatch, rows: torch.Tensor, width: int) -> torch.Tensor:
         """The values [len(rows), width] of the states before ``rows``' first ``width``
@@ -120,16 +140,24 @@ class Critic:
         }
 
     def state(self) -> dict[str, Any]:
-        """The critic's weights, head and optimiser state (tensors, not copies)."""
+        """The critic's weights (a LoRA critic's: its adapter's), head and optimiser
+        state (tensors, not copies)."""
+        model = self.model
+        weights = model.trainable_state_dict() if isinstance(model, HFPolicy) else dict(model.state_dict())
         return {
-            "model": dict(self.model.state_dict()),
+            "model": weights,
             "head": dict(self.head.state_dict()),
             "optimizer": self.optimizer.state_dict(),
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Put back :meth:`state`'s tensors (others: torch's ``RuntimeError``)."""
-        self.model.load_state_dict(state["model"])
+        """Put back :meth:`state`'s tensors (others: torch's ``RuntimeError`` or
+        :class:`~rlnb.InvalidValueError`)."""
+        model = self.model
+        if isinstance(model, HFPolicy):
+            model.load_trainable_state_dict(state["model"])
+        else:
+            model.load_state_dict(state["model"])
         self.head.load_state_dict(state["head"])
         self.optimizer.load_state_dict(state["optimizer"])
 

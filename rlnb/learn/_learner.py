@@ -219,11 +219,14 @@ class Learner:
             self.ensure_critic()
         self.version = 0
 
-    def ensure_critic(self) -> Critic:
-        """The critic, made from a copy of the policy as it is now if there is none yet."""
-        if self.critic is None:
-            cfg = self.config
-            self.critic = Critic(self.policy, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    def ensure_critic(self, kind: str | None = None) -> Critic:
+        """The critic of ``kind`` (None: the algorithm's ``critic``), made from a copy of
+        the policy as it is now if there is none of that kind yet (one of another kind
+        is dropped: a switch from a "model" critic to a "lora" one starts it anew)."""
+        cfg = self.config
+        kind = kind or cfg.resolved_algorithm.critic
+        if self.critic is None or self.critic.kind != kind:
+            self.critic = Critic(self.policy, kind=kind, betas=cfg.betas, weight_decay=cfg.weight_decay)
         return self.critic
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
