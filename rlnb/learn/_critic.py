@@ -48,6 +48,7 @@ class Critic:
         weight_decay: float = 0.0,
     ) -> None:
         self.kind = kind
+        self.model: TinyPolicy | HFPolicy
         if kind == "lora":
             if not isinstance(policy, HFPolicy) or policy.lora is None:
                 raise InvalidValueError('critic="lora" needs a policy with a LoRA adapter (ModelConfig.lora)')
