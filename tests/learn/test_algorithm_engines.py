@@ -2,17 +2,18 @@
 the tiny policy and its engine): every preset trains a Hugging Face model and its LoRA
 adapter on the "hf" engine, in sync and async mode; an advantage function (per token)
 and a loss function train in the foreground and the background; a run that switched
-algorithm resumes exactly, on a LoRA adapter and with the engine in a process of its
-own; and a vLLM session goes through every preset and both kinds of function, one
-step each, switching between steps, so that vLLM starts once.
+algorithm resumes exactly, on a Hugging Face model, its LoRA adapter and with the
+engine in a process of its own; and a process engine and vLLM each go through every
+preset and both kinds of function in one session, switching between steps.
 
-A covering matrix, not the full product: each (preset, model, mode) runs on the "hf"
-engine, where a step costs a tenth of a second; the process and vLLM engines, which
-cost seconds and tens of seconds to start, get one session that switches algorithm
-between steps, and the process engine the run that is saved and loaded. What each
-step checks is what a user sees: it ran under that algorithm (the kept batch's
-config, ``groups_dropped``, ``clip_active``), the trained weights moved (the adapter's
-only, with LoRA), and the engine serves the new version."""
+A covering matrix, not the full product: on the "hf" engine, where a step costs a
+tenth of a second, each preset meets both models and both modes (``PRESET_CELLS``);
+the process and vLLM engines, which cost seconds and tens of seconds to start, get one
+async session each (vLLM starts once), and the process engine the sync run that is
+saved and loaded (vLLM in sync mode: tests/session/test_session_vllm.py). Each step
+checks what a user sees: it ran under that algorithm (the kept batch's config,
+``groups``, ``groups_dropped``, ``clip_active``), the trained weights moved (with LoRA,
+the adapter's alone), and the engine serves the step's version."""
 
 from __future__ import annotations
 
@@ -194,27 +195,33 @@ def test_an_advantage_and_a_loss_function_train_a_hugging_face_model(model: str,
 
 
 @pytest.mark.parametrize(
-    ("model", "engine"),
-    [("hf", None), ("lora", None), pytest.param("tiny", PROCESS, marks=pytest.mark.slow, id="tiny-process")],
+    ("model", "engine", "to"),
+    [
+        ("hf", None, "ppo"),  # its critic starts at the switch, and is saved
+        ("lora", None, "gspo"),  # a sequence ratio of the adapted policy
+        pytest.param("tiny", PROCESS, "dapo", marks=pytest.mark.slow, id="tiny-process-dapo"),  # more rolled out
+    ],
 )
 def test_a_run_that_switched_resumes_exactly(
-    model: str, engine: rlnb.EngineConfig | None, llama: Path, tmp_path: Path
+    model: str, engine: rlnb.EngineConfig | None, to: str, llama: Path, half_flat: str, tmp_path: Path
 ) -> None:
-    """Two updates a batch (a clip can act): GRPO, then GSPO's sequence ratio, then one
-    of its knobs changed; saved, the loaded session's next steps are the saved one's."""
-    config = small_config(learn=rlnb.LearnConfig(epochs=2, lr=3e-3))
+    """Two updates a batch (a clip can act): GRPO, then another preset, then one of its
+    knobs changed; saved, the loaded session's next steps are the saved one's."""
+    config = small_config(task=half_flat, learn=rlnb.LearnConfig(epochs=2, lr=3e-3))
     if model != "tiny":
         config = config.replace(model=_model(llama, model))
     if engine is not None:
         config = config.replace(engine=engine)
     with rlnb.Session(config, name="switched") as sess:
         _check_step(sess, sess.step(), preset("grpo"))
-        sess.set(algorithm="gspo")
-        gspo = sess.step()
-        _check_step(sess, gspo, preset("gspo"))
-        assert gspo["clip_active"] == 1.0
-        sess.set(clip_high=1e-3)
-        _check_step(sess, sess.step(), preset("gspo").replace(clip_high=1e-3))
+        sess.set(algorithm=to)
+        switched = sess.step()
+        _check_step(sess, switched, preset(to))
+        assert switched["clip_active"] == 1.0
+        if to == "ppo":
+            assert math.isfinite(switched["value_loss"])  # the critic learnt in the step
+        sess.set(clip_high=0.1)
+        _check_step(sess, sess.step(), preset(to).replace(clip_high=0.1))
         sess.save(tmp_path / "ckpt")
         config, changes = sess.config, sess.changes
         assert [(c.step, c.field) for c in changes] == [(1, "algorithm"), (2, "clip_high")]
