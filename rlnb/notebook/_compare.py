@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlnb._errors import BackgroundError, ClosedError, InvalidTypeError, InvalidValueError
+from rlnb.algorithms import Algorithm
+from rlnb.config import algorithm_label
 from rlnb.notebook._curves import drawable, off_chart
 
 if TYPE_CHECKING:
@@ -50,9 +52,11 @@ _DIR_HINT = (
 
 
 def _value(value: Any) -> str:
+    if isinstance(value, Algorithm):  # as the run's records write it: "dapo", "custom (loss=...)"
+        value = algorithm_label(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         text = str(value)
-        return text if len(text) <= 24 else text[:23] + "…"
+        return text if len(text) <= 40 else text[:39] + "…"
     return f"{value:.3g}"
 
 

@@ -239,6 +239,10 @@ def test_change_values_that_are_not_numbers_and_runs_of_one_name() -> None:
     assert comparison.names == ("x", "x (2)")
     assert marks(comparison.figure().axes[0])[0][:2] == (1.0, "pause_mode abort→keep")
     assert _compare.Change(5, "lr", 3.14159e-05, 12345678, None).label == "lr 3.14e-05→1.23e+07"
+    # an algorithm by its label, as metrics.jsonl records it, not its dataclass's repr
+    mine = rlnb.Algorithm(loss=lambda inputs: -inputs.logp)
+    assert _compare.Change(3, "algorithm", "grpo", mine, None).label.startswith("algorithm grpo→custom (loss=")
+    assert _compare.Change(3, "algorithm", "grpo", rlnb.algorithms.preset("dapo"), None).label == "algorithm grpo→dapo"
 
 
 def test_a_real_session_beside_a_run_dir(tmp_path: Path) -> None:
