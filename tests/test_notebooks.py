@@ -250,6 +250,49 @@ def test_10_a_tool_written_in_a_cell_is_learnt_by_rl_and_a_pause_keeps_conversat
     assert "live sessions: []" in out[7]
 
 
+def test_11_five_algorithms_from_one_run_what_if_of_each_and_a_loss_written_in_a_cell(
+    execute_notebook: Execute,
+) -> None:
+    # ~55 s on an idle 2-core machine: a warm-up, 3 steps, five forks of 30 steps side by side, a sixth of 30
+    out, cells = run_notebook(execute_notebook, "11-algorithms-side-by-side", timeout=240)
+    names = ["grpo", "dapo", "gspo", "cispo", "rloo"]
+    assert set(names) <= {line.split()[0] for line in out[0].splitlines()}  # rlnb.algorithms()
+    trunk = number_after(out[1], "held-out accuracy")
+    assert any("image/png" in o.get("data", {}) for o in cells[2].outputs), "the comparison shows an image"
+    found = re.findall(
+        r"(\w+) +(\d+) steps  reward (\d\.\d+)  clipped (\d\.\d+)  tokens counted +(\d+)  held-out accuracy (\d\.\d+)",
+        out[3],
+    )
+    branches = {name: [float(v) for v in values] for name, *values in found}
+    assert list(branches) == names, out[3]
+    assert {v[0] for v in branches.values()} == {33}, out[3]  # 3 steps of the trunk, 30 of its own
+    # each trained with its algorithm: GSPO's narrow sequence clip acts on many tokens,
+    # the token clips on few, CISPO's bounded weight drops no gradient, DAPO masks the cut completions
+    assert branches["gspo"][2] > 0.2 > 10 * max(branches[n][2] for n in ("grpo", "dapo", "rloo")), out[3]
+    assert branches["cispo"][2] == 0, out[3]
+    assert branches["dapo"][3] < min(branches[n][3] for n in ("grpo", "gspo", "cispo", "rloo")), out[3]
+    dapo = _what_if(out[4])
+    assert dapo["tokens_counted"][2] < dapo["tokens_counted"][1], out[4]  # a flat group and cut completions left out
+    header, *lines = out[5].splitlines()
+    assert header.split() == names, out[5]  # a column per algorithm
+    table = {line.split()[0]: dict(zip(names, map(float, line.split()[1:]), strict=True)) for line in lines}
+    assert len(set(table["loss"].values())) == 5 and len(set(table["update_kl"].values())) == 5, out[5]
+    assert table["clip_fraction"]["gspo"] > 0.3 and table["clip_fraction"]["cispo"] == 0, out[5]
+    assert table["update_kl"]["gspo"] < table["update_kl"]["grpo"], out[5]  # the clip dropped most gradients
+    counted = table["tokens_counted"]
+    assert counted["dapo"] < counted["grpo"] == counted["gspo"] == counted["cispo"] == counted["rloo"], out[5]
+    assert table["groups_dropped"]["grpo"] == 0, out[5]
+    mine = _what_if(out[6])
+    assert "the loss '__main__.my_loss' has no clip" in out[6], out[6]
+    assert mine["logp_change_positive"][2] < mine["logp_change_positive"][1], out[6]  # a tenth of the weight
+    assert mine["update_kl"][2] > 0, out[6]
+    trained = re.search(r"mine: held-out accuracy (\d\.\d+) at the fork -> (\d\.\d+) after (\d+) steps", out[7])
+    assert trained and float(trained[1]) == trunk and int(trained[3]) == 33, out[7]
+    assert float(trained[2]) > trunk, out[7]  # the loss written in the cell learnt
+    assert any("image/png" in o.get("data", {}) for o in cells[7].outputs), "the second comparison shows an image"
+    assert "live sessions: []" in out[8]
+
+
 def _what_if(text: str) -> dict[str, list[float]]:
     """A WhatIf's rows: metric -> [recorded, now, what if] (recorded NaN where the step has none)."""
     rows = {}

@@ -71,4 +71,3 @@ def test_a_what_if_shows_the_tokens_each_column_counts() -> None:
     line = next(line for line in repr(shown).splitlines() if line.startswith("tokens_counted"))
     assert line.split() == ["tokens_counted", "12345", "7"]
     assert "<td>tokens_counted</td><td></td><td>12345</td><td>7</td>" in shown._repr_html_()
-
