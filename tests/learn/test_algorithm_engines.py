@@ -191,6 +191,33 @@ def test_an_advantage_and_a_loss_function_train_a_hugging_face_model(model: str,
         assert [c.field for c in sess.changes] == ["algorithm", "algorithm"]
 
 
+@pytest.mark.parametrize("fail_on", [1, 2], ids=["first-call", "second-call"])
+def test_an_advantage_function_that_raises_on_any_call_of_a_step_changes_nothing(fail_on: int, llama: Path) -> None:
+    """A step calls an advantage function twice (for the update, and for the batch it
+    keeps); whichever call raises, the step fails before anything changed."""
+    calls, armed = [0], [False]
+
+    def flaky(rewards: torch.Tensor, **context: Any) -> torch.Tensor:
+        if armed[0]:
+            calls[0] += 1
+            if calls[0] == fail_on:
+                raise ZeroDivisionError(f"flaky advantage failed on call {fail_on}")
+        return per_token(rewards, **context)
+
+    config = small_config(model=_model(llama, "lora"), learn=rlnb.LearnConfig(algorithm=Algorithm(advantage=flaky)))
+    with rlnb.Session(config, name="flaky") as sess:
+        sess.step()
+        trained, history = _trained(sess), list(sess.history)
+        armed[0] = True
+        with pytest.raises(ZeroDivisionError, match="flaky advantage failed"):
+            sess.step()
+        assert sess.version == 1 and sess.history == history and sess.statistics().engine.version == 1
+        assert not _moved(trained, _trained(sess)), "the failed step changed the weights"
+        armed[0] = False
+        _check_step(sess, sess.step(), sess.config.learn.resolved_algorithm)
+        assert sess.version == 2
+
+
 # -- 3. switching mid-run, saved and resumed exactly ----------------------------------------------
 
 
