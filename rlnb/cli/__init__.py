@@ -30,7 +30,20 @@ from rlnb.config import ENGINE_KINDS, MODEL_DTYPES
 __all__ = ["demo_settings", "main"]
 
 ENV_DEMOS = ("calculator",)  # the built-in tasks with an environment that `rlnb demo --env` runs
-BENCHES = ("algorithms", "bridge", "close", "critic", "engines", "lora", "notebook", "ray", "rollout", "soak", "train", "turns")
+BENCHES = (
+    "algorithms",
+    "bridge",
+    "close",
+    "critic",
+    "engines",
+    "lora",
+    "notebook",
+    "ray",
+    "rollout",
+    "soak",
+    "train",
+    "turns",
+)
 
 # Flags that set a config field: flag dest -> (Config part or None, field). Applied in
 # this order, so a model's path is set before the engine that has to serve it.
