@@ -106,9 +106,9 @@ VARIANTS = (
     Variant(
         "scale_rewards batch",
         {"loss_type": "dapo", "scale_rewards": "batch"},
-        'preset("ppo").replace(dual_clip=None)',
-        "TRL divides the group-centred rewards by the std of the raw rewards over the batch; rlnb's ppo "
-        "(verl's reinforce_plus_plus_baseline) whitens the centred rewards over the batch's tokens",
+        'preset("reinforce_pp_baseline")',
+        "TRL divides the group-centred rewards by the std of the raw rewards over the batch; rlnb's "
+        "reinforce_pp_baseline (verl's reinforce_plus_plus_baseline) whitens the centred rewards over the batch's tokens",
         expect_equal=False,
     ),
     Variant(
