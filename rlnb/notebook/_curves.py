@@ -1,6 +1,7 @@
 """The dashboard's curves: reward, entropy and held-out accuracy as small SVG charts
 with a labelled grid, built from strings (no matplotlib on the ticker thread), the
-share of tokens the clip acted on (or why it cannot act), and each reward function's
+share of tokens the clip acted on (or why it cannot act), a critic's explained
+variance where the algorithm learns one (``ppo``), and each reward function's
 mean when a task has several; a dashed line marks each step at which live settings
 changed (``Session.set``), labelled with what changed."""
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLIP_TITLE",
+    "CRITIC_TITLE",
     "DRAWABLE",
     "Curves",
     "clip_inactive",
@@ -46,6 +48,7 @@ _LABEL_ROWS = 3  # rows of labels at the top of a chart; a label that fits in no
 _CHAR_PX = 5.0  # about the width of a character of a 9 px sans-serif label
 _LOW, _HIGH = "#d62728", "#2ca02c"  # the clip's lower and upper bound's lines
 CLIP_TITLE = "clip fraction"
+CRITIC_TITLE = "critic: explained variance"
 
 
 def clip_reason(learn: LearnConfig) -> str:
@@ -140,7 +143,9 @@ class Curves:
         survives in a saved notebook's sanitised output too); each of ``changes``
         (``Session.changes``) is a dashed line at its step, on every chart. Where the
         steps record ``clip_active``, a "clip fraction" chart too (see :meth:`clip_chart`;
-        ``clip_reason``: why a step with ``clip_active`` 0 had no clip, :func:`clip_reason`)."""
+        ``clip_reason``: why a step with ``clip_active`` 0 had no clip, :func:`clip_reason`);
+        where steps record a critic's ``explained_variance``, a chart of it (steps
+        without a critic, before a switch to ``ppo``, are left out)."""
         changed = marks(changes)
         stride = max(1, len(history) // _MAX_POINTS)  # 400 points look the same as 4,000
         shown = list(history[::stride]) + ([history[-1]] if history and (len(history) - 1) % stride else [])
@@ -149,7 +154,9 @@ class Curves:
         # A task with several reward functions: a chart of each one's mean per step too.
         per_function = [k for k in (history[-1] if history else {}) if k.startswith("reward/") and "/std" not in k[7:]]
         clip = [("clip", CLIP_TITLE)] if any("clip_active" in m for m in shown) else []
-        for key, title in (*self._SERIES, *clip, *((k, k) for k in per_function)):
+        # an algorithm with a critic (advantage="gae"): how well its values predict the returns
+        critic = [("explained_variance", CRITIC_TITLE)] if any("explained_variance" in m for m in shown) else []
+        for key, title in (*self._SERIES, *clip, *critic, *((k, k) for k in per_function)):
             tip = ""
             if key == "clip":
                 svg, said = self.clip_chart(shown, steps, changed, reason=clip_reason)

@@ -116,3 +116,13 @@ def test_a_clip_that_acts_draws_its_fraction_and_its_bounds_where_they_differ() 
     assert "clip inactive after step 5" in _texts(svg)
     # a run recorded before clip_active: no clip chart (its 0s could mean either)
     assert "clip fraction" not in _charts(Curves().render([{"version": 1, "clip_fraction": 0.0}], []))
+
+
+def test_a_critics_explained_variance_gets_a_chart_from_the_step_that_has_one() -> None:
+    history = [{"version": v, "reward_mean": 0.5, "entropy": 1.0} for v in (1, 2)]
+    history += [{"version": v, "reward_mean": 0.5, "entropy": 1.0, "explained_variance": 0.1 * v} for v in (3, 4, 5)]
+    charts = _charts(Curves().render(history, []))
+    assert list(charts) == ["reward_mean", "entropy", "held-out accuracy", "critic: explained variance"]
+    svg = charts["critic: explained variance"][1]
+    assert "<polyline" in svg and "critic: explained variance" in _texts(svg)
+    assert "critic" not in "".join(_charts(Curves().render(history[:2], [])))  # no critic, no chart
