@@ -475,3 +475,17 @@ def test_environment_calls_waiting_for_a_thread_are_named_with_the_setting() -> 
         assert finding.severity == "warning" and "RolloutConfig.env_workers=1 run at once" in finding.what
         assert "RolloutConfig(env_workers=...)" in finding.fix
         sess.rollouts.stop()
+
+
+def test_a_critic_whose_values_explain_nothing_is_said_with_its_learning_rate() -> None:
+    ppo = small_config(learn=rlnb.LearnConfig(algorithm=rlnb.algorithms.preset("ppo").replace(critic_lr=1e-5)))
+    flat = [*rising()[:-MIN_TREND_STEPS], *(step(explained_variance=-0.05) for _ in range(MIN_TREND_STEPS))]
+    finding = by_code(diagnose(flat, [], None, ppo), "critic-not-learning")
+    assert finding.severity == "warning"
+    assert f"explain -0.05 of the returns' variance (mean of the last {MIN_TREND_STEPS} steps" in finding.what
+    assert "(now 1e-05)" in finding.fix and 'sess.set(algorithm="grpo")' in finding.fix
+    # a critic that explains some of it, or too few steps with one to judge: nothing to say
+    learning = [*rising()[:-MIN_TREND_STEPS], *(step(explained_variance=0.3) for _ in range(MIN_TREND_STEPS))]
+    assert "critic-not-learning" not in codes(diagnose(learning, [], None, ppo))
+    young = [*rising()[:-3], *(step(explained_variance=-0.5) for _ in range(3))]
+    assert "critic-not-learning" not in codes(diagnose(young, [], None, ppo))

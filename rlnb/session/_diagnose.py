@@ -48,6 +48,7 @@ HIGH_ACCURACY = 0.9  # recent accuracy at which a flat reward or a sure policy i
 ENTROPY_FLOOR = 0.05  # nats per token: below it (and accuracy below HIGH_ACCURACY) entropy collapsed
 GRAD_NORM_FLOOR = 1e-4  # median gradient norm (before clipping) at or below it: the updates are empty
 CLIP_FRACTION_HIGH = 0.2  # mean share of tokens whose ratio the PPO clip cut
+CRITIC_EXPLAINED_FLOOR = 0.0  # a critic's mean explained variance at or below it: no better than a constant
 LENGTH_CUT_WARNING = 0.5  # share of recent completions that stopped at max_new_tokens
 LENGTH_CUT_CRITICAL = 0.9
 LAG_NEAR = 0.8  # mean staleness at or above this share of max_policy_lag (async mode)
@@ -204,6 +205,7 @@ def diagnose(
     found += _trends(history, config, accuracy)
     found += _recent(history, config, accuracy, statistics)
     found += _clip_inactive(history, config, changes)
+    found += _critic(history, config)
     return Findings(found)
 
 
@@ -587,6 +589,29 @@ def _clip_inactive(history: Sequence[Mapping[str, float]], config: Config, chang
             f"the clip settings changed ({said}), but the loss {loss!r} has no clip (clip_active 0 in the step's "
             "record)",
             'a loss with a clip for them to act on: sess.set(algorithm="grpo") (ppo_clip), "gspo" or "cispo"',
+        )
+    ]
+
+
+def _critic(history: Sequence[Mapping[str, float]], config: Config) -> list[Finding]:
+    """A critic (``advantage="gae"``) whose values, over the last steps that had one
+    (at least MIN_TREND_STEPS: it needs a few to learn), explain none of the returns."""
+    with_critic = [m for m in history[-TREND_STEPS:] if _finite(m.get("explained_variance"))]
+    if len(with_critic) < MIN_TREND_STEPS:
+        return []
+    explained = stats_.fmean(float(m["explained_variance"]) for m in with_critic)
+    if explained > CRITIC_EXPLAINED_FLOOR:
+        return []
+    algorithm = config.learn.resolved_algorithm
+    rate = "the policy's lr" if algorithm.critic_lr is None else f"{algorithm.critic_lr:g}"
+    return [
+        Finding(
+            "warning",
+            "critic-not-learning",
+            f"the critic's values explain {explained:.2f} of the returns' variance (mean of the last "
+            f"{len(with_critic)} steps with a critic): GAE's advantages are no better than with a constant baseline",
+            f"a critic that learns faster: sess.set(algorithm=sess.config.learn.resolved_algorithm.replace("
+            f'critic_lr=...)) (now {rate}); or an algorithm without a critic, e.g. sess.set(algorithm="grpo")',
         )
     ]
 
