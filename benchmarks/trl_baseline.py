@@ -131,9 +131,10 @@ def warmup(out: Path, target: float, batch_size: int, lr: float) -> None:
     tokenizer.save_pretrained(out / "warm")
 
 
-def grpo_rows(steps: int) -> list[dict[str, str]]:
-    """The GRPO prompts: 16 per step (and a few spare), never a held-out pair."""
-    rng = random.Random(42)
+def grpo_rows(steps: int, seed: int = 0) -> list[dict[str, str]]:
+    """The GRPO prompts: 16 per step (and a few spare), never a held-out pair; another
+    ``seed`` draws other prompts (seed 0 the baseline's)."""
+    rng = random.Random(42 + seed)
     rows = []
     for _ in range(16 * (steps + 5)):
         a, b = training_pair(rng)
@@ -141,9 +142,11 @@ def grpo_rows(steps: int) -> list[dict[str, str]]:
     return rows
 
 
-def grpo_args(output_dir: Path, lr: float, steps: int) -> Any:
+def grpo_args(output_dir: Path, lr: float, steps: int, seed: int = 0, **variant: Any) -> Any:
     """TRL's GRPOConfig for this recipe: 16 prompts x 8 completions per step, lr
-    decaying linearly over ``steps``, no KL, fp32, no gradient checkpointing."""
+    decaying linearly over ``steps``, no KL, fp32, no gradient checkpointing;
+    ``seed`` seeds sampling and the data order, ``variant`` are GRPOConfig fields
+    on top (``epsilon_high=0.28``, say)."""
     from trl import GRPOConfig
 
     return GRPOConfig(
@@ -161,8 +164,9 @@ def grpo_args(output_dir: Path, lr: float, steps: int) -> Any:
         max_steps=steps,
         save_strategy="no",
         use_cpu=True,
-        seed=0,
+        seed=seed,
         disable_tqdm=True,
+        **variant,
     )
 
 

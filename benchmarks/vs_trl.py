@@ -82,6 +82,19 @@ import trl_baseline as base  # noqa: E402  (the model, tokenizer, task, reward a
 
 THRESHOLDS = (0.5, 0.7, 0.8)
 GROUPS, GROUP_SIZE, MAX_NEW = 16, 8, 4
+# Each variant both ship: TRL's GRPOConfig fields, and rlnb's preset with its Algorithm
+# fields on top (docs/algorithms.md's table checks each pair on one batch). With one
+# update per batch every ratio is 1, so clip-higher changes nothing in sync mode (only
+# rlnb's async steps, a policy behind, have ratios to clip); GSPO also averages each
+# sequence's tokens before the batch (TRL's loss_type="grpo", rlnb's seq_mean_token_mean).
+VARIANTS: dict[str, tuple[dict[str, Any], tuple[str, dict[str, Any]]]] = {
+    "grpo": ({}, ("grpo", {})),
+    "dapo_clip_higher": ({"epsilon_high": 0.28}, ("grpo", {"clip_high": 0.28})),
+    "gspo": (
+        {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
+        ("gspo", {}),
+    ),
+}
 
 
 def _set_threads(threads: int) -> None:
@@ -93,14 +106,15 @@ def _set_threads(threads: int) -> None:
 # -- the contenders: each writes curve.json = {"curve": [[step, accuracy, seconds]], "tokens": N, "seconds": S}
 
 
-def run_trl(out: Path, warm: Path, lr: float, steps: int, eval_every: int) -> dict[str, Any]:
+def run_trl(out: Path, warm: Path, lr: float, steps: int, eval_every: int, seed: int, variant: str) -> dict[str, Any]:
     """TRL's GRPOTrainer, as in ``trl_baseline.grpo``, timing training apart from evaluation."""
     from datasets import Dataset
     from transformers import LlamaForCausalLM, TrainerCallback
     from trl import GRPOTrainer
 
     model = LlamaForCausalLM.from_pretrained(warm)
-    rows, args = base.grpo_rows(steps), base.grpo_args(out / "trl", lr, steps)  # the baseline's recipe
+    rows = base.grpo_rows(steps, seed)  # the baseline's recipe, the variant's fields on top
+    args = base.grpo_args(out / "trl", lr, steps, seed, **VARIANTS[variant][0])
     curve: list[list[float]] = []
     clock = {"eval": 0.0, "start": 0.0}
 
@@ -121,11 +135,13 @@ def run_trl(out: Path, warm: Path, lr: float, steps: int, eval_every: int) -> di
             if state.global_step % eval_every == 0:
                 self._evaluate(state.global_step, model)
 
-    generated = [0]
+    generated, rewards = [0], []
 
     def reward(prompts: list[str], completions: list[str], completion_ids: list[list[int]], **kw: Any) -> list[float]:
         generated[0] += sum(len(ids) for ids in completion_ids)  # every completion token, end-of-sequence too
-        return base.reward(prompts, completions, **kw)
+        values = base.reward(prompts, completions, **kw)
+        rewards.append(sum(values) / len(values))  # one call per step: the step's 128 completions
+        return values
 
     trainer = GRPOTrainer(
         model=model,
@@ -137,15 +153,25 @@ def run_trl(out: Path, warm: Path, lr: float, steps: int, eval_every: int) -> di
     )
     trainer.train()
     seconds = time.perf_counter() - clock["start"] - clock["eval"]
-    return {"curve": curve, "tokens": generated[0], "seconds": seconds, "steps": steps}
+    return {"curve": curve, "tokens": generated[0], "seconds": seconds, "steps": steps, "reward": rewards}
 
 
 def run_rlnb(
-    out: Path, warm: Path, lr: float, steps: int, eval_every: int, mode: str, engine_process: bool = False
+    out: Path,
+    warm: Path,
+    lr: float,
+    steps: int,
+    eval_every: int,
+    seed: int,
+    variant: str,
+    std: str,
+    mode: str,
+    engine_process: bool = False,
 ) -> dict[str, Any]:
     """rlnb on the same model directory, through its Hugging Face path; with
     ``engine_process`` its engine runs in a process of its own."""
     import rlnb
+    from rlnb.algorithms import preset
     from rlnb.data import Task, addition, register_task
 
     def make_prompt(rng: random.Random) -> tuple[str, str]:
@@ -154,17 +180,25 @@ def run_rlnb(
 
     # rlnb's addition reward is the baseline's: 1 for the exact answer, else 0.4 x characters in place
     register_task(Task("race_addition", addition.alphabet, make_prompt, addition.reward, MAX_NEW + 1), replace=True)
+    name, fields = VARIANTS[variant][1]
     config = rlnb.Config(
         task="race_addition",
-        seed=0,
+        seed=seed,  # the prompt stream and sampling; the model is the warm-up's whatever the seed
         mode=mode,
         engine=rlnb.EngineConfig(process=engine_process),
         data=rlnb.DataConfig(num_workers=0),  # the task is this script's: the session makes the prompts
         model=rlnb.ModelConfig(path=str(warm), max_len=32),
         rollout=rlnb.RolloutConfig(group_size=GROUP_SIZE, groups_per_step=GROUPS, max_new_tokens=MAX_NEW),
-        learn=rlnb.LearnConfig(lr=lr, lr_decay_steps=steps, kl_coef=0.0, max_grad_norm=1.0, clip_eps=0.2),
+        learn=rlnb.LearnConfig(
+            lr=lr,
+            lr_decay_steps=steps,
+            max_grad_norm=1.0,
+            algorithm=preset(name).replace(std=std, **fields),  # no KL and clip 0.2 (GSPO's own) in every preset
+        ),
     )
     curve: list[list[float]] = []
+    rewards: list[float] = []
+    staleness: list[float] = []
     with rlnb.Session(config, name="race") as sess:
         model = sess.policy.model  # the learner's transformers model, evaluated as TRL's is
 
@@ -178,12 +212,15 @@ def run_rlnb(
         seconds = 0.0
         for step in range(1, steps + 1):
             t = time.perf_counter()
-            sess.step()
+            metrics = sess.step()
             seconds += time.perf_counter() - t
+            rewards.append(metrics["reward_mean"])
+            staleness.append(metrics["staleness"])
             if step % eval_every == 0:
                 evaluate(step, seconds)
         tokens = sess.statistics().engine.generated_tokens - tokens_before
-    return {"curve": curve, "tokens": tokens, "seconds": seconds, "steps": steps}
+    result = {"curve": curve, "tokens": tokens, "seconds": seconds, "steps": steps, "reward": rewards}
+    return result | {"staleness_mean": sum(staleness) / len(staleness)}
 
 
 # -- the race ------------------------------------------------------------------------
@@ -234,21 +271,38 @@ def _plot(runs: dict[str, list[dict[str, Any]]], path: Path, rlnb_label: str = "
     plt.close(fig)
 
 
+def _warm(args: argparse.Namespace, env: dict[str, str]) -> Path:
+    """The warmed-up model, made once in ``--out`` (TRL's venv, ``trl_baseline.py``) and
+    shared by every run whatever its seed."""
+    warm = args.out / "warm"
+    if not (warm / "config.json").exists():
+        print("warm-up (TRL's venv, trl_baseline.py)", flush=True)
+        warmup = [args.trl_python, str(HERE / "trl_baseline.py"), "warmup", "--out", str(args.out)]
+        subprocess.run([*warmup, "--threads", str(args.threads)], check=True, env=env)
+    return warm
+
+
+def _command(args: argparse.Namespace, run: dict[str, Any], out: Path, warm: Path) -> list[str]:
+    """One contender's run as a process of its own: TRL's in TRL's venv, rlnb's in this one."""
+    common = ["--out", str(out), "--warm", str(warm), "--lr", str(args.lr), "--steps", str(args.steps)]
+    common += ["--eval-every", str(args.eval_every), "--threads", str(args.threads)]
+    common += ["--seed", str(run["seed"]), "--variant", run["variant"]]
+    if run["side"] == "trl":
+        return [args.trl_python, __file__, "trl", *common]
+    rlnb = [sys.executable, __file__, "rlnb", *common, "--std", run["std"], "--mode", run["mode"]]
+    return rlnb + (["--engine-process"] if run["engine_process"] else [])
+
+
 def race(args: argparse.Namespace) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    warm = out / "warm"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if not (warm / "config.json").exists():
-        print("warm-up (TRL's venv, trl_baseline.py)", flush=True)
-        warmup = [args.trl_python, str(HERE / "trl_baseline.py"), "warmup", "--out", str(out)]
-        subprocess.run([*warmup, "--threads", str(args.threads)], check=True, env=env)
-    common = ["--warm", str(warm), "--lr", str(args.lr), "--steps", str(args.steps)]
-    common += ["--eval-every", str(args.eval_every), "--threads", str(args.threads)]
+    warm = _warm(args, env)
+    common = {"seed": args.seed, "variant": args.variant}
+    rlnb_run = common | {"side": "rlnb", "std": args.std, "mode": args.mode, "engine_process": args.engine_process}
     commands = {
-        "trl": [args.trl_python, __file__, "trl", "--out", str(out / "trl"), *common],
-        "rlnb": [sys.executable, __file__, "rlnb", "--out", str(out / "rlnb"), "--mode", args.mode, *common]
-        + (["--engine-process"] if args.engine_process else []),
+        "trl": _command(args, common | {"side": "trl"}, out / "trl", warm),
+        "rlnb": _command(args, rlnb_run, out / "rlnb", warm),
     }
     runs: dict[str, list[dict[str, Any]]] = {"rlnb": [], "trl": []}
     for r in range(args.rounds):
@@ -283,13 +337,13 @@ def loss(args: argparse.Namespace) -> int:
 
 
 def _label(args: argparse.Namespace) -> str:
-    """rlnb's curve's name: its mode, and where its engine ran."""
-    return f"rlnb {args.mode}" + (", engine in a process" if args.engine_process else "")
+    """rlnb's curve's name: its mode, its std, and where its engine ran."""
+    return f"rlnb {args.mode}, {args.std} std" + (", engine in a process" if args.engine_process else "")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("stage", choices=("race", "trl", "rlnb", "loss"))
+    parser.add_argument("stage", choices=("race", "study", "report", "trl", "rlnb", "loss"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--warm", type=Path, help="trl/rlnb: the warmed-up model directory")
     parser.add_argument("--trl-python", default="/tmp/trlenv/bin/python", help="race, loss: TRL's venv's python")
@@ -297,6 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3800, help="RL steps (the lr decays linearly to 0 over them)")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=1, help="race: runs of each, alternating who goes first")
+    parser.add_argument("--seed", type=int, default=0, help="both: sampling and the prompts' order (not the model)")
+    parser.add_argument("--variant", choices=tuple(VARIANTS), default="grpo", help="the algorithm, on both sides")
+    parser.add_argument(
+        "--std", choices=("bessel", "population"), default="bessel", help="rlnb's group std (TRL's: bessel)"
+    )
     parser.add_argument("--mode", choices=("sync", "async"), default="sync", help="rlnb's mode")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each contender")
     parser.add_argument(
@@ -305,14 +364,33 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.stage == "race":
         return race(args)
+    if args.stage == "study":
+        import race_study
+
+        return race_study.study(args)
+    if args.stage == "report":
+        import race_study
+
+        return race_study.report(args.out)
     if args.stage == "loss":
         return loss(args)
     _set_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.stage == "trl":
-        result = run_trl(args.out, args.warm, args.lr, args.steps, args.eval_every)
+        result = run_trl(args.out, args.warm, args.lr, args.steps, args.eval_every, args.seed, args.variant)
     else:
-        result = run_rlnb(args.out, args.warm, args.lr, args.steps, args.eval_every, args.mode, args.engine_process)
+        result = run_rlnb(
+            args.out,
+            args.warm,
+            args.lr,
+            args.steps,
+            args.eval_every,
+            args.seed,
+            args.variant,
+            args.std,
+            args.mode,
+            args.engine_process,
+        )
     (args.out / "curve.json").write_text(json.dumps(result))
     return 0
 
