@@ -256,7 +256,8 @@ def test_11_five_algorithms_from_one_run_what_if_of_each_and_a_loss_written_in_a
     # ~55 s on an idle 2-core machine: a warm-up, 3 steps, five forks of 30 steps side by side, a sixth of 30
     out, cells = run_notebook(execute_notebook, "11-algorithms-side-by-side", timeout=240)
     names = ["grpo", "dapo", "gspo", "cispo", "rloo"]
-    assert set(names) <= {line.split()[0] for line in out[0].splitlines()}  # rlnb.algorithms()
+    presets = cells[0].outputs[0]["data"]["text/markdown"]  # rlnb.algorithms() as a table
+    assert all(f"| `{name}` |" in presets for name in names), presets
     trunk = number_after(out[1], "held-out accuracy")
     assert any("image/png" in o.get("data", {}) for o in cells[2].outputs), "the comparison shows an image"
     found = re.findall(
