@@ -30,7 +30,16 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from rlnb.algorithms._algorithm import Algorithm
-from rlnb.algorithms._parts import ADVANTAGES, AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, LOSSES, STDS, describe
+from rlnb.algorithms._parts import (
+    ADVANTAGES,
+    AGGREGATIONS,
+    CORRECTIONS,
+    CRITICS,
+    KL_ESTIMATORS,
+    LOSSES,
+    STDS,
+    describe,
+)
 from rlnb.algorithms._presets import DEFAULT, PRESETS, Preset, algorithms, preset
 
 if TYPE_CHECKING:
@@ -40,6 +49,7 @@ __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
     "CORRECTIONS",
+    "CRITICS",
     "DEFAULT",
     "KL_ESTIMATORS",
     "LOSSES",

@@ -76,7 +76,7 @@ def check(manifest: dict[str, Any], tensors: dict[str, dict[str, Any]], root: Pa
     so a load fails here rather than half-way, leaving a live session of the same name alone."""
     import torch
 
-    from rlnb.algorithms._parts import CRITICS
+    from rlnb.algorithms import CRITICS
 
     where, config = root / MANIFEST, saved_config(manifest, root)
     for key, (valid, want) in _ENTRIES.items():

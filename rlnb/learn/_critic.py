@@ -17,19 +17,36 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from rlnb._errors import InvalidValueError, TrainingError
 from rlnb.algorithms import Algorithm
 from rlnb.algorithms import functional as F
+from rlnb.config import LearnConfig
 from rlnb.models import HFPolicy, TinyPolicy
 
-if TYPE_CHECKING:
-    from rlnb.learn._learner import TrainBatch
-
 __all__ = ["Critic"]
+
+
+class TrainBatch(Protocol):
+    """What the critic reads of the learner's ``TrainBatch``."""
+
+    @property
+    def prompts(self) -> torch.Tensor: ...
+
+    @property
+    def prompt_lengths(self) -> torch.Tensor: ...
+
+    @property
+    def targets(self) -> torch.Tensor: ...
+
+    @property
+    def lengths(self) -> torch.Tensor: ...
+
+    @property
+    def group_of(self) -> torch.Tensor: ...
 
 
 class Critic:
@@ -37,16 +54,11 @@ class Critic:
     of ``policy`` (``kind`` "model": every weight trained; "lora": its adapter trained,
     its frozen base weights shared with ``policy``), and a linear ``head`` on its final
     hidden state, zero at the start (values of 0: the first advantages are the
-    whitened returns), trained by an AdamW of its own with ``betas`` and ``weight_decay``."""
+    whitened returns), trained by an AdamW of its own with ``config``'s ``betas`` and
+    ``weight_decay`` (its rate is set at each update). ``kind`` None: ``config``'s algorithm's."""
 
-    def __init__(
-        self,
-        policy: TinyPolicy | HFPolicy,
-        *,
-        kind: str = "model",
-        betas: tuple[float, float] = (0.9, 0.999),
-        weight_decay: float = 0.0,
-    ) -> None:
+    def __init__(self, policy: TinyPolicy | HFPolicy, config: LearnConfig, *, kind: str | None = None) -> None:
+        kind = kind or config.resolved_algorithm.critic
         self.kind = kind
         self.model: TinyPolicy | HFPolicy
         if kind == "lora":
@@ -59,7 +71,9 @@ class Critic:
         self.head = torch.nn.Linear(policy.hidden_size, 1, device=policy.device, dtype=torch.float32)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
-        self.optimizer = torch.optim.AdamW(self.parameters(), betas=betas, weight_decay=weight_decay, foreach=True)
+        self.optimizer = torch.optim.AdamW(
+            self.parameters(), betas=config.betas, weight_decay=config.weight_decay, foreach=True
+        )
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """What the critic's optimiser trains: the model's trainable weights (a LoRA

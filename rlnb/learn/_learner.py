@@ -226,7 +226,7 @@ class Learner:
         cfg = self.config
         kind = kind or cfg.resolved_algorithm.critic
         if self.critic is None or self.critic.kind != kind:
-            self.critic = Critic(self.policy, kind=kind, betas=cfg.betas, weight_decay=cfg.weight_decay)
+            self.critic = Critic(self.policy, cfg, kind=kind)
         return self.critic
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
