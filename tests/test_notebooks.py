@@ -253,7 +253,8 @@ def test_10_a_tool_written_in_a_cell_is_learnt_by_rl_and_a_pause_keeps_conversat
 def test_11_five_algorithms_from_one_run_what_if_of_each_and_a_loss_written_in_a_cell(
     execute_notebook: Execute,
 ) -> None:
-    # ~55 s on an idle 2-core machine: a warm-up, 3 steps, five forks of 30 steps side by side, a sixth of 30
+    # ~60 s on an idle 2-core machine (100 s at a load of 10): a warm-up, 3 steps, five forks of 30 steps
+    # side by side, a sixth of 30
     out, cells = run_notebook(execute_notebook, "11-algorithms-side-by-side", timeout=240)
     names = ["grpo", "dapo", "gspo", "cispo", "rloo"]
     presets = cells[0].outputs[0]["data"]["text/markdown"]  # rlnb.algorithms() as a table
