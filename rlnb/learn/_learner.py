@@ -160,6 +160,22 @@ def _value_metrics(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tens
     return {"value_mean": float(v.mean()), "return_mean": float(r.mean()), "explained_variance": explained}
 
 
+def _sample_advantages(
+    given: Sequence[Group], trained: Sequence[Group], advantages: torch.Tensor, mask: torch.Tensor
+) -> tuple[tuple[float, ...], ...]:
+    """Each sample's advantage in a step, group by group as ``given`` to it: the
+    learner's own (per-token ones averaged over the sample's trained tokens), 0 for the
+    groups a filter left out of ``trained``."""
+    if advantages.dim() == 2:
+        counted = mask.to(advantages.dtype)
+        advantages = (advantages * counted).sum(1) / counted.sum(1).clamp_min(1)
+    values, at, by_group = advantages.tolist(), 0, {}
+    for group in trained:
+        by_group[id(group)] = tuple(values[at : at + len(group.samples)])
+        at += len(group.samples)
+    return tuple(by_group.get(id(g), (0.0,) * len(g.samples)) for g in given)
+
+
 def _length_chunks(rows: torch.Tensor, lengths: torch.Tensor, *, max_chunks: int = 4) -> list[torch.Tensor]:
     """``rows`` split into up to ``max_chunks`` runs of similar length when padding
     them all to the longest would waste a fifth or more of the positions."""
@@ -215,6 +231,8 @@ class Learner:
         # step that needs it (a live switch to such an algorithm), from the policy then.
         self.critic: Critic | None = None
         self._critic_before: dict[str, Any] | None = None  # the critic's state while a step runs
+        # each sample's advantage in the last step, group by group (see last_advantages)
+        self.last_advantages: tuple[tuple[float, ...], ...] = ()
         if config.resolved_algorithm.has_critic:
             self.ensure_critic()
         self.version = 0
@@ -310,7 +328,9 @@ class Learner:
 
     def step(self, groups: Sequence[Group], *, max_length: int | None = None) -> dict[str, float]:
         """One optimisation step on ``groups``; returns its metrics. The policy's
-        version goes up by one. ``max_length``: the most tokens a completion may have
+        version goes up by one, and :attr:`last_advantages` holds each sample's
+        advantage (per-token ones averaged over its trained tokens; GAE's from the
+        critic; 0 for a group a filter left out), group by group. ``max_length``: the most tokens a completion may have
         (the sampling's ``max_new_tokens``), the constant normaliser's length
         (``aggregation="seq_mean_token_sum_norm"``; None: the batch's longest).
         Raises ``ValueError`` for an empty or malformed batch, and
@@ -337,7 +357,7 @@ class Learner:
         alg = cfg.resolved_algorithm
         start = time.perf_counter()
         dev = self.policy.device
-        dropped = 0
+        dropped, given = 0, list(groups)
         if alg.drop_flat_groups:  # no signal, and their tokens would dilute the token-mean
             with_signal = [g for g in groups if has_signal([s.reward or 0.0 for s in g.samples])]
             if with_signal:  # all flat: trained on as they are (their advantages are 0)
@@ -397,6 +417,7 @@ class Learner:
                 "or rewards (and reward_weights) whose spread in a group is within 3.4e38",
             )
         per_token = batch.advantages.dim() == 2
+        self.last_advantages = _sample_advantages(given, groups, batch.advantages, train_mask)
         lengths = batch.lengths
         keys = ("loss", "policy", "kl", "clip", "clip_low", "clip_high", "isw", "istrunc", "ent", "gn")
         sums: dict[str, float] = dict.fromkeys(keys, 0.0)

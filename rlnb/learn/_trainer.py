@@ -288,12 +288,12 @@ class Trainer:
         self._set_phase("updating")
         with self.update_lock:
             config = self.learner.config
-            # before the update: an advantage function that raises here fails the step with nothing changed
-            kept = KeptBatch.advantages_for(groups, config) if self.batches.maxlen else None
             metrics = self.learner.step(groups, max_length=self.rollouter.sampling.max_new_tokens)
+            # the advantages the update used (an advantage function is called once a step, by the learner)
+            advantages = self.learner.last_advantages
         metrics.update(per_function(s for g in groups for s in g.samples))  # a task with several rewards
-        if kept is not None:
-            self.batches.append(KeptBatch.of(groups, metrics, config, kept))
+        if self.batches.maxlen:
+            self.batches.append(KeptBatch.of(groups, metrics, config, advantages))
         self._publish(metrics)
         return metrics
 

@@ -156,7 +156,8 @@ class KeptBatch:
         advantages: tuple[tuple[float, ...], ...] | None = None,
     ) -> KeptBatch:
         """The batch of ``groups``, trained on under ``config`` with ``metrics``;
-        ``advantages``: :meth:`advantages_for`'s, computed here when None."""
+        ``advantages``: those the update used (``Learner.last_advantages``), or
+        :meth:`advantages_for`'s, computed here, when None."""
         if advantages is None:
             advantages = cls.advantages_for(groups, config)
         return cls(int(metrics["version"]), tuple(groups), advantages, dict(metrics), config)

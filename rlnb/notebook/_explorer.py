@@ -170,7 +170,7 @@ class Explorer:
             step, base = None, sess.version
             rewards = [[float(s.reward or 0.0) for s in g.samples] for g in groups]
             algorithm = sess.config.learn.resolved_algorithm
-            advantages = [list(a) for a in advantages_of(rewards, algorithm=algorithm)]
+            advantages = [list(a) for a in advantages_of(rewards, algorithm=algorithm, groups=groups)]
             clip_eps = float(algorithm.clip_high)
             label = f"{len(groups)} groups not trained on (lags counted from version {base}, the policy now)"
         learner_version, note = sess.version, ""

@@ -167,7 +167,7 @@ class BatchQuestions:
             values.append(self._rescore_group(rewards, item, group, g))
         return {
             "rewards": values,
-            "advantages": [list(a) for a in advantages_of(values, algorithm=algorithm)],
+            "advantages": [list(a) for a in advantages_of(values, algorithm=algorithm, groups=kept.groups)],
             "recorded_rewards": [list(r) for r in kept.rewards],
             "recorded_advantages": [list(a) for a in kept.advantages],
         }

@@ -465,3 +465,35 @@ def test_a_config_says_why_no_clip_acts_in_its_steps() -> None:
     assert rlnb.LearnConfig(epochs=2, algorithm="sapo").why_no_clip == "the loss 'sapo' has no clip"
     mine = rlnb.LearnConfig(epochs=2, algorithm=Algorithm(loss=reinforce)).why_no_clip
     assert mine is not None and mine.endswith("reinforce' has no clip")
+
+
+def per_token_centred(rewards: torch.Tensor, **context: Any) -> torch.Tensor:
+    """Centred rewards on each trained token (a per-token advantage function)."""
+    return (rewards - rewards.mean(dim=1, keepdim=True))[..., None] * context["mask"]
+
+
+def test_kept_batches_record_the_advantages_the_update_used_and_rescore_takes_per_token_ones(half_flat: str) -> None:
+    """The kept batch's advantages are the learner's (a per-token function's averaged
+    over each sample's tokens; GAE's from the critic), and rescore gives a per-token
+    function the samples' masks as the learner does."""
+
+    def flat(rows: Any) -> list[float]:
+        return [float(x) for row in rows for x in row]
+
+    def centred_rows(rows: list[list[float]]) -> list[float]:
+        return [x - sum(row) / len(row) for row in rows for x in row]
+
+    config = small_config(task=half_flat, learn=rlnb.LearnConfig(algorithm=Algorithm(advantage=per_token_centred)))
+    with rlnb.Session(config, name="per-token") as sess:
+        sess.step()
+        kept = sess.batches[-1]
+        assert any(flat(kept.advantages))  # some group had signal
+        assert flat(kept.advantages) == pytest.approx(centred_rows([list(r) for r in kept.rewards]), abs=1e-5)
+        rescored = sess.rescore(reward=lambda completion, answer: float(len(completion)))
+        lengths = [[float(len(s.completion)) for s in g.samples] for g in kept.groups]
+        assert flat(rescored["advantages"]) == pytest.approx(centred_rows(lengths), abs=1e-5)
+    with rlnb.Session(small_config(task=half_flat, learn=rlnb.LearnConfig(algorithm="ppo")), name="ppo") as sess:
+        sess.step()
+        assert [list(a) for a in sess.batches[-1].advantages] == [
+            list(a) for a in sess._trainer.learner.last_advantages
+        ]
