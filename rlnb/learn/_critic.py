@@ -71,6 +71,7 @@ class Critic:
         self.head = torch.nn.Linear(policy.hidden_size, 1, device=policy.device, dtype=torch.float32)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
+        self.held = False  # an optimiser step update() left for step_held()
         self.optimizer = torch.optim.AdamW(
             self.parameters(), betas=config.betas, weight_decay=config.weight_decay, foreach=True
         )
@@ -109,12 +110,17 @@ class Critic:
         chunks: Callable[[torch.Tensor], list[torch.Tensor]],
         lr: float,
         max_grad_norm: float,
+        hold_last: bool = False,
     ) -> dict[str, float]:
         """``epochs`` passes over ``parts`` (the policy's minibatches: groups), one
         optimiser step each, on the clipped value loss toward ``returns``; returns the
-        mean ``value_loss``, ``value_clip_fraction`` and ``critic_grad_norm``. Raises
-        :class:`~rlnb.TrainingError` for a loss or gradient that is not finite (the
-        caller puts back :meth:`state`)."""
+        mean ``value_loss``, ``value_clip_fraction`` and ``critic_grad_norm``.
+        ``hold_last``: the last optimiser step waits, its gradients ready, for
+        :meth:`step_held` (or :meth:`drop_held`): a step of one update then changes
+        nothing of the critic until the policy's update has succeeded, without a copy.
+        Raises :class:`~rlnb.TrainingError` for a loss or gradient that is not finite,
+        before the optimiser steps on it (with several updates the caller puts back
+        :meth:`snapshot`)."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         sums = {"loss": 0.0, "clip": 0.0, "gn": 0.0}
@@ -145,14 +151,28 @@ class Critic:
                 norm = float(torch.nn.utils.clip_grad_norm_(self.parameters(), max_grad_norm))
                 if not torch.isfinite(torch.tensor(norm)):
                     raise TrainingError(f"the critic's gradient norm is {norm}: use a smaller Algorithm.critic_lr")
-                self.optimizer.step()
                 sums["gn"] += norm
                 updates += 1
+                if hold_last and updates == epochs * len(parts):
+                    self.held = True
+                else:
+                    self.optimizer.step()
         return {
             "value_loss": sums["loss"] / updates,
             "value_clip_fraction": sums["clip"] / updates,
             "critic_grad_norm": sums["gn"] / updates,
         }
+
+    def step_held(self) -> None:
+        """Take the optimiser step :meth:`update` held, if any."""
+        if self.held:
+            self.held = False
+            self.optimizer.step()
+
+    def drop_held(self) -> None:
+        """Forget the step :meth:`update` held: the critic stays as it was."""
+        self.held = False
+        self.optimizer.zero_grad(set_to_none=True)
 
     def state(self) -> dict[str, Any]:
         """The critic's weights (a LoRA critic's: its adapter's), head and optimiser

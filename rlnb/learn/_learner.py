@@ -341,8 +341,10 @@ class Learner:
             try:
                 return self._step(groups, max_length)
             except BaseException:  # the step was not taken: its critic update is undone too
-                if self.critic is not None and self._critic_before is not None:
-                    self.critic.load_state(self._critic_before)
+                if self.critic is not None:
+                    self.critic.drop_held()
+                    if self._critic_before is not None:
+                        self.critic.load_state(self._critic_before)
                 raise
             finally:
                 self._critic_before = None
@@ -389,13 +391,16 @@ class Learner:
         critic_metrics: dict[str, float] = {}
         if alg.has_critic:
             # GAE on the critic's values of the states the batch went through; the critic
-            # learns first, so that one that fails leaves the policy untouched (and a
-            # policy update that fails puts the critic back: step()).
+            # learns first, so that one that fails leaves the policy untouched, and a
+            # policy update that fails puts the critic back (step()): with one update per
+            # batch by holding its optimiser step until the policy's is taken, with
+            # several from a copy, as the policy's own.
             critic = self.ensure_critic()
             old_values = critic.all_values(batch, cfg.micro_batch_size)
             raw, returns = F.gae(rewards, old_values, train_mask, alg.gamma, alg.lam)
             batch = dataclasses.replace(batch, advantages=F.whiten(raw, train_mask))
-            self._critic_before = critic.snapshot()
+            single = cfg.epochs * len(parts) == 1
+            self._critic_before = None if single else critic.snapshot()
             critic_metrics = critic.update(
                 batch,
                 algorithm=alg,
@@ -407,6 +412,7 @@ class Learner:
                 chunks=lambda rows: self._chunks(rows, batch.lengths),
                 lr=alg.critic_lr if alg.critic_lr is not None else self.lr_at(self.version, cfg),
                 max_grad_norm=cfg.max_grad_norm,
+                hold_last=single,
             )
             critic_metrics.update(_value_metrics(old_values, returns, train_mask))
         if not bool(torch.isfinite(batch.advantages.float()).all()):
@@ -490,6 +496,8 @@ class Learner:
                 updates += 1
                 sums["gn"] += grad_norm
         assert lr is not None  # epochs >= 1 and a part at least: every update steps the optimiser
+        if alg.has_critic and self.critic is not None:
+            self.critic.step_held()  # the policy's update is taken: the critic's held one too
         self.version += 1
         elapsed = time.perf_counter() - start
         tokens = int(train_mask.sum())  # the policy's: those trained on

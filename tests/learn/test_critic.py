@@ -166,9 +166,13 @@ class Failing:
         return -(adv[:, None] if adv.dim() == 1 else adv) * inputs.logp
 
 
-def test_a_step_that_fails_after_the_critics_update_puts_the_critic_back() -> None:
+@pytest.mark.parametrize("epochs", [1, 2], ids=["held-step", "copy"])
+def test_a_step_that_fails_after_the_critics_update_puts_the_critic_back(epochs: int) -> None:
+    """One update a step: the critic's optimiser step waits for the policy's; several:
+    the critic is put back from a copy."""
     failing = Failing()
-    config = small_config(learn=rlnb.LearnConfig(algorithm=Algorithm(advantage="gae", loss=failing), lr=3e-3))
+    algorithm = Algorithm(advantage="gae", loss=failing)
+    config = small_config(learn=rlnb.LearnConfig(algorithm=algorithm, lr=3e-3, epochs=epochs))
     with rlnb.Session(config, name="failing") as sess:
         sess.step()
         learner = sess._trainer.learner
