@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from rlnb._samples import Group
-from rlnb.algorithms import Algorithm, preset
+from rlnb.algorithms import Algorithm, describe, preset
 from rlnb.algorithms import functional as F
-from rlnb.config import ONE_UPDATE, LearnConfig
+from rlnb.config import ONE_UPDATE, LearnConfig, algorithm_label
 from rlnb.learn._learner import Learner, TrainBatch
 
 __all__ = ["BatchOrigin", "KeptBatch", "WhatIf", "advantages_of", "clip_note", "vocabulary_digest", "what_if"]
@@ -253,9 +253,19 @@ class WhatIf:
             if k in self.changed or k in self.baseline
         ]
 
+    def _what(self) -> str:
+        """The changes as the title shows them: an algorithm by its label ("dapo",
+        "custom (loss=...)"), a function by its name, not their reprs."""
+
+        def shown(value: Any) -> str:
+            if isinstance(value, Algorithm):
+                return algorithm_label(value)
+            return describe(value) if callable(value) else repr(value)
+
+        return ", ".join(f"{k}={shown(v)}" for k, v in self.changes.items()) or "no change"
+
     def __repr__(self) -> str:
-        what = ", ".join(f"{k}={v!r}" for k, v in self.changes.items()) or "no change"
-        lines = [f"what if {what}, on the batch of step {self.step}:"]
+        lines = [f"what if {self._what()}, on the batch of step {self.step}:"]
         lines.append(f"{'':28}{'recorded':>12}{'now':>12}{'what if':>12}")
         for key, *values in self.rows():
             lines.append(f"{key:28}" + "".join(f"{_cell(key, v):>12}" for v in values))
@@ -264,7 +274,7 @@ class WhatIf:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        what = html.escape(", ".join(f"{k}={v!r}" for k, v in self.changes.items()) or "no change")
+        what = html.escape(self._what())
         head = "<tr><th></th><th>recorded</th><th>now</th><th>what if</th></tr>"
         body = "".join(
             f"<tr><td>{k}</td>" + "".join(f"<td>{_cell(k, v)}</td>" for v in values) + "</tr>"

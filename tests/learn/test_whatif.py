@@ -1,12 +1,17 @@
 """What a what-if shows of the clip: where it could not act (one update per batch,
 whose ratio is 1, or a loss without a clip), its table says so, so that two equal
-columns after a clip change read as what they are."""
+columns after a clip change read as what they are; its title names an algorithm or a
+function, not its repr."""
 
 from __future__ import annotations
 
+import html
 import re
 
+import torch
+
 import rlnb
+from rlnb.algorithms.functional import LossInputs
 from rlnb.config import LearnConfig
 from rlnb.learn import WhatIf
 from rlnb.learn._whatif import clip_note
@@ -59,3 +64,17 @@ def test_a_sessions_what_if_of_clip_eps_with_one_update_per_batch_says_the_clip_
     assert "clip inactive in both columns (ratio 1: one update per batch): clip_eps can change nothing" in repr(result)
     assert more.changed["clip_active"] == 1.0
     assert more.note == "clip inactive now (ratio 1: one update per batch), active with the change"
+
+
+def test_the_title_names_an_algorithm_and_a_function_not_their_reprs() -> None:
+    def my_loss(inputs: LossInputs) -> torch.Tensor:
+        return -inputs.logp
+
+    row = {"loss": 0.5, "clip_active": 1.0}
+    mine = rlnb.Algorithm(loss=my_loss)
+    shown = WhatIf(3, {"algorithm": mine, "loss": my_loss, "lr": 1e-3}, row, row, row)
+    name = f"{__name__}.test_the_title_names_an_algorithm_and_a_function_not_their_reprs.<locals>.my_loss"
+    title = f"what if algorithm=custom (loss='{name}'), loss={name}, lr=0.001, on the batch of step 3"
+    assert repr(shown).splitlines()[0] == title + ":"
+    assert f"<b>{html.escape(title.split(', on')[0])}</b>" in shown._repr_html_()
+    assert repr(WhatIf(3, {"algorithm": "dapo"}, row, row, row)).startswith("what if algorithm='dapo', on")
