@@ -562,10 +562,13 @@ class LearnConfig:
         """Why no clip acts in a step under these settings, or None where one can:
         "ratio 1: one update per batch" (``epochs=1`` and ``minibatches=1``: the update
         starts from the proximal policy itself, so the ratio is 1 by construction), or
-        "the loss 'sapo' has no clip" (a loss other than ppo_clip, gspo and cispo)."""
+        "the loss 'sapo' has no clip" (a built-in loss other than ppo_clip, gspo and
+        cispo), or, for a loss function, that rlnb does not measure a clip inside it."""
         if self.epochs == 1 and self.minibatches == 1:
             return ONE_UPDATE
         loss = self.resolved_algorithm.loss
+        if callable(loss):  # it may clip or not: only the built-in losses' clips are measured
+            return f"the loss {describe(loss)!r} is a function: a clip inside it is not measured"
         return None if loss in CLIPPED_LOSSES else f"the loss {describe(loss)!r} has no clip"
 
     def _resolve(self) -> Algorithm:

@@ -581,6 +581,8 @@ def _clip_inactive(history: Sequence[Mapping[str, float]], config: Config, chang
                 "which need a new session (rlnb.Session(config, ...), or Session.load from a checkpoint)",
             )
         ]
+    if callable(learn.resolved_algorithm.loss):  # a loss function may read the clip settings itself
+        return []
     loss = describe(learn.resolved_algorithm.loss)
     return [
         Finding(

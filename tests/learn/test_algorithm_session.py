@@ -464,7 +464,7 @@ def test_a_config_says_why_no_clip_acts_in_its_steps() -> None:
     assert rlnb.LearnConfig(minibatches=2, algorithm="gspo").why_no_clip is None
     assert rlnb.LearnConfig(epochs=2, algorithm="sapo").why_no_clip == "the loss 'sapo' has no clip"
     mine = rlnb.LearnConfig(epochs=2, algorithm=Algorithm(loss=reinforce)).why_no_clip
-    assert mine is not None and mine.endswith("reinforce' has no clip")
+    assert mine is not None and mine.endswith("reinforce' is a function: a clip inside it is not measured")
 
 
 def per_token_centred(rewards: torch.Tensor, **context: Any) -> torch.Tensor:
