@@ -1051,13 +1051,17 @@ def _function_name(fn: Any) -> dict[str, str]:
     return {"function": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"}
 
 
+class SavedFunctionError(ConfigError):
+    """A saved config's algorithm had function parts, which data cannot bring back."""
+
+
 def _algorithm_from_dict(data: dict[str, Any]) -> Algorithm:
     """The :class:`~rlnb.algorithms.Algorithm` :func:`config_to_dict` saved; a part that
     was a function cannot come back from data: ConfigError naming it and the fix."""
     functions = {k: v["function"] for k, v in data.items() if isinstance(v, dict) and "function" in v}
     if functions:
         named = ", ".join(f"{part}={name}" for part, name in functions.items())
-        raise ConfigError(
+        raise SavedFunctionError(
             f"LearnConfig.algorithm was an Algorithm with function parts ({named}); code is not saved: "
             "pass the algorithm again, e.g. Session.load(path, algorithm=rlnb.algorithms.Algorithm(...))"
         )

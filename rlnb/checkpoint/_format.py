@@ -14,7 +14,7 @@ from typing import Any
 
 from rlnb._errors import CheckpointError, ConfigError
 from rlnb._files import as_path, check_owned, clean_leftovers, save_place, sha256, write_dir
-from rlnb.config import Config, config_from_dict
+from rlnb.config import Config, SavedFunctionError, config_from_dict
 
 FORMAT = "rlnb-checkpoint"
 FORMAT_VERSION = 2
@@ -188,5 +188,7 @@ def saved_config(manifest: dict[str, Any], path: str | os.PathLike[str]) -> Conf
     """The config a checkpoint's manifest holds; :class:`CheckpointError` if it does not fit."""
     try:
         return config_from_dict(manifest["config"])
+    except SavedFunctionError as exc:  # not a misfit: the code has to be given again
+        raise CheckpointError(f"{path}: {exc}") from exc
     except (ConfigError, TypeError, KeyError) as exc:
         raise CheckpointError(f"{path}: the saved config does not fit this rlnb ({exc})") from exc
