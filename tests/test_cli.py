@@ -33,11 +33,12 @@ def test_train_writes_its_run_dir_and_ends_with_one_json_line(tmp_path: Path, ru
     proc = run_cli(
         "train", "--task", "sort", "--steps", "3", "--run-dir", str(run_dir), "--warmup-steps", "2",
         "--eval-every", "2", "--eval-prompts", "20", "--num-workers", "1", "--no-progress", "--json",
-        "--lr", "2e-4", "--lr-decay-steps", "2",
+        "--lr", "2e-4", "--lr-decay-steps", "2", "--algorithm", "dapo",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)  # stdout is that one line
     assert result["task"] == "sort" and result["steps"] == 3 and result["warmup_steps"] == 2
+    assert result["algorithm"] == "dapo" and "[rl] dapo (rlnb.algorithms), up to 3 steps" in proc.stderr
     for key in ("eval_accuracy_init", "eval_accuracy_start", "eval_accuracy_end"):
         assert 0.0 <= result[key] <= 1.0
     assert result["seconds"] >= result["warmup_seconds"] + result["rl_seconds"]
@@ -62,6 +63,10 @@ def test_train_rejects_bad_input_before_starting(
     assert status == 2
     assert "Config.task='nope' is unknown: use one of" in err
     assert not (tmp_path / "run").exists()
+    status, _, err = in_process(
+        capsys, "train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--algorithm", "ppo2"
+    )
+    assert status == 2 and "argument --algorithm: invalid choice: 'ppo2' (choose from 'grpo', 'dr_grpo'" in err
     status, _, err = in_process(capsys, "train", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--lr", "-1")
     assert status == 2 and "LearnConfig.lr=-1.0 is invalid" in err
     status, _, err = in_process(

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from rlnb._checks import SEED_LIMIT
+from rlnb.algorithms import PRESETS
 from rlnb.cli._run import demo_settings
 from rlnb.config import ENGINE_KINDS, MODEL_DTYPES
 
@@ -62,6 +63,7 @@ CONFIG_FLAGS = {
     "warmup_task": ("warmup", "task"),
     "lr": ("learn", "lr"),
     "lr_decay_steps": ("learn", "lr_decay_steps"),
+    "algorithm": ("learn", "algorithm"),
     "group_size": ("rollout", "group_size"),
     "groups_per_step": ("rollout", "groups_per_step"),
     "temperature": ("rollout", "temperature"),
@@ -169,6 +171,12 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--lr", type=float, help="RL learning rate")
     train.add_argument(
         "--lr-decay-steps", type=int, help="decay the RL learning rate linearly to 0 over this many steps"
+    )
+    train.add_argument(
+        "--algorithm",
+        choices=tuple(PRESETS),
+        metavar="NAME",
+        help=f"the RL algorithm, a preset of rlnb.algorithms: {', '.join(PRESETS)} (default: grpo)",
     )
     train.add_argument("--group-size", type=int, help="completions per prompt")
     train.add_argument("--groups-per-step", type=int, help="prompts per RL step")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlnb._errors import InvalidValueError
-from rlnb.config import Config
+from rlnb.config import Config, algorithm_label
 
 __all__ = ["RunResult", "run"]
 
@@ -35,6 +35,7 @@ class RunResult:
     mode: str
     model: str | None  # the Hugging Face model's directory; None: the built-in policy
     engine: str
+    algorithm: str  # the RL algorithm: a preset's name, or what a custom one changes (algorithm_label)
     eval_accuracy_init: float
     eval_accuracy_start: float
     eval_accuracy_end: float
@@ -125,7 +126,9 @@ def run(
         if warmup_steps:
             echo(f"[warm-up] done in {warmup_seconds:.1f} s: held-out accuracy {acc_start:.3f}")
 
-        echo(f"[rl] GRPO, up to {steps} steps" + (f", until accuracy {target_accuracy}" if target_accuracy else ""))
+        algorithm = algorithm_label(config.learn.algorithm)
+        until = f", until accuracy {target_accuracy}" if target_accuracy else ""
+        echo(f"[rl] {algorithm} (rlnb.algorithms), up to {steps} steps{until}")
         t1 = time.perf_counter()
         tokens_before = sess.statistics().engine.generated_tokens
         acc_end, done, rewards, eval_seconds = acc_start, 0, [], 0.0
@@ -163,6 +166,7 @@ def run(
         mode=config.mode,
         model=config.model.path,
         engine=engine_kind(config),
+        algorithm=algorithm,
         eval_accuracy_init=acc_init,
         eval_accuracy_start=acc_start,
         eval_accuracy_end=acc_end,
