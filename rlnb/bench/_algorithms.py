@@ -37,7 +37,8 @@ the same preset.
 A preset **learns** where its median gain is at least ``LEARNS_GAIN`` (0.1 held-out
 accuracy). Targets, within the run: the default (``grpo``) learns on each task, and no
 run failed. Time figures are this machine's, with whatever else runs on it; no target
-reads them. About 25 minutes on two idle cores.
+reads them. About half an hour on two idle cores (48 minutes on the shared 2-core
+machine the docs' figures come from).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def _peak_rss_mib() -> float:
 def warm_start(task: str, seed: int, path: str | Path, *, warmup_steps: int | None = None) -> tuple[Path, float]:
     """Run ``task``'s demo warm-up (``warmup_steps`` in place of the demo's where given)
     with ``seed`` and save it at ``path``; the checkpoint and its held-out accuracy. Blocks."""
-    from rlnb.cli._run import demo_settings
+    from rlnb.cli import demo_settings
     from rlnb.config import DataConfig, TrackConfig
     from rlnb.session import Session
 
@@ -380,8 +381,8 @@ def run(
     warmup_steps: int | None = None,
     in_process: bool = False,
 ) -> AlgorithmsResult:
-    """Measure; see the module docstring. Blocks, about 25 minutes at the defaults on two
-    cores. ``presets``: default every one of :func:`rlnb.algorithms`; ``steps``: RL steps
+    """Measure; see the module docstring. Blocks, about half an hour at the defaults on two
+    idle cores. ``presets``: default every one of :func:`rlnb.algorithms`; ``steps``: RL steps
     per task in place of ``TASKS``'; ``warmup_steps`` in place of the demos' (for a
     quick look); ``in_process`` runs each preset here rather than in a fresh process (its
     peak RSS is then this process's so far)."""
