@@ -46,7 +46,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import resource
 import statistics
 import subprocess
 import sys
@@ -56,7 +55,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlnb.bench._common import BenchResult, Target
+from rlnb.bench._common import BenchResult, Target, peak_rss_mib
 
 __all__ = ["AlgorithmsResult", "plot", "run", "summarize", "table", "time_to", "train_preset", "warm_start"]
 
@@ -72,19 +71,6 @@ LEARNS_GAIN = 0.1  # median held-out gain from which a preset is reported as lea
 METRICS = ("grad_norm", "clip_fraction", "groups_dropped", "groups", "entropy", "kl", "reward_mean")
 CHILD_TIMEOUT_S = 600.0
 _CHILD = "import sys; from rlnb.bench._algorithms import _child_main; _child_main(sys.argv[1])"
-
-
-def _peak_rss_mib() -> float:
-    """This process's peak RSS: Linux's ``VmHWM``, not ``ru_maxrss``, which a process
-    started by ``fork`` and ``exec`` inherits from its parent (the bench's own, here)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def warm_start(task: str, seed: int, path: str | Path, *, warmup_steps: int | None = None) -> tuple[Path, float]:
@@ -114,7 +100,7 @@ def train_preset(spec: dict[str, Any]) -> dict[str, Any]:
     from rlnb.algorithms import algorithms
     from rlnb.session import Session
 
-    rss_imports = _peak_rss_mib()
+    rss_imports = peak_rss_mib()
     about = dict(algorithms()).get(spec["preset"], "")  # what ran: a preset may change between versions
     evals: list[list[float]] = []
     steps: list[dict[str, float]] = []
@@ -139,7 +125,7 @@ def train_preset(spec: dict[str, Any]) -> dict[str, Any]:
         "generated_tokens": tokens,
         "tokens_per_s": round(tokens / step_seconds, 1) if step_seconds > 0 else 0.0,
         "metrics": {k: round(statistics.fmean(m[k] for m in steps), 5) for k in METRICS if steps and k in steps[0]},
-        "peak_rss_mib": round(_peak_rss_mib(), 1),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
         "rss_after_imports_mib": round(rss_imports, 1),
         "error": None,
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -79,3 +80,17 @@ def median(xs: list[float]) -> float:
 
 def p99(xs: list[float]) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[98] if len(xs) > 1 else xs[0]
+
+
+def peak_rss_mib() -> float:
+    """This process's peak RSS in MiB: Linux's ``VmHWM``, not ``ru_maxrss``, which a
+    process started by ``fork`` and ``exec`` inherits from its parent (a bench that
+    measures each variant in a child of its own would read its own peak there)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux

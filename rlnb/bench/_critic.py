@@ -30,7 +30,6 @@ and PPO with it gains at least 0.8x what PPO with the model critic gains.
 from __future__ import annotations
 
 import json
-import resource
 import shutil
 import statistics
 import subprocess
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from rlnb._errors import BackgroundError
-from rlnb.bench._common import BenchResult, Target
+from rlnb.bench._common import BenchResult, Target, peak_rss_mib
 
 __all__ = ["run", "summarize"]
 
@@ -110,10 +109,6 @@ def learn(model: str, variant: str, seed: int, *, steps: int = LEARN_STEPS) -> d
     return out
 
 
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
 def measure_memory(spec: dict[str, Any]) -> dict[str, Any]:
     """One variant's memory figures, in this process (see the module docstring)."""
     import peft  # noqa: F401  (what every variant imports, before the baseline)
@@ -122,7 +117,7 @@ def measure_memory(spec: dict[str, Any]) -> dict[str, Any]:
 
     from rlnb.session import Session
 
-    rss_imports = _peak_rss_mib()
+    rss_imports = peak_rss_mib()
     with Session(_config(spec["model"], spec["variant"], 0), name="bench-critic-memory") as sess:
         for _ in range(1 + MEMORY_STEPS):
             sess.step()
@@ -143,7 +138,7 @@ def measure_memory(spec: dict[str, Any]) -> dict[str, Any]:
         "critic_trained_parameters": trained,
         "critic_optimizer_state_bytes": optimizer_bytes,
         "checkpoint_bytes": checkpoint_bytes,
-        "peak_rss_mib": _peak_rss_mib(),
+        "peak_rss_mib": peak_rss_mib(),
         "rss_after_imports_mib": rss_imports,
     }
 
@@ -240,7 +235,7 @@ def summarize(
             f"reverse, a 0.4M Llama warmed up {WARMUP_STEPS} steps, then LoRA r=8 RL for {steps} sync steps, "
             f"seeds {len(next(iter(learning.values())))}: median [min, max]"
         ),
-        "memory": "10.6M Llama, LoRA r=8; each variant in a fresh process, peak RSS = ru_maxrss",
+        "memory": "10.6M Llama, LoRA r=8; each variant in a fresh process, peak RSS = its VmHWM",
     }
     for v in VARIANTS:
         runs = learning[v]

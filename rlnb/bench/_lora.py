@@ -13,7 +13,8 @@ a process's peak RSS is a high-water mark that never comes down, so it is a vari
 only in a process that ran nothing else. The process makes the session, runs a
 warm-up step and two more, and reports
 
-- ``peak_rss``: ``getrusage(RUSAGE_SELF).ru_maxrss`` at the end; and the same after
+- ``peak_rss``: the process's own peak RSS at the end (``rlnb.bench._common.peak_rss_mib``:
+  Linux's ``VmHWM``; ``ru_maxrss`` would hold the bench's own, inherited); and the same after
   the imports, before the model loads (``rss_after_imports``: torch, transformers,
   peft and rlnb, the part both variants pay);
 - ``optimizer_state_bytes``: the bytes of every tensor AdamW holds (its two moments
@@ -37,7 +38,6 @@ most 5 %, peak RSS below full's (at most 1.0x), and s/step at most full's.
 from __future__ import annotations
 
 import json
-import resource
 import shutil
 import statistics
 import subprocess
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from rlnb._errors import BackgroundError
-from rlnb.bench._common import BenchResult, Target
+from rlnb.bench._common import BenchResult, Target, peak_rss_mib
 from rlnb.config import Config
 
 __all__ = ["measure_memory", "run", "summarize", "time_steps"]
@@ -73,10 +73,6 @@ def _config(model: str, lora_r: int | None, group_size: int, groups_per_step: in
     )
 
 
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
 def measure_memory(spec: dict[str, Any]) -> dict[str, Any]:
     """One variant's memory figures (see the module docstring), measured in this process:
     its RSS figures are the variant's only in a process that has run nothing else.
@@ -90,7 +86,7 @@ def measure_memory(spec: dict[str, Any]) -> dict[str, Any]:
     from rlnb.models import HFPolicy
     from rlnb.session import Session
 
-    rss_imports = _peak_rss_mib()
+    rss_imports = peak_rss_mib()
     config = _config(spec["model"], spec["lora_r"], spec["group_size"], spec["groups_per_step"])
     with Session(config, name="bench-lora-memory") as sess:
         for _ in range(1 + MEMORY_STEPS):
@@ -113,7 +109,7 @@ def measure_memory(spec: dict[str, Any]) -> dict[str, Any]:
         "parameters": every,
         "optimizer_state_bytes": optimizer_bytes,
         "checkpoint_bytes": checkpoint_bytes,
-        "peak_rss_mib": _peak_rss_mib(),
+        "peak_rss_mib": peak_rss_mib(),
         "rss_after_imports_mib": rss_imports,
     }
 
@@ -218,7 +214,7 @@ def summarize(
     figures: dict[str, Any] = {
         "model": f"{model}, {full['parameters']:,} parameters",
         "lora": f"r={lora_r}, alpha={2 * lora_r}, all-linear: {lora['trainable_parameters']:,} trainable",
-        "memory": "each variant in a fresh process; peak RSS is its getrusage(RUSAGE_SELF).ru_maxrss",
+        "memory": "each variant in a fresh process; peak RSS is its VmHWM (Linux; ru_maxrss elsewhere)",
         "steps_timed": len(times["lora"]["step"]),
         "timing": "both sessions in one process, steps interleaved one by one, medians",
     }
