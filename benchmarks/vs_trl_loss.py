@@ -108,7 +108,8 @@ VARIANTS = (
         {"loss_type": "dapo", "scale_rewards": "batch"},
         'preset("reinforce_pp_baseline")',
         "TRL divides the group-centred rewards by the std of the raw rewards over the batch; rlnb's "
-        "reinforce_pp_baseline (verl's reinforce_plus_plus_baseline) whitens the centred rewards over the batch's tokens",
+        "reinforce_pp_baseline (verl's reinforce_plus_plus_baseline) whitens the centred rewards over the "
+        "batch's tokens",
         expect_equal=False,
     ),
     Variant(
