@@ -57,6 +57,13 @@ ORDER: tuple[tuple[str, int], ...] = (
     ("rlnb async (engine process), bessel", 1),
     ("TRL gspo", 0),
     ("rlnb sync gspo, bessel", 0),
+    ("TRL grpo", 3),
+    ("rlnb sync, bessel", 3),
+    ("TRL grpo", 4),
+    ("rlnb sync, bessel", 4),
+    ("rlnb async (engine process), bessel", 2),
+    ("TRL gspo", 1),
+    ("rlnb sync gspo, bessel", 1),
 )
 
 
@@ -186,7 +193,8 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         n_points = min(len(r["curve"]) for r in mine)  # runs of one study have the same steps
         acc = np.array([[point[1] for point in r["curve"][:n_points]] for r in mine])
         steps = [point[0] for point in mine[0]["curve"][:n_points]]
-        acc_ax.plot(steps, np.median(acc, 0), color=color, label=f"{group} ({len(mine)} seeds)")
+        seeds = f"{len(mine)} seed" + ("s" if len(mine) > 1 else "")
+        acc_ax.plot(steps, np.median(acc, 0), color=color, label=f"{group} ({seeds})")
         acc_ax.fill_between(steps, acc.min(0), acc.max(0), color=color, alpha=0.15)
         n = min(len(r.get("reward", [])) for r in mine) // 100
         if n:

@@ -33,34 +33,37 @@ gives TRL's loss and gradient norm, by ``GRPOTrainer``'s own code in TRL's venv
 runs the contenders one after the other, ``--rounds`` times, alternating who goes
 first, so that both see the same machine. It writes ``race.json`` (every curve
 and the figures) and ``race.png`` (held-out accuracy against steps and against
-wall time) into ``--out``, and prints the report.
+wall time) into ``--out``, and prints the report. ``--seed`` seeds both sides
+(TRL's ``GRPOConfig.seed`` and its prompt list, rlnb's ``Config.seed``: its prompt
+stream and sampling; the warm-up is the same model whatever the seed), ``--variant``
+picks the algorithm on both (``VARIANTS``: grpo, dapo_clip_higher, gspo), ``--std``
+rlnb's group std (``bessel``, TRL's, by default).
 
-Measured on the 2-core CI machine (``race --mode async --engine-process --rounds 2``:
-3,800 steps each, two torch threads each, rlnb async with its engine in a process of
-its own; ``docs/vs_trl.png``; round 1 / round 2):
+``study`` runs ``race_study.py``'s matrix over seeds and writes each group's steps
+to 0.5/0.7/0.8, final accuracy, s/step and tokens/s with median and range
+(``study.json``, ``study.md``, ``study.png``); ``docs/race.md`` has the figures and
+what they say. In short: one run's curve is one draw from a wide spread (TRL with a
+fixed seed repeats itself bit for bit, so earlier rounds raced one TRL curve against
+new rlnb curves), and over seeds the two sides' steps to each accuracy overlap.
 
-=====================  ===================  ===================  ============
-figure                 rlnb                 TRL 1.16             rlnb / TRL
-=====================  ===================  ===================  ============
-s/step                 0.0702 / 0.0706      0.1026 / 0.1086      0.68 / 0.65
-generated tokens/s     6,568 / 6,534        4,489 / 4,241        1.46 / 1.54
-reached 0.5            87.3 s / 80.7 s      133.2 s / 130.9 s    0.66 / 0.62
-                       (step 1200 / 1200)   (step 1200 / 1200)
-reached 0.7            102.0 s / 128.7 s    223.7 s / 235.6 s    0.46 / 0.55
-                       (step 1400 / 1900)   (step 2100 / 2100)
-reached 0.8            151.1 s / 160.9 s    304.1 s / 321.0 s    0.50 / 0.50
-                       (step 2100 / 2400)   (step 2900 / 2900)
-accuracy at step 3800  0.905 / 0.915        0.83 / 0.83
-=====================  ===================  ===================  ============
+Time per step, measured on the 2-core CI machine, shared with other work (``race
+--steps 400 --rounds 2 --threads 1``, the sides alternating within minutes;
+round 1 / round 2):
 
-The per-step curves agree up to 0.6 (both reach 0.5 at step 1200) and rlnb's then
-runs ahead (0.8 at steps 2100 and 2400 against 2900). The wall-time target (<= 0.6x
-TRL's time to 0.8) is met; the tokens/s target (>= 1.8x) is not: on two cores one
-step's CPU work bounds it. rlnb's step is ~40 ms of generation (one engine thread)
-and ~65 ms of learner (forward, backward, AdamW; two threads), ~0.1 s in sync mode
-(rlnb sync took 0.85x TRL's step in an earlier race); async overlaps the two in two
-processes, each on a core, to 0.070 s: the learner's update on the one core the
-engine leaves it is now the step (``rlnb bench train``'s ``learner_idle`` is near 0).
+==========================  ===================  ===================  ============
+figure                      rlnb                 TRL 1.16             rlnb / TRL
+==========================  ===================  ===================  ============
+s/step, rlnb sync           0.074 / 0.082        0.105 / 0.111        0.70 / 0.74
+generated tokens/s, sync    6,226 / 5,617        4,391 / 4,129        1.42 / 1.36
+s/step, rlnb async          0.076 / 0.080        0.112 / 0.156        0.68 / 0.51
+generated tokens/s, async   5,982 / 5,792        4,125 / 2,944        1.45 / 1.97
+==========================  ===================  ===================  ============
+
+(async: ``--mode async --engine-process``; TRL's second async round ran while the
+machine was busier, which its own figure shows: compare rounds, not single runs.)
+With one thread a side on two shared cores, async overlapping generation with the
+update gained nothing over sync; on a quiet machine with two threads a side it took
+0.070 s a step against 0.098 in sync (``docs/performance.md``).
 """
 
 from __future__ import annotations
