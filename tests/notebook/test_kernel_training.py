@@ -40,6 +40,25 @@ def value(kc: BlockingKernelClient, expression: str) -> str:
     return str(result["data"]["text/plain"])
 
 
+# A cell that waits on the background run and creates ``marker`` once its main thread is
+# inside the wait (a file made before the call could let the interrupt land between the
+# two, a KeyboardInterrupt of the cell's own line: a race of the test, not of the session).
+MARK_INSIDE_WAIT = """
+import sys, threading, time
+def _mark(main=threading.main_thread().ident):
+    while True:
+        frame = sys._current_frames().get(main)
+        while frame is not None and frame.f_code.co_name != "wait_with_progress":
+            frame = frame.f_back
+        if frame is not None:
+            open({marker!r}, "w").close()
+            return
+        time.sleep(0.005)
+threading.Thread(target=_mark, daemon=True).start()
+sess.training.wait()
+"""
+
+
 def interrupt_when(km: KernelManager, kc: BlockingKernelClient, code: str, ready: str) -> dict[str, Any]:
     """Run ``code`` and press the interrupt button once it has created the file
     ``ready``; return the execute reply's content."""
@@ -69,7 +88,7 @@ def test_background_training_leaves_the_kernel_free_and_ctrl_c_is_one_line(
         marker = tmp_path / "waiting"
         # The interrupt button while a cell waits on the background run: the wait stops,
         # the run goes on (SIGINT reaches the kernel's main thread only).
-        reply = interrupt_when(km, kc, f"open({str(marker)!r}, 'w').close(); sess.training.wait()", str(marker))
+        reply = interrupt_when(km, kc, MARK_INSIDE_WAIT.format(marker=str(marker)), str(marker))
         assert reply["status"] == "error" and reply["ename"] == "Interrupted", reply
         assert len(reply["traceback"]) == 1 and "the background run goes on" in reply["traceback"][0]
         assert value(kc, "sess.training.running") == "True"
