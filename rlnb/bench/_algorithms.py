@@ -55,7 +55,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlnb.bench._common import BenchResult, Target, peak_rss_mib
+from rlnb.bench._common import BenchResult, ChildFailed, Target, json_from_child, peak_rss_mib
 
 __all__ = ["AlgorithmsResult", "plot", "run", "summarize", "table", "time_to", "train_preset", "warm_start"]
 
@@ -140,21 +140,11 @@ def _in_fresh_process(spec: dict[str, Any]) -> dict[str, Any]:
     """:func:`train_preset` in a fresh process; a run that fails is a run with an ``error``
     (the end of its stderr), reported in its row rather than ending the bench."""
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _CHILD, json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            timeout=CHILD_TIMEOUT_S,
-            check=False,
-        )
+        return json_from_child(_CHILD, spec, CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return _failed(spec, f"took over {CHILD_TIMEOUT_S:.0f} s")
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-        return _failed(spec, tail[0])
-    figures: dict[str, Any] = json.loads(lines[-1])
-    return figures
+    except ChildFailed as exc:
+        return _failed(spec, exc.stderr[-1] if exc.stderr else f"exit status {exc.returncode}")
 
 
 def _failed(spec: dict[str, Any], why: str) -> dict[str, Any]:

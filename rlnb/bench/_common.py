@@ -6,6 +6,8 @@ import dataclasses
 import json
 import resource
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -94,3 +96,26 @@ def peak_rss_mib() -> float:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+class ChildFailed(Exception):
+    """A benchmark's child process exited non-zero or printed nothing: its exit status
+    and the last lines of its stderr."""
+
+    def __init__(self, returncode: int, stderr: list[str]) -> None:
+        super().__init__(f"exited {returncode}")
+        self.returncode, self.stderr = returncode, stderr
+
+
+def json_from_child(code: str, spec: Any, timeout: float) -> dict[str, Any]:
+    """Run ``python -c code SPEC`` (``spec`` as JSON) in a fresh process and return the
+    JSON of its last line of stdout. Raises :class:`ChildFailed`, or
+    ``subprocess.TimeoutExpired`` after ``timeout`` s."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise ChildFailed(proc.returncode, proc.stderr.strip().splitlines()[-20:])
+    figures: dict[str, Any] = json.loads(lines[-1])
+    return figures

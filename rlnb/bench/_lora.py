@@ -40,15 +40,13 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from rlnb._errors import BackgroundError
-from rlnb.bench._common import BenchResult, Target, peak_rss_mib
+from rlnb.bench._common import BenchResult, ChildFailed, Target, json_from_child, peak_rss_mib
 from rlnb.config import Config
 
 __all__ = ["measure_memory", "run", "summarize", "time_steps"]
@@ -120,20 +118,12 @@ def _child_main(spec_json: str) -> None:
 
 
 def _in_fresh_process(spec: dict[str, Any]) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-        check=False,
-    )
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
+    try:
+        return json_from_child(_CHILD, spec, CHILD_TIMEOUT_S)
+    except ChildFailed as exc:
         kind = "full" if spec["lora_r"] is None else "LoRA"
-        raise BackgroundError(f"rlnb bench lora: the {kind} variant's process exited {proc.returncode}:\n{tail}")
-    figures: dict[str, Any] = json.loads(lines[-1])
-    return figures
+        tail = "\n".join(exc.stderr)
+        raise BackgroundError(f"rlnb bench lora: the {kind} variant's process {exc}:\n{tail}") from None
 
 
 def time_steps(model: str, *, steps: int, lora_r: int, group_size: int, groups_per_step: int) -> dict[str, Any]:
