@@ -13,6 +13,11 @@ A function marked :func:`isolated` runs in a worker process that its timeout
 Ready functions: :func:`exact_match`, :func:`math_answer` (needs ``rlnb[math]``),
 :func:`regex_format` and :func:`length_penalty`; the two that parse model output,
 ``math_answer`` and ``regex_format``, are isolated.
+
+A function written for TRL's ``GRPOTrainer`` (``fn(prompts=, completions=,
+completion_ids=, **columns)``, keywords only) is used as it is: one that takes
+``**kwargs`` and names ``prompts``, ``completions`` or ``completion_ids`` is recognised
+by its signature, and :func:`from_trl` wraps any other (:mod:`rlnb.rewards._trl`).
 """
 
 from rlnb.rewards._combine import BadValue, Rewards, Scored, batched, per_function, raised_by, reward_value
@@ -28,6 +33,7 @@ from rlnb.rewards._isolation import (
     scope_of,
 )
 from rlnb.rewards._ready import exact_match, length_penalty, math_answer, regex_format
+from rlnb.rewards._trl import TrlReward, from_trl, is_trl_reward
 
 __all__ = [
     "BadValue",
@@ -36,11 +42,14 @@ __all__ = [
     "Rewards",
     "Scope",
     "Scored",
+    "TrlReward",
     "Workers",
     "batched",
     "cancellable",
     "current_scope",
     "exact_match",
+    "from_trl",
+    "is_trl_reward",
     "isolated",
     "length_penalty",
     "math_answer",

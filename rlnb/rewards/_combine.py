@@ -11,9 +11,12 @@ sample's reward is the weighted sum of the values that are not None (0.0 when ev
 function said None), and each function's value is kept under its name.
 
 A function marked :func:`batched` is called once per group instead, with lists:
-``fn(completions, answers)``, and ``prompts=`` and ``rows=`` when it takes them; it
-returns one value (or None) per completion. For reward models and LLM judges, which
-score a batch in one call.
+``fn(completions, answers)``, and ``prompts=``, ``rows=``, ``env_rewards=``,
+``completion_ids=`` (each completion's token ids) and ``prompt_messages=`` (a chat
+prompt's messages, None for a text prompt) when it takes them; it returns one value
+(or None) per completion. For reward models and LLM judges, which score a batch in
+one call. A function with TRL's signature (``fn(completions, **kwargs)``, keywords
+only) is wrapped as one (:mod:`rlnb.rewards._trl`, :func:`~rlnb.rewards.from_trl`).
 
 Each function keeps its last calls' durations and its failures (:meth:`Rewards.timings`,
 :meth:`Rewards.failures`), for ``Session.diagnose``: a record shared by every copy
@@ -38,6 +41,7 @@ from rlnb._errors import ConfigError, InvalidValueError, RlnbError
 from rlnb._reprs import clip, short_repr
 from rlnb._samples import Sample
 from rlnb.rewards._isolation import run_coroutine
+from rlnb.rewards._trl import from_trl, is_trl_reward
 
 __all__ = [
     "FLOAT32_MAX",
@@ -55,7 +59,7 @@ __all__ = [
 # The learner computes advantages in float32: a larger reward would become inf there.
 FLOAT32_MAX = 3.4028234663852886e38
 _KEYWORDS = ("prompt", "row", "env_reward")
-_BATCHED_KEYWORDS = ("prompts", "rows", "env_rewards")
+_BATCHED_KEYWORDS = ("prompts", "rows", "env_rewards", "completion_ids", "prompt_messages")
 _MARK = "__rlnb_batched__"
 _RAISED_BY = "__rlnb_reward_function__"  # set on an exception a function of several raised
 TIMED_CALLS = 256  # the last calls of each function whose durations timings() reads
@@ -63,8 +67,9 @@ TIMED_CALLS = 256  # the last calls of each function whose durations timings() r
 
 def batched(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Mark ``fn`` to be called once per group, as ``fn(completions, answers)`` with lists
-    (and ``prompts=``, ``rows=`` lists when it takes them), returning a list of one
-    number (or None) per completion. Returns ``fn`` itself::
+    (and ``prompts=``, ``rows=``, ``env_rewards=``, ``completion_ids=``, ``prompt_messages=``
+    lists when it takes them), returning a list of one number (or None) per completion.
+    Returns ``fn`` itself::
 
         @rlnb.rewards.batched
         def judge(completions, answers):
@@ -169,7 +174,7 @@ class RewardFunction:
     fn: Callable[..., Any]
     name: str
     weight: float
-    keywords: tuple[str, ...]  # of "prompt", "row", "env_reward" (batched: plural): those its signature takes
+    keywords: tuple[str, ...]  # of _KEYWORDS (batched: _BATCHED_KEYWORDS): those its signature takes
     is_async: bool
     is_batched: bool = False
     record: CallRecord = dataclasses.field(default_factory=CallRecord, compare=False, repr=False)
@@ -197,7 +202,8 @@ class RewardFunction:
             except TypeError as exc:
                 raise ConfigError(
                     f"{field}={fn!r} is invalid: it cannot be called as {shape}, "
-                    f"with {names[0]}=, {names[1]}= and {names[2]}= if it takes them ({exc})"
+                    f"with {'=, '.join(names)}= if it takes them ({exc}); a reward function written for TRL "
+                    "(keywords only: prompts=, completions=, ...) is wrapped with rlnb.rewards.from_trl(fn)"
                 ) from None
         target = getattr(fn, "__call__", fn) if not inspect.isroutine(fn) else fn  # noqa: B004
         is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(target)
@@ -260,6 +266,7 @@ class Rewards:
         raising ConfigError naming ``{field}.reward`` or ``{field}.reward_weights``."""
         single = callable(reward) or not isinstance(reward, Sequence) or isinstance(reward, str)
         functions = [reward] if single else list(reward)
+        functions = [from_trl(fn) if is_trl_reward(fn) else fn for fn in functions]  # TRL's signature: _trl.py
         if not functions:
             raise ConfigError(f"{field}.reward=[] is invalid: give at least one reward function")
         example = f"reward_weights={[1.0] + [0.5] * (len(functions) - 1)}"
@@ -353,18 +360,27 @@ class Rewards:
         prompts: Sequence[str],
         rows: Sequence[Mapping[str, Any] | None],
         env_rewards: Sequence[float | None] | None = None,
+        *,
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        prompt_messages: Sequence[Sequence[Mapping[str, str]] | None] | None = None,
     ) -> list[Scored]:
         """A group's samples, each with the values :meth:`score` gave it (``scored``),
         scored again with the batched functions' values added, each function called
-        once with the group's lists."""
+        once with the group's lists (``completion_ids``: the samples' token ids, None
+        each when not given; ``prompt_messages``: a chat prompt's messages, None for text)."""
         parts = [dict(p) for p in scored]
+        n = len(parts)
+        lists: dict[str, list[Any]] = {
+            "prompts": list(prompts),
+            "rows": list(rows),
+            "env_rewards": list(env_rewards) if env_rewards is not None else [None] * n,
+            "completion_ids": list(completion_ids) if completion_ids is not None else [None] * n,
+            "prompt_messages": list(prompt_messages) if prompt_messages is not None else [None] * n,
+        }
         for f in self.functions:
             if not f.is_batched:
                 continue
-            env = list(env_rewards) if env_rewards is not None else [None] * len(parts)
-            values = _as_list(
-                f(list(completions), list(answers), prompts=list(prompts), rows=list(rows), env_rewards=env)
-            )
+            values = _as_list(f(list(completions), list(answers), **{k: list(v) for k, v in lists.items()}))
             if isinstance(values, str | bytes) or not isinstance(values, Sequence) or len(values) != len(parts):
                 raise BadValue(f"{short_repr(values)}, not a list of {len(parts)} values (one per completion)", f.name)
             for part, value in zip(parts, values, strict=True):

@@ -234,6 +234,8 @@ def reward_functions(
             [item.prompt] * len(samples),
             [item.row] * len(samples),
             [s.env_reward for s in samples],
+            completion_ids=[s.token_ids for s in samples],
+            prompt_messages=[item.messages] * len(samples),
         )
 
     return score, score_group if rewards.has_batched else None

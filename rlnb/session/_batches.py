@@ -197,6 +197,8 @@ class BatchQuestions:
                     [item.prompt] * n,
                     [item.row] * n,
                     [s.env_reward for s in group.samples],
+                    completion_ids=[s.token_ids for s in group.samples],
+                    prompt_messages=[item.messages] * n,
                 )
         except BadValue as bad:
             which = "the reward function" if bad.function is None else f"the reward function {bad.function!r}"
