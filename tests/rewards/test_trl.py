@@ -69,6 +69,14 @@ def reward_num_unique_chars(completions, **kwargs):
     return [len(set(c)) for c in completions]
 
 
+@rlnb.rewards.isolated
+def isolated_pid(completions, **kwargs):
+    """A TRL function run in rlnb's worker process: its pid for each completion."""
+    import os
+
+    return [float(os.getpid())] * len(completions)
+
+
 ROWS = [{"prompt": f"{n}=", "answer": str(n), "ground_truth": str(n), "task": "odd" if n % 2 else "even", "n": n}
         for n in range(20)]  # fmt: skip
 CHATS: list[dict[str, Any]] = [
@@ -164,6 +172,17 @@ def test_rescore_calls_a_trl_function_with_the_kept_samples_token_ids() -> None:
         out = sess.rescore(-1, reward=by_tokens)
     assert out["rewards"] == [[float(len(s.token_ids)) for s in g.samples] for g in batch.groups]
     assert seen == [[list(s.token_ids) for s in g.samples] for g in batch.groups]
+
+
+def test_an_isolated_trl_function_runs_in_a_worker_process(loader_workers: set[int]) -> None:
+    import os
+
+    assert is_trl_reward(isolated_pid)
+    t = records_task("trl-isolated", isolated_pid)
+    with rlnb.Session(small_config(task=t.name), name="trl-isolated") as sess:
+        (group,) = sess.rollout(1)
+    (value,) = {s.reward for s in group.samples}
+    assert value != float(os.getpid())
 
 
 # -- the call, without a session ------------------------------------------------------------------
