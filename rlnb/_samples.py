@@ -185,7 +185,7 @@ class PromptItem:
 def messages_text(messages: Sequence[Mapping[str, str]]) -> str:
     """Chat messages as plain text, for a tokenizer without a chat template (the
     built-in one) and for display: their contents, one per line."""
-    return "\n".join(m["content"] for m in messages)
+    return "\n".join(m.get("content") or "" for m in messages)
 
 
 def _versions(sample: Sample) -> str:

@@ -39,6 +39,7 @@ LAYERS = {
     "rlnb.rollout": 6,
     "rlnb.learn": 7,
     "rlnb.checkpoint": 8,
+    "rlnb.serve": 8,  # the endpoint: HTTP in front of the rollouts
     "rlnb.session": 9,
     "rlnb.notebook": 10,
     "rlnb.cli": 11,

@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from rlnb._checks import check_int, check_reward_weights, plain, require
+from rlnb._checks import check_int, check_number, check_reward_weights, plain, require
 from rlnb._errors import ConfigError
 from rlnb._samples import PromptItem
 from rlnb.data._records import EVAL_ID_OFFSET, Generated, PromptSource, Records
@@ -76,6 +76,18 @@ class Task:
         ``env_reward=``; ``reward=None`` scores with the environment's reward alone
         (``rlnb.envs.env_reward``). None: one completion per sample.
     max_turns: the most policy turns of a conversation (1 without ``env``).
+    agent: your agent, ``async def agent(client, row)`` (or a plain ``def``): each
+        sample is an episode of it, with ``client`` an ``openai.AsyncOpenAI`` (an
+        ``openai.OpenAI`` for a plain def) of the session's endpoint made for that
+        episode, and ``row`` the prompt's record (``"prompt"``, ``"answer"``,
+        ``"prompt_id"`` and its own fields). It calls the policy as it likes (tools,
+        several turns) and returns the episode's reward: a number, a list of turn
+        rewards (summed), or None. Its calls are the sample: the last call's replies
+        are trained on, what came between them is masked (see :mod:`rlnb.serve`).
+        The reward functions then score the last reply and may take ``env_reward=``
+        (the agent's return); ``reward=None`` takes the agent's return alone.
+    agent_timeout: seconds an episode may take, waiting on the policy included
+        (None: no limit); past it an ``async def`` agent is cancelled, and the sample fails.
 
     Raises :class:`~rlnb.ConfigError` naming the field and the fix for a value of
     the wrong kind; :func:`register_task` also tries a few prompts.
@@ -91,6 +103,8 @@ class Task:
     records: Records | None = None
     env: Callable[[], Any] | None = None
     max_turns: int = 1
+    agent: Callable[..., Any] | None = None
+    agent_timeout: float | None = 300.0
 
     @classmethod
     def from_records(
@@ -104,6 +118,8 @@ class Task:
         reward_weights: Sequence[float] | None = None,
         env: Callable[[], Any] | None = None,
         max_turns: int = 1,
+        agent: Callable[..., Any] | None = None,
+        agent_timeout: float | None = 300.0,
         eval_size: int | float = 200,
         alphabet: str | None = None,
         max_new_tokens: int | None = None,
@@ -125,6 +141,7 @@ class Task:
         reward, reward_weights: one reward function or a list, and their weights (see
             :mod:`rlnb.rewards`); None only with ``env``.
         env, max_turns: an environment factory and its most policy turns, as in :class:`Task`.
+        agent, agent_timeout: your agent, whose calls of the policy are each sample, as in :class:`Task`.
         eval_size: records held out, never trained on, for ``Session.evaluate()``: an
             int is a count (0: none, and ``evaluate()`` then refuses), a float a fraction
             of the records in (0, 1) (e.g. 0.1; 1.0 is refused); drawn with ``split_seed``.
@@ -160,6 +177,8 @@ class Task:
             records=data,
             env=env,
             max_turns=max_turns,
+            agent=agent,
+            agent_timeout=agent_timeout,
         )
 
     def __post_init__(self) -> None:
@@ -197,12 +216,24 @@ class Task:
             self.max_turns,
             "a task without env= has one turn: give env= an environment factory, or leave max_turns at 1",
         )
+        if self.agent is not None:
+            _check_callable("Task.agent", self.agent, ("client", "row"), "async def agent(client, row) -> reward")
+            require(
+                self.env is None,
+                "Task.agent",
+                self.agent,
+                "a task has an agent or an environment, not both: the agent steps its own environment",
+            )
+        if self.agent_timeout is not None:
+            check_number(
+                "Task.agent_timeout", self.agent_timeout, gt=0, fix="use seconds > 0, or None for no limit"
+            )
         require(
-            self.reward is not None or self.env is not None,
+            self.reward is not None or self.env is not None or self.agent is not None,
             "Task.reward",
             self.reward,
             "give a reward function, e.g. reward=lambda completion, answer: float(completion == answer) "
-            "(None is for a task with env=, scored by its environment)",
+            "(None is for a task with env= or agent=, scored by its environment or agent)",
         )
         weights = self.reward_weights
         if isinstance(weights, list | tuple):  # each a Python number, within the bound that keeps sums finite

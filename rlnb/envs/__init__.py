@@ -13,7 +13,7 @@ from rlnb.envs._episode import EnvError, Episode, check_factory
 from rlnb.envs._gym import GymEnv
 from rlnb.envs._protocol import Demonstration, Environment, Message, Observation, Turn
 from rlnb.envs._tool_schema import tool_schema
-from rlnb.envs._tools import ToolEnv
+from rlnb.envs._tools import ToolEnv, tool_calls
 
 __all__ = [
     "Demonstration",
@@ -27,6 +27,7 @@ __all__ = [
     "Turn",
     "check_factory",
     "env_reward",
+    "tool_calls",
     "tool_schema",
 ]
 

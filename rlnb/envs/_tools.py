@@ -32,7 +32,7 @@ from rlnb._reprs import short_repr
 from rlnb.envs._protocol import Message, Turn
 from rlnb.envs._tool_schema import BadCall, Tool, tool_name
 
-__all__ = ["ToolEnv"]
+__all__ = ["ToolEnv", "tool_calls"]
 
 SYNTAXES = ("call", "json")
 # What a result and an error look like, per syntax (None in ToolEnv takes these).
@@ -313,3 +313,45 @@ def _json_call(block: str | dict[str, Any]) -> _JsonCall:
     if not isinstance(arguments, dict):
         return name, {}, f"{name}() arguments must be a JSON object, got {short_repr(arguments)}"
     return name, arguments, None
+
+
+# --- a turn's calls, for the endpoint ---------------------------------------------------
+
+
+def tool_calls(
+    text: str, *, syntax: str, tools: Sequence[Mapping[str, Any]] = ()
+) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    """A policy turn ``text`` split into what it says and the well-formed tool calls it
+    makes, ``(content, [(name, arguments), ...])``, read in ``syntax`` as
+    :class:`ToolEnv` reads it: ``"json"``, Hermes/Qwen ``<tool_call>`` blocks (the
+    content is the text around them) or a whole turn of Llama-3.1 JSON; ``"call"``, the
+    whole turn one ``name(arg, key=arg)`` call of one of ``tools`` (JSON schemas), its
+    positional arguments named after the tool's parameters in order. A turn with no
+    call, or with a malformed one, is all content: ``(text, [])``."""
+    if syntax == "json":
+        calls = [(name, args) for name, args, why in _json_calls(text) or [] if why is None]
+        if not calls:
+            return text, []
+        content = _TOOL_CALL_BLOCK.sub("", text).strip() if "<tool_call>" in text else ""
+        return content, calls
+    try:
+        name, args, kwargs = _parse_call(text.strip())
+    except SyntaxError:
+        return text, []
+    schema = next((t for t in tools if _schema_name(t) == name), None)
+    params = list(_schema_parameters(schema or {}))
+    if schema is None or len(args) > len(params):
+        return text, []
+    return "", [(name, {**dict(zip(params, args, strict=False)), **kwargs})]
+
+
+def _schema_name(schema: Mapping[str, Any]) -> Any:
+    function = schema.get("function", schema)
+    return function.get("name") if isinstance(function, Mapping) else None
+
+
+def _schema_parameters(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    function = schema.get("function", schema)
+    parameters = function.get("parameters", {}) if isinstance(function, Mapping) else {}
+    properties = parameters.get("properties", {}) if isinstance(parameters, Mapping) else {}
+    return properties if isinstance(properties, Mapping) else {}

@@ -8,14 +8,24 @@ engine only through the ``Engine`` protocol of :mod:`rlnb.engines`, whose names
 
 from rlnb._samples import PromptItem
 from rlnb.rollout._accounting import RolloutStatistics
+from rlnb.rollout._agents import Agents, agent_name
 from rlnb.rollout._conversation import Conversations
 from rlnb.rollout._rollouter import Rollouter
+from rlnb.rollout._served import Served, ServedCall, ServedChoice, ServedRequest, ServedStatistics, Serving
 from rlnb.rollout._state import RolloutState
 
 __all__ = [
+    "Agents",
     "Conversations",
     "PromptItem",
     "RolloutState",
     "RolloutStatistics",
     "Rollouter",
+    "Served",
+    "ServedCall",
+    "ServedChoice",
+    "ServedRequest",
+    "ServedStatistics",
+    "Serving",
+    "agent_name",
 ]

@@ -27,7 +27,7 @@ from rlnb.rollout._accounting import Counters
 from rlnb.rollout._reward import CallTimedOut, PoolFull, RewardPool, RunningCall
 from rlnb.rollout._supervisor import TaskSupervisor
 
-__all__ = ["ConversationRunner", "Conversations", "Tokens"]
+__all__ = ["ConversationRunner", "Conversations", "Tokens", "row_of", "transcript"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,18 @@ class Tokens:
         self.mask += [int(policy)] * len(ids)
 
 
-def _row(item: PromptItem) -> dict[str, Any]:
+def transcript(out: Tokens, decode: Callable[[list[int]], str]) -> str:
+    """A conversation's text: each run of one speaker's tokens decoded on its own
+    (a policy turn's text ends at its end-of-sequence)."""
+    parts, start = [], 0
+    bounds = sorted({*out.turns, *[i for i in range(1, len(out.mask)) if out.mask[i] != out.mask[i - 1]]})
+    for end in [*bounds[1:], len(out.ids)]:
+        parts.append(decode(out.ids[start:end]))
+        start = end
+    return "".join(parts)
+
+
+def row_of(item: PromptItem) -> dict[str, Any]:
     """What an environment's ``reset`` gets: the prompt's record, with its prompt, answer and id."""
     return {"prompt": item.prompt, "answer": item.answer, "prompt_id": item.prompt_id, **(item.row or {})}
 
@@ -183,7 +194,7 @@ class ConversationRunner:
         opening = _Opening()
         try:
             episodes, prompt = await self._call(
-                _open_episodes, spec.env, _row(item), n, opening, where=where, what="reset"
+                _open_episodes, spec.env, row_of(item), n, opening, where=where, what="reset"
             )
         except BaseException:  # cancelled, or it ran past the timeout: the environments made are closed
             if made := opening.give_up():
@@ -268,14 +279,8 @@ class ConversationRunner:
         return self._max_context - len(prompt_ids) - len(out.ids)
 
     def transcript(self, out: Tokens) -> str:
-        """A conversation's text: each run of one speaker's tokens decoded on its own
-        (a policy turn's text ends at its end-of-sequence)."""
-        parts, start = [], 0
-        bounds = sorted({*out.turns, *[i for i in range(1, len(out.mask)) if out.mask[i] != out.mask[i - 1]]})
-        for end in [*bounds[1:], len(out.ids)]:
-            parts.append(self._decode(out.ids[start:end]))
-            start = end
-        return "".join(parts)
+        """A conversation's text (:func:`transcript`)."""
+        return transcript(out, self._decode)
 
     async def _call(self, fn: Callable[..., Any], /, *args: Any, where: str, what: str) -> Any:
         """``fn(*args)``, an environment's method, on an environment thread with the

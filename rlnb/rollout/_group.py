@@ -24,7 +24,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from rlnb._errors import ClosedError, EngineError, RolloutError
+from rlnb._errors import ClosedError, EngineError, InvalidValueError, RolloutError
 from rlnb._reprs import short_repr
 from rlnb._samples import Group, PromptItem, Sample
 from rlnb.buffer import ReplayBuffer
@@ -33,8 +33,10 @@ from rlnb.engines import Engine, GenerateRequest, GenerateResult, PromptTooLong,
 from rlnb.envs import Episode
 from rlnb.rewards import BadValue, Scored, raised_by, reward_value
 from rlnb.rollout._accounting import Counters, Ticket, is_cancellation
-from rlnb.rollout._conversation import ConversationRunner, Conversations, Tokens
+from rlnb.rollout._agents import AgentRunner, Agents
+from rlnb.rollout._conversation import ConversationRunner, Conversations, Tokens, transcript
 from rlnb.rollout._reward import CallTimedOut, PoolFull, RewardPool, RunningCall
+from rlnb.rollout._served import Served, Serving
 from rlnb.rollout._state import StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor
 
@@ -89,6 +91,8 @@ class GroupRunner:
     ``max_context``: the most prompt and completion tokens the model takes
     (``ModelConfig.max_len``; None: not known), against which each prompt is measured
     (:meth:`too_long`). ``conversations``: samples are conversations with environments.
+    ``serving``: how the endpoint's calls are encoded (None: no endpoint), served by
+    :attr:`served`; ``agents``: samples are agent episodes whose calls it serves.
     """
 
     def __init__(
@@ -108,6 +112,8 @@ class GroupRunner:
         max_context: int | None,
         group_reward_fn: GroupRewardFn | None = None,
         conversations: Conversations | None = None,
+        serving: Serving | None = None,
+        agents: Agents | None = None,
     ) -> None:
         self._engine = engine
         self.config = config  # of groups started from now on (with ``sampling``: the settings)
@@ -131,6 +137,15 @@ class GroupRunner:
             )
         )
         self._seed = seed
+        self.served: Served | None = None
+        if serving is not None:
+            self.served = Served(
+                serving, policy_turn=self._policy_turn, outside=self._outside, decode=decode, max_context=max_context
+            )
+        self._agents: AgentRunner | None = None
+        if agents is not None:
+            assert self.served is not None, "agents need serving: their calls go through the endpoint"
+            self._agents = AgentRunner(agents, workers=config.max_inflight)
 
     @property
     def group_size(self) -> int:
@@ -146,6 +161,8 @@ class GroupRunner:
         self._rewards.close(timeout=timeout)
         if self._conv is not None:
             self._conv.close(timeout)
+        if self._agents is not None:
+            self._agents.close(timeout)
 
     def reward_calls(self) -> list[RunningCall]:
         """Reward and environment calls running now, the longest-running first."""
@@ -176,7 +193,7 @@ class GroupRunner:
         it fits, or where no context is known or samples are conversations (their
         environment gives the prompt, measured then). ``sampling``: an evaluation's
         (the rollouts' in force by default, and the message offers to skip such prompts)."""
-        if self._max_context is None or self._conv is not None:
+        if self._max_context is None or self._conv is not None or self._agents is not None:
             return None
         new = (sampling or self.sampling).max_new_tokens
         tokens = len(self._encode(item.encodable))
@@ -197,22 +214,25 @@ class GroupRunner:
         episodes: list[Episode] = []
         try:
             results: list[Sample | BaseException]
-            try:
-                if self._conv is None:
-                    prompt_ids = tuple(self._encode(item.encodable))
-                else:
-                    episodes, prompt_ids = await self._conv.open(item, ticket.samples)
-            except RolloutError as exc:  # the environment failed before any sample began
-                prompt_ids, results = (), [exc] * ticket.samples
-                for _ in range(ticket.samples):
-                    ticket.end_sample(exc)
+            if self._agents is not None:
+                prompt_ids, results = await self._run_agent_group(item, ticket, sampling, base_seed)
             else:
-                envs: list[Episode | None] = list(episodes) or [None] * ticket.samples
-                coros = [
-                    self._run_sample(item, prompt_ids, i, base_seed + i, ticket, sampling, envs[i])
-                    for i in range(ticket.samples)
-                ]
-                results = await asyncio.gather(*coros, return_exceptions=True)
+                try:
+                    if self._conv is None:
+                        prompt_ids = tuple(self._encode(item.encodable))
+                    else:
+                        episodes, prompt_ids = await self._conv.open(item, ticket.samples)
+                except RolloutError as exc:  # the environment failed before any sample began
+                    prompt_ids, results = (), [exc] * ticket.samples
+                    for _ in range(ticket.samples):
+                        ticket.end_sample(exc)
+                else:
+                    envs: list[Episode | None] = list(episodes) or [None] * ticket.samples
+                    coros = [
+                        self._run_sample(item, prompt_ids, i, base_seed + i, ticket, sampling, envs[i])
+                        for i in range(ticket.samples)
+                    ]
+                    results = await asyncio.gather(*coros, return_exceptions=True)
             samples = [r for r in results if isinstance(r, Sample)]
             if self.group_reward_fn is not None and len(samples) == len(results):
                 results = await self._reward_group(self.group_reward_fn, item, samples)
@@ -318,6 +338,107 @@ class GroupRunner:
         finally:
             ticket.end_sample(error)
 
+    async def _run_agent_group(
+        self, item: PromptItem, ticket: Ticket, sampling: SamplingParams, base_seed: int
+    ) -> tuple[tuple[int, ...], list[Sample | BaseException]]:
+        """A group of agent episodes: their samples (or failures), after the prompt ids
+        their first calls share (the group's prompt; the rest of each episode's first
+        prompt is in its sample, masked, as an environment's tokens are)."""
+        coros = [self._run_episode(item, i, base_seed + i, ticket, sampling) for i in range(ticket.samples)]
+        ended = await asyncio.gather(*coros, return_exceptions=True)
+        roots = [e[0] for e in ended if not isinstance(e, BaseException)]
+        shared = _shared_prefix(roots) if roots else ()
+        if roots and not shared:
+            error = RolloutError(
+                f"the agent's episodes for prompt {item.prompt_id} ({short_repr(item.prompt)}) began with "
+                "prompts that share no token: a group's episodes are compared with each other, so give them "
+                "the same start (take any randomness from the row)"
+            )
+            return (), [error if not isinstance(e, BaseException) else e for e in ended]
+        results: list[Sample | BaseException] = [
+            e if isinstance(e, BaseException) else _with_prompt(e[1], e[0][len(shared) :]) for e in ended
+        ]
+        return shared, results
+
+    async def _run_episode(
+        self, item: PromptItem, index: int, seed: int, ticket: Ticket, sampling: SamplingParams
+    ) -> tuple[tuple[int, ...], Sample]:
+        """One agent episode, to its end and rewarded: its first prompt's ids, and its
+        sample (the tokens after that prompt)."""
+        assert self._agents is not None and self.served is not None
+        error: BaseException | None = None
+        episode = self.served.open_episode(item, index, seed, sampling)
+        try:
+            try:
+                env_reward = await self._agents.run(item, episode.id)
+            except BaseException:
+                self.served.end_episode(episode, failed=True)
+                raise
+            last = self.served.end_episode(episode, failed=False)
+            if last is None:
+                name = self._agents.spec.agent
+                raise RolloutError(
+                    f"the agent {getattr(name, '__qualname__', name)!r} made no call to the endpoint for prompt "
+                    f"{item.prompt_id} ({short_repr(item.prompt)}): it must call the policy through the client "
+                    "it gets (client.chat.completions.create(...)), whose calls are the sample"
+                )
+            self._counts.generating += 1  # a WAIT drain waits for the reward too: the sample is not done
+            try:
+                scored = await self.reward(item, last.text, env_reward=env_reward)
+            finally:
+                self._counts.generating -= 1
+        except BaseException as exc:
+            error = exc
+            raise
+        else:
+            out = last.out
+            return last.root, Sample(
+                prompt=item.prompt,
+                completion=transcript(out, self._decode),
+                token_ids=tuple(out.ids),
+                logprobs=tuple(out.logprobs),
+                versions=tuple(out.versions),
+                reward=scored.total,
+                rewards=dict(scored.parts),
+                finish_reason=last.finish,
+                resumed=out.continuations,
+                continued_at=tuple(out.continued_at),
+                mask=tuple(out.mask),
+                turns=tuple(out.turns),
+                env_reward=env_reward,
+            )
+        finally:
+            ticket.end_sample(error)
+
+    async def _outside(self, prompt_ids: tuple[int, ...], sampling: SamplingParams, seed: int) -> GenerateResult:
+        """One completion of ``prompt_ids`` for a call of the endpoint outside any episode:
+        it waits while rollouts are paused, and is continued after an abort pause."""
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        continuation = 0
+        while True:
+            await self._machine.wait_running()
+            left = sampling.max_new_tokens - len(ids)
+            request = GenerateRequest(
+                f"served.{seed}.{continuation}",
+                prompt_ids,
+                dataclasses.replace(sampling, max_new_tokens=max(1, left)),
+                prefix_ids=tuple(ids),
+                seed=seed * 31 + continuation,
+            )
+            try:
+                result = await self._engine.generate(request)
+            except PromptTooLong as exc:
+                raise InvalidValueError(f"the prompt does not fit the model's context: {exc}") from None
+            ids += result.token_ids
+            logprobs += result.logprobs
+            versions += result.versions
+            if result.finish_reason != "aborted" or len(ids) >= sampling.max_new_tokens:
+                finish = "length" if result.finish_reason == "aborted" else result.finish_reason
+                return GenerateResult(request.request_id, tuple(ids), tuple(logprobs), tuple(versions), finish)
+            continuation += 1
+
     async def _policy_turn(
         self,
         item: PromptItem,
@@ -352,9 +473,13 @@ class GroupRunner:
             await self._keep_partial()
 
     def _room(self, prompt_ids: tuple[int, ...], out: Tokens) -> int | None:
-        """Tokens the model's context has left after a conversation so far (None: no
-        limit, and a single completion is measured before it starts: :meth:`too_long`)."""
-        return None if self._conv is None else self._conv.room(prompt_ids, out)
+        """Tokens the model's context has left after a conversation or an episode so far
+        (None: no limit, and a single completion is measured before it starts: :meth:`too_long`)."""
+        if self._conv is not None:
+            return self._conv.room(prompt_ids, out)
+        if self._agents is None or self._max_context is None:
+            return None
+        return self._max_context - len(prompt_ids) - len(out.ids)
 
     async def _keep_partial(self) -> None:
         """Hold an aborted sample, counted as kept partial, until rollouts run again
@@ -440,6 +565,8 @@ class GroupRunner:
         abort pause meanwhile is waited out and the completion continued from its
         prefix (greedy decoding continues exactly), so a pause never scores half an answer.
         With an environment, one conversation: its transcript and reward."""
+        if self._agents is not None:
+            return await self._evaluate_episode(item, sampling)
         conv = self._conv
         if conv is None:
             if (why := self.too_long(item, sampling)) is not None:
@@ -467,6 +594,21 @@ class GroupRunner:
             return conv.transcript(out), scored.total
         finally:
             await conv.close_all(item, episodes)
+
+    async def _evaluate_episode(self, item: PromptItem, sampling: SamplingParams) -> tuple[str, float]:
+        """One agent episode of an evaluation, each of its calls greedy: its transcript and reward."""
+        assert self._agents is not None and self.served is not None
+        episode = self.served.open_episode(item, 0, 0, sampling, evaluation=True)
+        try:
+            env_reward = await self._agents.run(item, episode.id)
+        except BaseException:
+            self.served.end_episode(episode, failed=True)
+            raise
+        last = self.served.end_episode(episode, failed=False)
+        if last is None:
+            raise RolloutError(f"the agent made no call to the endpoint for prompt {item.prompt_id}")
+        scored = await self.reward(item, last.text, env_reward=env_reward)
+        return transcript(last.out, self._decode), scored.total
 
     async def _eval_turn(
         self,
@@ -576,3 +718,30 @@ class GroupRunner:
             return f"{which} raised {exc!r} {attempts} times for {where}"
 
         return await self._retried(attempt, gave_up)
+
+
+def _shared_prefix(prompts: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The longest start every one of ``prompts`` has."""
+    first = prompts[0]
+    n = len(first)
+    for other in prompts[1:]:
+        n = min(n, len(other))
+        n = next((i for i in range(n) if other[i] != first[i]), n)
+    return first[:n]
+
+
+def _with_prompt(sample: Sample, rest: tuple[int, ...]) -> Sample:
+    """``sample`` with ``rest`` of its prompt (past the group's) in front, masked."""
+    if not rest:
+        return sample
+    k = len(rest)
+    version = sample.versions[0] if sample.versions else 0
+    return dataclasses.replace(
+        sample,
+        token_ids=(*rest, *sample.token_ids),
+        logprobs=(*([0.0] * k), *sample.logprobs),
+        versions=(*([version] * k), *sample.versions),
+        mask=(*([0] * k), *sample.mask),
+        turns=tuple(t + k for t in sample.turns),
+        continued_at=tuple(c + k for c in sample.continued_at),
+    )

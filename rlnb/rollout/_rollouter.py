@@ -31,10 +31,12 @@ from rlnb.buffer import ReplayBuffer
 from rlnb.config import DataConfig, RolloutConfig
 from rlnb.engines import Engine, PauseMode, SamplingParams
 from rlnb.rollout._accounting import Counters, RolloutStatistics, Ticket, is_cancellation
+from rlnb.rollout._agents import Agents
 from rlnb.rollout._conversation import Conversations
 from rlnb.rollout._group import GroupRewardFn, GroupRunner, RewardFn
 from rlnb.rollout._quiesce import Quiescence
 from rlnb.rollout._reward import RunningCall
+from rlnb.rollout._served import Served, Serving
 from rlnb.rollout._state import RolloutState, StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor
 from rlnb.rollout._waits import all_or_first_error, call_soon, pause_limited
@@ -78,6 +80,8 @@ class Rollouter:
     which it reads ``DataConfig.on_bad_prompt``: "raise" (a prompt the task could not
     make is raised, once, as :class:`~rlnb.PromptError`) or "skip".
     ``conversations``: samples are conversations with environments (:class:`Conversations`).
+    ``serving``: how the session's endpoint's calls are encoded (:attr:`served` serves
+    them); ``agents``: samples are agent episodes whose calls it serves (:class:`Agents`).
     ``max_context``: the model's context (``ModelConfig.max_len``; None: not known): a
     prompt too long for it with ``max_new_tokens`` is a bad prompt, raised as a
     :class:`~rlnb.RolloutError` naming it before anything is generated, or skipped.
@@ -100,6 +104,8 @@ class Rollouter:
         max_context: int | None,
         group_reward_fn: GroupRewardFn | None = None,
         conversations: Conversations | None = None,
+        serving: Serving | None = None,
+        agents: Agents | None = None,
     ) -> None:
         self._prompts = prompts
         self._buffer = buffer
@@ -122,6 +128,8 @@ class Rollouter:
             max_context=max_context,
             group_reward_fn=group_reward_fn,
             conversations=conversations,
+            serving=serving,
+            agents=agents,
         )
         self._capacity = asyncio.Semaphore(config.max_inflight)
         self._version = 0
@@ -133,6 +141,11 @@ class Rollouter:
         self._halted = False  # a group bound for the buffer failed: no dispatch until start/resume/set_version
         self._resume_to_dispatch_ms: float | None = None
         self._skip_bad_prompts = data.on_bad_prompt == "skip"
+
+    @property
+    def served(self) -> Served | None:
+        """The endpoint's calls, served by these rollouts (None: made without ``serving``)."""
+        return self._runner.served
 
     # -- state (the state machine's) ------------------------------------------------------
 

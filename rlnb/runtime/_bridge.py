@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import enum
 import os
@@ -150,6 +151,25 @@ class AsyncBridge:
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._schedule(coro, fut)
         return fut
+
+    def cancel(self, fut: concurrent.futures.Future[Any]) -> None:
+        """Cancel the call behind ``fut`` (from :meth:`submit`) without waiting: not yet
+        started, it never starts; running, its task is cancelled on the loop (its
+        ``finally`` blocks run there, and ``fut`` then holds the CancelledError).
+        Nothing once it has ended or the bridge has closed."""
+        if fut.cancel():
+            return
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+
+        def cancel_task() -> None:
+            task = self._calls.get(fut)
+            if task is not None:
+                task.cancel()
+
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(cancel_task)
 
     def _schedule(self, coro: Coroutine[Any, Any, T], fut: concurrent.futures.Future[T]) -> None:
         ctx = contextvars.copy_context()

@@ -21,7 +21,7 @@ from rlnb.config import Config, LearnConfig, ModelConfig, engine_kind
 from rlnb.data import Task
 from rlnb.engines import Engine, SamplingParams
 from rlnb.rewards import Rewards, Scored
-from rlnb.rollout import Conversations, Rollouter
+from rlnb.rollout import Agents, Conversations, Rollouter, Serving
 
 if TYPE_CHECKING:
     from rlnb.data import PromptLoader
@@ -249,7 +249,10 @@ def make_rollouter(
     engine: Engine,
     prompts: PromptLoader,
     buffer: ReplayBuffer,
+    agent_client: Callable[..., Any],
 ) -> Rollouter:
+    """The rollouter; ``agent_client(episode, sync=...)`` makes an agent episode's client
+    of the session's endpoint (for a task with an agent)."""
     r = config.rollout
     reward_fn, group_reward_fn = reward_functions(task.rewards.with_weights(r.reward_weights))
     return Rollouter(
@@ -266,24 +269,35 @@ def make_rollouter(
         data=config.data,
         max_context=config.model.max_len,
         conversations=conversations(task, tokenizer),
+        serving=Serving(
+            encode_prompt=_prompt_encoder(tokenizer),
+            encode_observation=tokenizer.encode_observation,
+            syntax="json" if getattr(tokenizer, "chat", False) else "call",
+        ),
+        agents=None if task.agent is None else Agents(task.agent, agent_client, task.agent_timeout),
     )
+
+
+def _prompt_encoder(tokenizer: Tokenizer) -> Callable[[Any, list[dict[str, Any]] | None], list[int]]:
+    """A prompt's ids, with the tools' schemas where a chat template describes them."""
+
+    def encode_prompt(prompt: Any, tools: list[dict[str, Any]] | None) -> list[int]:
+        if tools and getattr(tokenizer, "chat", False):
+            encode: Any = tokenizer.encode
+            return list(encode(prompt, bos=True, tools=tools))
+        return tokenizer.encode(prompt, bos=True)
+
+    return encode_prompt
 
 
 def conversations(task: Task, tokenizer: Tokenizer) -> Conversations | None:
     """How the rollouter turns samples into conversations with ``task.env``; None without one."""
     if task.env is None:
         return None
-
-    def encode_prompt(prompt: Any, tools: list[dict[str, Any]] | None) -> list[int]:
-        if tools and getattr(tokenizer, "chat", False):  # a chat template describes the tools
-            encode: Any = tokenizer.encode
-            return list(encode(prompt, bos=True, tools=tools))
-        return tokenizer.encode(prompt, bos=True)
-
     return Conversations(
         env=task.env,
         max_turns=task.max_turns,
-        encode_prompt=encode_prompt,
+        encode_prompt=_prompt_encoder(tokenizer),
         encode_observation=tokenizer.encode_observation,
     )
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlnb import checkpoint
-from rlnb._errors import ClosedError, InvalidTypeError, public_call
+from rlnb._errors import ClosedError, ConfigError, InvalidTypeError, StateError, public_call
 from rlnb._samples import RolloutBatch
 from rlnb.buffer import ReplayBuffer
 from rlnb.config import Change, Config
@@ -43,6 +43,7 @@ from rlnb.runtime import (
     warm_up_kernel_messages,
     warm_up_loop_backend,
 )
+from rlnb.serve import Endpoint, ServeConfig
 from rlnb.session import _assembly as parts
 from rlnb.session import _export, _fork, _live
 from rlnb.session._batches import BatchQuestions
@@ -97,6 +98,7 @@ class Session:
         "learner",
         "engine",
         "rollouter",
+        "endpoint",
         "trainer",
         "stall_watch",
         "registry",
@@ -171,10 +173,34 @@ class Session:
             self._engine = self._own(engine)
 
     def _build_rollouter(self) -> None:
+        # The endpoint closes after the rollouts (their agents are cancelled first, not
+        # failed by a closed endpoint), and before the engine that serves it.
+        self._endpoint: Endpoint | None = None
+        self._stack.callback(self._close_endpoint)
         self._rollouter = parts.make_rollouter(
-            self._config, self._task, self._tokenizer, engine=self._engine, prompts=self._prompts, buffer=self._buffer
+            self._config,
+            self._task,
+            self._tokenizer,
+            engine=self._engine,
+            prompts=self._prompts,
+            buffer=self._buffer,
+            agent_client=self._agent_client,
         )
         self._stack.callback(self._close_rollouter, self._rollouter)
+
+    def _build_endpoint(self) -> None:
+        if self._task.agent is not None:  # its episodes call the policy through it
+            self._serve(None)
+
+    def _agent_client(self, episode: str, *, sync: bool) -> Any:
+        endpoint = self._endpoint
+        if endpoint is None or endpoint.closed:
+            raise ClosedError(f"session {self._name!r}'s endpoint is closed: its agents cannot call the policy")
+        return endpoint.agent_client(episode, sync=sync)
+
+    def _close_endpoint(self) -> None:
+        if self._endpoint is not None:
+            self._endpoint.close(timeout=min(5.0, self._remaining() or 5.0))
 
     def _build_trainer(self) -> None:
         self._trainer = parts.make_trainer(
@@ -488,6 +514,45 @@ class Session:
         """
         collect = self._check().collect(n_groups, paused_timeout=self._config.step_timeout)
         return RolloutBatch(self._bridge.run(collect, timeout=timeout))
+
+    def serve(self, config: ServeConfig | None = None, **fields: Any) -> Endpoint:
+        """The session's OpenAI-compatible endpoint, started on first call: any agent
+        or client that takes a ``base_url`` and an API key talks to the policy through
+        it (``.base_url``, ``.api_key``; ``.client()`` makes an ``openai.AsyncOpenAI``).
+        It serves ``/v1/chat/completions`` and ``/v1/completions`` (streamed or not,
+        ``n``, tools, log-probs and token ids) with the session's engine, as the
+        rollouts do: a pause holds its calls, a weight sync is waited out, and each
+        reply says its policy version. ``config`` (:class:`rlnb.serve.ServeConfig`) or
+        its ``fields`` say how (loopback and a random key by default); a call with
+        other settings than the running endpoint's is refused. The session closes it;
+        ``.close()`` stops it earlier."""
+        self._check()
+        if config is not None and fields:
+            raise ConfigError("serve() takes a ServeConfig or its fields, not both")
+        if fields:
+            config = ServeConfig(**fields)
+        endpoint = self._endpoint
+        if endpoint is not None and not endpoint.closed:
+            if config is not None and config != endpoint.config:
+                raise StateError(
+                    f"session {self._name!r} serves at {endpoint.base_url} with {endpoint.config}: "
+                    "close it first (sess.serve().close()), then serve() with the new settings"
+                )
+            return endpoint
+        return self._serve(config)
+
+    def _serve(self, config: ServeConfig | None) -> Endpoint:
+        served = self._rollouter.served
+        assert served is not None
+        self._endpoint = Endpoint(
+            served,
+            config or ServeConfig(),
+            bridge=self._bridge,
+            name=self._name,
+            defaults=lambda: self._rollouter.sampling,
+            decode=self._tokenizer.decode,
+        )
+        return self._endpoint
 
     @public_call("nothing was changed", waits_for_rollouts=True)
     def complete(
