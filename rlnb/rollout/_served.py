@@ -116,23 +116,27 @@ class ServedCall:
     request: ServedRequest
     choices: tuple[ServedChoice, ...]
     seconds: float
-    fate: str = "served"  # then "trained", "unused" (off the episode's last branch), "failed" or "outside"
+    fate: str = (
+        "served"  # then "sampled", "unused" (off the episode's last branch), "failed", "evaluated"; or "outside"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class ServedStatistics:
-    """Served completions and what became of them: ``trained`` (on an episode's
-    sample), ``unused`` (on an episode's other branches), ``failed`` (of an episode
-    that failed or was cancelled), ``outside`` (no episode), and ``pending`` (of
-    episodes still running); they add up to ``completions``. ``calls`` counts
-    requests, ``tokens`` completion tokens, ``episodes_open`` the episodes running."""
+    """Served completions and what became of them: ``sampled`` (on an episode's
+    sample: what the learner trains on), ``unused`` (on an episode's other branches),
+    ``failed`` (of an episode that failed or was cancelled), ``evaluated`` (of an
+    evaluation's episode), ``outside`` (no episode), and ``pending`` (of episodes
+    still running); they add up to ``completions``. ``calls`` counts requests,
+    ``tokens`` completion tokens, ``episodes_open`` the episodes running."""
 
     calls: int
     completions: int
     tokens: int
-    trained: int
+    sampled: int
     unused: int
     failed: int
+    evaluated: int
     outside: int
     pending: int
     episodes_open: int
@@ -230,14 +234,15 @@ class Served:
         self._episodes.pop(episode.id, None)
         last = None if failed else episode.last()
         on_path = [node for node in episode.nodes if last is not None and _on_branch(node, last)]
-        trained_calls = {node.call for node in on_path}
+        sampled_calls = {node.call for node in on_path}
+        used = "evaluated" if episode.evaluation else "sampled"
         if failed:
             self._fates["failed"] += episode.completions
         else:
-            self._fates["trained"] += len(on_path)
+            self._fates[used] += len(on_path)
             self._fates["unused"] += episode.completions - len(on_path)
         fates = {
-            number: "failed" if failed else ("trained" if call in trained_calls else "unused")
+            number: "failed" if failed else (used if call in sampled_calls else "unused")
             for number, call in episode.entries
         }
         for i, (number, served) in enumerate(self._log):
@@ -438,9 +443,10 @@ class Served:
             calls=self._calls,
             completions=self._completions,
             tokens=self._tokens,
-            trained=f["trained"],
+            sampled=f["sampled"],
             unused=f["unused"],
             failed=f["failed"],
+            evaluated=f["evaluated"],
             outside=f["outside"],
             pending=pending,
             episodes_open=len(self._episodes),
