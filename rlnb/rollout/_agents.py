@@ -142,12 +142,18 @@ class AgentRunner:
         try:
             done, _ = await asyncio.wait({waiter}, timeout=spec.timeout)
         except BaseException:  # cancelled: so is the agent, and its client's calls end too
-            self._bridge.cancel(fut)
+            self._abandon(fut, waiter)
             raise
         if not done:
-            self._bridge.cancel(fut)
+            self._abandon(fut, waiter)
             raise RolloutError(self._late(where, stopped=True))
         return waiter.result()
+
+    def _abandon(self, fut: Any, waiter: asyncio.Future[Any]) -> None:
+        """Cancel an episode nobody waits for any more; how it ends is of no interest."""
+        assert self._bridge is not None
+        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._bridge.cancel(fut)
 
     async def _run_sync(self, episode: str, row: Any, where: str) -> Any:
         if self._pool is None:

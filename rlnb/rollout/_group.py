@@ -731,7 +731,8 @@ def _shared_prefix(prompts: list[tuple[int, ...]]) -> tuple[int, ...]:
 
 
 def _with_prompt(sample: Sample, rest: tuple[int, ...]) -> Sample:
-    """``sample`` with ``rest`` of its prompt (past the group's) in front, masked."""
+    """``sample`` with ``rest`` of its prompt (past the group's) in front, masked (a
+    turn of its own: a sample's first turn starts at its first token)."""
     if not rest:
         return sample
     k = len(rest)
@@ -742,6 +743,6 @@ def _with_prompt(sample: Sample, rest: tuple[int, ...]) -> Sample:
         logprobs=(*([0.0] * k), *sample.logprobs),
         versions=(*([version] * k), *sample.versions),
         mask=(*([0] * k), *sample.mask),
-        turns=tuple(t + k for t in sample.turns),
+        turns=(0, *(t + k for t in sample.turns)),  # a sample's turns start at its first token
         continued_at=tuple(c + k for c in sample.continued_at),
     )

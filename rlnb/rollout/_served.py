@@ -154,6 +154,7 @@ class _Node:
     call: int  # which call of the episode made it
     choice: int  # and which of its choices it is (the last call's first is the sample)
     finish: str  # the engine's: "stop", "length" or "aborted" (continued no further)
+    parent: _Node | None  # the reply it continues (None: it began a branch)
 
     @property
     def ids(self) -> tuple[int, ...]:
@@ -233,7 +234,7 @@ class Served:
         episode.open = False
         self._episodes.pop(episode.id, None)
         last = None if failed else episode.last()
-        on_path = [node for node in episode.nodes if last is not None and _on_branch(node, last)]
+        on_path = _branch(last)
         sampled_calls = {node.call for node in on_path}
         used = "evaluated" if episode.evaluation else "sampled"
         if failed:
@@ -348,7 +349,7 @@ class Served:
             else:
                 messages = None
             ended = "stop" if choice.finish_reason in ("stop", "tool_calls") else finish
-            episode.nodes.append(_Node(messages, request.tools, root, out, choice.text, call, i, ended))
+            episode.nodes.append(_Node(messages, request.tools, root, out, choice.text, call, i, ended, parent))
             return choice
 
         return list(await asyncio.gather(*(one(i) for i in range(request.n))))
@@ -453,10 +454,13 @@ class Served:
         )
 
 
-def _on_branch(node: _Node, last: _Node) -> bool:
-    """Whether ``node`` is ``last`` or a reply it continues."""
-    ids, full = node.ids, last.ids
-    return node.root == last.root and len(ids) <= len(full) and full[: len(ids)] == ids
+def _branch(last: _Node | None) -> list[_Node]:
+    """``last`` and the replies it continues, back to its branch's first."""
+    nodes = []
+    while last is not None:
+        nodes.append(last)
+        last = last.parent
+    return nodes
 
 
 def _assistant(choice: ServedChoice) -> dict[str, Any]:
