@@ -225,9 +225,7 @@ class Task:
                 "a task has an agent or an environment, not both: the agent steps its own environment",
             )
         if self.agent_timeout is not None:
-            check_number(
-                "Task.agent_timeout", self.agent_timeout, gt=0, fix="use seconds > 0, or None for no limit"
-            )
+            check_number("Task.agent_timeout", self.agent_timeout, gt=0, fix="use seconds > 0, or None for no limit")
         require(
             self.reward is not None or self.env is not None or self.agent is not None,
             "Task.reward",
