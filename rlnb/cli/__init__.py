@@ -41,6 +41,7 @@ BENCHES = (
     "notebook",
     "ray",
     "rollout",
+    "serve",
     "soak",
     "train",
     "turns",
@@ -200,6 +201,7 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
     bench.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
     bench.add_argument("--tracker", choices=("wandb",), help="close: also time a session with this tracker")
+    bench.add_argument("--quick", action="store_true", help="serve: a small run of a few seconds (1 and 8 clients)")
 
     tiny = sub.add_parser(
         "make-tiny-llama", help="build a small random Llama and its tokenizer into a directory, offline, for --model"
@@ -456,15 +458,17 @@ def _silent(*args: object, **kwargs: object) -> None:
     """``--quiet``'s stage lines: none."""
 
 
-def _bench(name: str, as_json: bool, strict: bool, tracker: str | None = None) -> int:
+def _bench(name: str, as_json: bool, strict: bool, tracker: str | None = None, quick: bool = False) -> int:
     import importlib
 
-    if tracker is not None and name != "close":
-        print(f"rlnb bench {name}: error: --tracker applies to 'close' only", file=sys.stderr)
-        return 2
+    for flag, given, only in (("--tracker", tracker is not None, "close"), ("--quick", quick, "serve")):
+        if given and name != only:
+            print(f"rlnb bench {name}: error: {flag} applies to '{only}' only", file=sys.stderr)
+            return 2
     module = importlib.import_module(f"rlnb.bench._{name}")
+    options: dict[str, Any] = {"tracker": tracker} if tracker else {"quick": True} if quick else {}
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():  # stdout: the JSON only
-        result = module.run(tracker=tracker) if tracker else module.run()
+        result = module.run(**options)
     print(result.to_json() if as_json else result.report())
     return 1 if strict and not result.ok else 0
 
@@ -503,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("demo", "train"):
         return _train(args)
     if args.command == "bench":
-        return _bench(args.name, args.json, args.strict, args.tracker)
+        return _bench(args.name, args.json, args.strict, args.tracker, args.quick)
     if args.command == "make-tiny-llama":
         return _make_tiny_llama(args)
     raise AssertionError(args.command)  # argparse enforces the choices
