@@ -30,6 +30,10 @@ def test_bench_serve_quick_reports_tokens_and_latency_of_both_ways_in_at_each_co
                 value = figures[f"c{n}_{variant}_{key}"]
                 assert math.isfinite(value) and value > 0, (n, variant, key, value)
             assert figures[f"c{n}_{variant}_p50_ms"] <= figures[f"c{n}_{variant}_p99_ms"]
+            for role in ("clients", "loop", "engine"):  # CPU ms per short request, by thread
+                value = figures[f"c{n}_{variant}_cpu_ms_{role}"]
+                assert math.isfinite(value) and value >= 0, (n, variant, role, value)
+        assert figures[f"c{n}_endpoint_cpu_ms_clients"] > 0  # the openai client ran on its own thread
         assert figures[f"c{n}_latency_samples"] == n * 3 * 3  # n clients x 3 requests x 3 rounds
         ratio = figures[f"c{n}_endpoint_over_in_process_tokens"]
         assert math.isfinite(ratio) and ratio > 0

@@ -16,6 +16,11 @@ At 1, 8 and 32 concurrent clients:
   ``latency_requests`` of them one after another; p50 and p99 over every request of
   every round.
 
+Where the time goes: each thread's CPU time over the latency rounds (Linux's
+``/proc/self/task``), per short request: the clients' loop (the openai client and
+httpx), the session's loop (uvicorn, Starlette, the endpoint's parsing and replies, and
+the engine's callers) and the engine's thread.
+
 The two variants alternate round by round (in process first, then the endpoint
 first, ...) after a warm-up round of each, so that load from elsewhere on a shared
 machine falls on both alike.
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -75,6 +81,23 @@ class _ClientLoop:
         self.loop.close()
 
 
+def _thread_cpu_s(roles: dict[int, str]) -> dict[str, float]:
+    """CPU seconds of this process's threads so far, summed by role: ``roles`` maps a
+    native thread id to its role; a thread named ``...-engine`` is "engine", any other
+    "other". Empty where ``/proc/self/task`` is not there (Linux only)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for tid in map(int, os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ()):
+        try:  # schedstat's first field: nanoseconds on a CPU (stat's are 10 ms ticks)
+            with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as stat:
+                seconds = int(stat.read().split()[0]) / 1e9
+        except OSError:  # the thread ended meanwhile
+            continue
+        role = roles.get(tid) or ("engine" if names.get(tid, "").endswith("-engine") else "other")
+        out[role] = out.get(role, 0.0) + seconds
+    return out
+
+
 class _Variants:
     """One request of ``max_tokens`` new tokens, by either way in; each returns the
     number of tokens generated."""
@@ -83,6 +106,7 @@ class _Variants:
         self._sess, self._client, self._clients, self._prompt_ids = sess, client, clients, prompt_ids
         self._engine = sess._engine  # the session's own; no public handle, by design
         self._ids = itertools.count()
+        self.roles = {sess.bridge.run(_native_id()): "loop", clients.run(_native_id()): "clients"}
 
     async def in_process(self, max_tokens: int) -> int:
         n = next(self._ids)
@@ -107,6 +131,10 @@ class _Variants:
 
     def call(self, variant: str) -> Callable[[int], Awaitable[int]]:
         return self.in_process if variant == "in_process" else self.endpoint
+
+
+async def _native_id() -> int:
+    return threading.get_native_id()
 
 
 async def _tokens_per_s(call: Callable[[int], Awaitable[int]], clients: int, tokens: int) -> float:
@@ -148,15 +176,22 @@ def _measure(
     for order in _orders(rounds):
         for variant in order:
             rates[variant].append(variants.run(variant, _tokens_per_s(variants.call(variant), clients, tokens)))
+    cpu: dict[str, dict[str, float]] = {v: {} for v in VARIANTS}
     for order in _orders(rounds):
         for variant in order:
             call = variants.call(variant)
+            before = _thread_cpu_s(variants.roles)
             latencies[variant] += variants.run(variant, _latencies_ms(call, clients, short_tokens, latency_requests))
+            for role, seconds in _thread_cpu_s(variants.roles).items():
+                cpu[variant][role] = cpu[variant].get(role, 0.0) + seconds - before.get(role, 0.0)
     figures: dict[str, Any] = {}
     for variant in VARIANTS:
         figures[f"{variant}_tokens_per_s"] = round(median(rates[variant]), 1)
         figures[f"{variant}_p50_ms"] = round(median(latencies[variant]), 3)
         figures[f"{variant}_p99_ms"] = round(p99(latencies[variant]), 3)
+        for role in ("clients", "loop", "engine"):
+            seconds = cpu[variant].get(role, 0.0)
+            figures[f"{variant}_cpu_ms_{role}"] = round(seconds * 1e3 / len(latencies[variant]), 3)
     figures["endpoint_over_in_process_tokens"] = round(
         figures["endpoint_tokens_per_s"] / figures["in_process_tokens_per_s"], 4
     )
@@ -260,7 +295,8 @@ def summarize(
         "model": model,
         "workload": (
             f"tokens/s: N requests of {tokens} new tokens at once, median of {rounds}; latency: N clients, "
-            f"{latency_requests} requests of {SHORT_TOKENS} new tokens each a round, {rounds} rounds"
+            f"{latency_requests} requests of {SHORT_TOKENS} new tokens each a round, {rounds} rounds; "
+            "cpu_ms_ROLE: CPU ms per short request of the clients' thread, the session's loop, the engine's thread"
         ),
         "clients": "openai.AsyncOpenAI on an event loop thread of this process; in process: engine.generate",
     }
