@@ -144,7 +144,8 @@ class Endpoint:
                 log_config=None,  # leave the process's logging as it is
                 access_log=False,
                 lifespan="off",
-                limit_concurrency=config.max_concurrency,
+                # uvicorn counts the connection asking among those open: +1 serves max_concurrency at once.
+                limit_concurrency=config.max_concurrency + 1,
                 timeout_graceful_shutdown=1,
                 timeout_keep_alive=5,
             )
