@@ -77,5 +77,5 @@ def run_async(make: Callable[[], Any]) -> Any:
     return asyncio.run(make())
 
 
-def chat(text: str = "abc") -> list[dict[str, str]]:
+def chat(text: str = "abc") -> list[Any]:
     return [{"role": "user", "content": text}]

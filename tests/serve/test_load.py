@@ -70,7 +70,11 @@ def test_32_clients_of_50_calls_each_are_all_answered_and_leave_nothing_growing(
         engine = sess.statistics().engine
         assert engine.running == engine.waiting == 0
         # The server closes its side of each connection once the client has: give it a moment.
-        wait_until(lambda: counts(sess) <= before, lambda: f"no growth: {before} before, {counts(sess)} now", 10.0)
+        wait_until(
+            lambda: all(now <= then for now, then in zip(counts(sess), before, strict=True)),
+            lambda: f"no growth of (FDs, threads, loop tasks): {before} before, {counts(sess)} now",
+            10.0,
+        )
         print(f"\n{CLIENTS * CALLS} calls by {CLIENTS} clients in {took:.1f} s ({CLIENTS * CALLS / took:.0f}/s)")
 
 

@@ -14,7 +14,7 @@ import rlnb
 from rlnb.envs import tool_calls
 from tests.serve.helpers import DEADLINE, ScriptedEngine, chat, config
 
-MUL = {
+MUL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "mul",
