@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -118,7 +118,7 @@ class App:
             response = await handle()
         except WireError as exc:
             response = JSONResponse(exc.body(), status_code=exc.status)
-        except _Disconnected:
+        except (_Disconnected, ClientDisconnect):
             self.counts.disconnected += 1
             response = Response(status_code=499)
         self.counts.note(response.status_code)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import ipaddress
 import secrets
 import socket
@@ -190,11 +191,28 @@ class Endpoint:
         kind = openai.OpenAI if sync else openai.AsyncOpenAI
         return kind(base_url=url, api_key=self.api_key, **options)
 
-    def agent_client(self, episode: str, *, sync: bool = False) -> Any:
-        """The client an agent episode gets: its calls are that episode's; not retried
-        (a retry would be served, and trained on, twice) and never timed out (a pause
-        holds a call as long as it lasts; ``Task.agent_timeout`` bounds the episode)."""
-        return self.client(sync=sync, episode=episode, max_retries=0, timeout=None)
+    def agent_client(self, *, sync: bool = False) -> tuple[Any, Callable[[], Any]]:
+        """The client agent episodes get copies of (``with_options(base_url=``
+        :meth:`episode_url` ``)``), and what closes its connections (a coroutine
+        function for an async one). Its calls are not retried (a retry would be served,
+        and trained on, twice) and never time out (a pause holds a call as long as it
+        lasts; ``Task.agent_timeout`` bounds the episode); an episode's client closing
+        leaves the shared connections open."""
+        if self._closed:
+            raise StateError("the endpoint is closed: sess.serve() starts it again")
+        import openai
+
+        if sync:
+            pool: Any = _pool_classes()[1](timeout=None)
+            client: Any = openai.OpenAI(
+                base_url=self.base_url, api_key=self.api_key, max_retries=0, timeout=None, http_client=pool
+            )
+        else:
+            pool = _pool_classes()[0](timeout=None)
+            client = openai.AsyncOpenAI(
+                base_url=self.base_url, api_key=self.api_key, max_retries=0, timeout=None, http_client=pool
+            )
+        return client, pool.close_pool
 
     def statistics(self) -> EndpointStatistics:
         counts = self._app.counts
@@ -251,3 +269,28 @@ class Endpoint:
             await asyncio.gather(task, return_exceptions=True)
         except Exception:  # the server failed on its way out: it is gone all the same
             pass
+
+
+@functools.cache
+def _pool_classes() -> tuple[type[Any], type[Any]]:
+    import openai
+
+    class AsyncPool(openai.DefaultAsyncHttpxClient):
+        """Connections shared by agent episodes' clients: closing one leaves them open."""
+
+        async def aclose(self) -> None:
+            pass
+
+        async def close_pool(self) -> None:
+            await super().aclose()
+
+    class SyncPool(openai.DefaultHttpxClient):
+        """Connections shared by agent episodes' clients: closing one leaves them open."""
+
+        def close(self) -> None:
+            pass
+
+        def close_pool(self) -> None:
+            super().close()
+
+    return AsyncPool, SyncPool

@@ -249,10 +249,11 @@ def make_rollouter(
     engine: Engine,
     prompts: PromptLoader,
     buffer: ReplayBuffer,
-    agent_client: Callable[..., Any],
+    agent_client: Callable[[bool], tuple[Any, Callable[[], Any]]],
+    agent_url: Callable[[str], str],
 ) -> Rollouter:
-    """The rollouter; ``agent_client(episode, sync=...)`` makes an agent episode's client
-    of the session's endpoint (for a task with an agent)."""
+    """The rollouter; ``agent_client(sync)`` and ``agent_url(episode)`` give a task's
+    agent its episodes' clients of the session's endpoint (:class:`~rlnb.rollout.Agents`)."""
     r = config.rollout
     reward_fn, group_reward_fn = reward_functions(task.rewards.with_weights(r.reward_weights))
     return Rollouter(
@@ -274,7 +275,7 @@ def make_rollouter(
             encode_observation=tokenizer.encode_observation,
             syntax="json" if getattr(tokenizer, "chat", False) else "call",
         ),
-        agents=None if task.agent is None else Agents(task.agent, agent_client, task.agent_timeout),
+        agents=None if task.agent is None else Agents(task.agent, agent_client, agent_url, task.agent_timeout),
     )
 
 

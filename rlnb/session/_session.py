@@ -185,6 +185,7 @@ class Session:
             prompts=self._prompts,
             buffer=self._buffer,
             agent_client=self._agent_client,
+            agent_url=self._agent_url,
         )
         self._stack.callback(self._close_rollouter, self._rollouter)
 
@@ -192,11 +193,20 @@ class Session:
         if self._task.agent is not None:  # its episodes call the policy through it
             self._serve(None)
 
-    def _agent_client(self, episode: str, *, sync: bool) -> Any:
+    def _agent_endpoint(self) -> Endpoint:
         endpoint = self._endpoint
         if endpoint is None or endpoint.closed:
-            raise ClosedError(f"session {self._name!r}'s endpoint is closed: its agents cannot call the policy")
-        return endpoint.agent_client(episode, sync=sync)
+            raise ClosedError(
+                f"session {self._name!r}'s endpoint is closed: its agents cannot call the policy; "
+                "sess.serve() starts it again"
+            )
+        return endpoint
+
+    def _agent_client(self, sync: bool) -> tuple[Any, Callable[[], Any]]:
+        return self._agent_endpoint().agent_client(sync=sync)
+
+    def _agent_url(self, episode: str) -> str:
+        return self._agent_endpoint().episode_url(episode)
 
     def _close_endpoint(self) -> None:
         if self._endpoint is not None:

@@ -57,6 +57,9 @@ class DirectClient:
     def __init__(self, served: Served, loop: asyncio.AbstractEventLoop, episode: str) -> None:
         self.served, self.loop, self.episode = served, loop, episode
 
+    def with_options(self, *, base_url: str) -> DirectClient:  # as an openai client's: the episode's copy
+        return type(self)(self.served, self.loop, base_url)
+
     async def call(self, messages: list[dict[str, Any]], *, n: int = 1, **sampling: Any) -> list[ServedChoice]:
         request = ServedRequest(
             messages=tuple(messages),
@@ -72,22 +75,23 @@ class DirectClient:
         )
         return asyncio.run_coroutine_threadsafe(self.served.serve(request), self.loop).result(10)
 
-    async def close(self) -> None:
-        pass
-
 
 class SyncClient(DirectClient):
-    def close(self) -> None:  # type: ignore[override]  # a sync client's close is a plain call
-        pass
+    """A plain def agent's client (the same calls: this one is not an openai client)."""
 
 
 def agents(agent: Callable[..., Any], holder: dict[str, Any], *, timeout: float | None = 10.0) -> Agents:
-    """The Agents spec for ``agent``, its clients made on the loop ``holder`` names."""
+    """The Agents spec for ``agent``, its clients calling on the loop ``holder`` names."""
 
-    def client(episode: str, *, sync: bool) -> DirectClient:
-        return (SyncClient if sync else DirectClient)(holder["rollouter"].served, holder["loop"], episode)
+    def client(sync: bool) -> tuple[DirectClient, Callable[[], Any]]:
+        base = (SyncClient if sync else DirectClient)(holder["rollouter"].served, holder["loop"], "")
 
-    return Agents(agent, client, timeout)
+        async def close() -> None:
+            pass
+
+        return base, (lambda: None) if sync else close
+
+    return Agents(agent, client, lambda episode: episode, timeout)
 
 
 def user(text: str) -> dict[str, Any]:
@@ -245,7 +249,14 @@ def test_an_agent_returns_a_number_a_list_of_turn_rewards_or_none(returned: Any,
 @pytest.mark.parametrize(
     ("kind", "words"),
     [
-        ("raises", ["the agent", "agent", "raised", "RuntimeError('the tool crashed')", "prompt 0"]),
+        (
+            "raises",
+            [
+                "the agent 'test_an_agent_that_fails_fails_its_group_with_a_clear_error.<locals>.agent' raised",
+                "RuntimeError('the tool crashed')",
+                "prompt 0",
+            ],
+        ),
         ("bad", ["the agent", "returned 'yes'", "a list of turn rewards"]),
         ("nan", ["returned nan", "finite"]),
         ("no call", ["made no call to the endpoint", "prompt 0", "client.chat.completions.create"]),
@@ -357,9 +368,11 @@ def test_every_pause_mode_settles_with_episodes_mid_way_and_loses_nothing(mode: 
             holder["rollouter"] = r
             await r.start()
             await until(
-                lambda: r.statistics().in_flight >= 6
-                and r.served.statistics().calls >= 4
-                and engine.statistics().running > 0,
+                lambda: (
+                    r.statistics().in_flight >= 6
+                    and r.served.statistics().calls >= 4
+                    and engine.statistics().running > 0
+                ),
                 "episodes mid-way, replies generating",
             )
             await r.pause(mode)
@@ -383,10 +396,10 @@ def test_every_pause_mode_settles_with_episodes_mid_way_and_loses_nothing(mode: 
             await until(lambda: r.statistics().groups_finished >= before + 4, "rollouts to go on after resume")
             await r.stop()
             await until(lambda: r.statistics().in_flight == 0, "the groups in flight to end")
-            groups = r.statistics().groups_finished
+            finished = r.statistics().finished
             stats = r.served.statistics()
-        assert r.statistics().failed == 0 and stats.failed == 0
-        assert stats.sampled == 4 * groups  # two calls an episode, two episodes a group: every one sampled
+        assert r.statistics().failed == 0 and stats.failed == 0 and stats.unused == 0 and stats.pending == 0
+        assert stats.sampled == stats.completions == 2 * finished  # two calls an episode: every one on its sample
         if mode == "abort":
             assert r.statistics().continuations > 0  # replies cut by the pause were continued
 
