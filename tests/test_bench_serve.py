@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -51,7 +52,17 @@ def test_bench_serve_alternates_which_variant_goes_first() -> None:
     ]
 
 
-def test_quick_is_for_bench_serve_only(capsys: pytest.CaptureFixture[str]) -> None:
+def test_quick_and_model_are_for_bench_serve_only(capsys: pytest.CaptureFixture[str]) -> None:
     assert "serve" in BENCHES
     assert main(["bench", "bridge", "--quick"]) == 2
     assert "--quick applies to 'serve' only" in capsys.readouterr().err
+    assert main(["bench", "close", "--model", "/nowhere"]) == 2
+    assert "--model applies to 'serve' only" in capsys.readouterr().err
+
+
+def test_bench_serve_refuses_a_model_that_is_not_a_directory_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "serve", "--model", str(tmp_path / "nope")]) == 2  # before anything listens
+    err = capsys.readouterr().err
+    assert err.startswith("rlnb bench serve: error: ModelConfig.path=") and len(err.splitlines()) == 1

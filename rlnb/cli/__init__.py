@@ -46,6 +46,8 @@ BENCHES = (
     "train",
     "turns",
 )
+# The flags of one benchmark each: flag dest -> the benchmark that takes it.
+BENCH_OPTIONS = {"tracker": "close", "quick": "serve", "model": "serve"}
 
 # Flags that set a config field: flag dest -> (Config part or None, field). Applied in
 # this order, so a model's path is set before the engine that has to serve it.
@@ -202,6 +204,9 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
     bench.add_argument("--tracker", choices=("wandb",), help="close: also time a session with this tracker")
     bench.add_argument("--quick", action="store_true", help="serve: a small run of a few seconds (1 and 8 clients)")
+    bench.add_argument(
+        "--model", metavar="DIR", help="serve: a Hugging Face model directory instead of the built-in tiny policy"
+    )
 
     tiny = sub.add_parser(
         "make-tiny-llama", help="build a small random Llama and its tokenizer into a directory, offline, for --model"
@@ -458,17 +463,22 @@ def _silent(*args: object, **kwargs: object) -> None:
     """``--quiet``'s stage lines: none."""
 
 
-def _bench(name: str, as_json: bool, strict: bool, tracker: str | None = None, quick: bool = False) -> int:
+def _bench(name: str, as_json: bool, strict: bool, **options: Any) -> int:
+    """``options``: the flags of one benchmark (``BENCH_OPTIONS``), None or False where not given."""
     import importlib
 
-    for flag, given, only in (("--tracker", tracker is not None, "close"), ("--quick", quick, "serve")):
-        if given and name != only:
-            print(f"rlnb bench {name}: error: {flag} applies to '{only}' only", file=sys.stderr)
-            return 2
+    import rlnb
+
+    given = {option: value for option, value in options.items() if value not in (None, False)}
+    for option in given:
+        if BENCH_OPTIONS[option] != name:
+            return _refuse(f"bench {name}", f"--{option} applies to '{BENCH_OPTIONS[option]}' only")
     module = importlib.import_module(f"rlnb.bench._{name}")
-    options: dict[str, Any] = {"tracker": tracker} if tracker else {"quick": True} if quick else {}
-    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():  # stdout: the JSON only
-        result = module.run(**options)
+    try:
+        with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():  # stdout: the JSON only
+            result = module.run(**given)
+    except rlnb.ConfigError as exc:  # e.g. a --model that is not a model's directory
+        return _refuse(f"bench {name}", str(exc))
     print(result.to_json() if as_json else result.report())
     return 1 if strict and not result.ok else 0
 
@@ -507,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("demo", "train"):
         return _train(args)
     if args.command == "bench":
-        return _bench(args.name, args.json, args.strict, args.tracker, args.quick)
+        return _bench(args.name, args.json, args.strict, tracker=args.tracker, quick=args.quick, model=args.model)
     if args.command == "make-tiny-llama":
         return _make_tiny_llama(args)
     raise AssertionError(args.command)  # argparse enforces the choices
