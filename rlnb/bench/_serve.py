@@ -29,13 +29,15 @@ The clients run in this process on an event loop thread of their own, not on the
 session's bridge loop, which runs the server and the engine's calls: a client on that
 loop would queue behind the server it calls. Not in a process of their own either:
 an agent a user writes runs in the notebook's process, so what the openai client
-costs there is part of what the endpoint costs them (on the 2-core machine a client
-process measured the same ratios within noise, 0.46 against 0.48 at 32 clients).
+costs there is part of what the endpoint costs them (on the 2-core machine clients in
+a process of their own measured the same ratio, 0.62 against 0.63 at 32 clients).
 
 The target: the endpoint's tokens/s at least 0.8x in process's at each concurrency.
 The gap is a fixed cost per request (the client's request building, HTTP, Starlette,
-pydantic, JSON both ways), so it shrinks as a request's generation grows: it is
-widest with the tiny policy, whose 32 sequences decode a token in about a millisecond.
+pydantic, JSON both ways), and what follows from it: N calls reach the engine spread
+over N times that cost, so it decodes them in more, smaller batches. It shrinks as a
+request's generation grows, and is widest with the tiny policy, whose 32 sequences
+decode a token in about a millisecond.
 """
 
 from __future__ import annotations
