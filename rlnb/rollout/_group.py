@@ -572,8 +572,9 @@ class GroupRunner:
             if (why := self.too_long(item, sampling)) is not None:
                 raise RolloutError(why)
             prompt_ids = tuple(self._encode(item.encodable))
-            completion = self._decode(await self._eval_turn(item, prompt_ids, [], sampling, 0, None))
-            return completion, (await self.reward(item, completion)).total
+            ids = await self._eval_turn(item, prompt_ids, [], sampling, 0, None)
+            completion = self._decode(ids)
+            return completion, await self._evaluation_reward(item, completion, completion, ids, None)
         episodes, prompt_ids = await conv.open(item, 1)
         episode, out, last = episodes[0], Tokens(), ""
         try:
@@ -590,8 +591,8 @@ class GroupRunner:
                 answer = await conv.step(item, episode, last, turn)
                 if answer.done or not conv.observe(item, prompt_ids, episode, answer, out):
                     break
-            scored = await self.reward(item, last, env_reward=episode.reward)
-            return conv.transcript(out), scored.total
+            text = conv.transcript(out)
+            return text, await self._evaluation_reward(item, last, text, out.ids, out.mask, env_reward=episode.reward)
         finally:
             await conv.close_all(item, episodes)
 
@@ -607,8 +608,40 @@ class GroupRunner:
         last = self.served.end_episode(episode, failed=False)
         if last is None:
             raise RolloutError(f"the agent made no call to the endpoint for prompt {item.prompt_id}")
-        scored = await self.reward(item, last.text, env_reward=env_reward)
-        return transcript(last.out, self._decode), scored.total
+        text = transcript(last.out, self._decode)
+        return text, await self._evaluation_reward(
+            item, last.text, text, last.out.ids, last.out.mask, env_reward=env_reward
+        )
+
+    async def _evaluation_reward(
+        self,
+        item: PromptItem,
+        last: str,
+        completion: str,
+        token_ids: list[int],
+        mask: list[int] | None,
+        **env: float | None,
+    ) -> float:
+        """An evaluation's reward, as training's: the per-sample functions score ``last``
+        (the last turn), then the batched ones (TRL's too) score the sample, a group of one."""
+        scored = await self.reward(item, last, **env)
+        if self.group_reward_fn is None:
+            return scored.total
+        sample = Sample(
+            prompt=item.prompt,
+            completion=completion,
+            token_ids=tuple(token_ids),
+            mask=tuple(mask) if mask else (),
+            turns=(0,),
+            reward=scored.total,
+            rewards=dict(scored.parts),
+            env_reward=env.get("env_reward"),
+        )
+        [result] = await self._reward_group(self.group_reward_fn, item, [sample])
+        if isinstance(result, BaseException):
+            raise result
+        assert result.reward is not None
+        return result.reward
 
     async def _eval_turn(
         self,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlnb._errors import InvalidTypeError, public_call
 from rlnb.engines import PauseMode
+from rlnb.rewards import is_trl_reward
 from rlnb.rollout import Rollouter, RolloutState
 
 if TYPE_CHECKING:
@@ -101,6 +102,12 @@ class Rollouts:
         asks for it again."""
         if not callable(reward_fn):
             raise InvalidTypeError(f"set_reward() takes a callable (completion, answer) -> float, not {reward_fn!r}")
+        if is_trl_reward(reward_fn):
+            raise InvalidTypeError(
+                f"set_reward({getattr(reward_fn, '__qualname__', reward_fn)}): it has TRL's signature (keywords, "
+                "once per group), and set_reward() calls reward_fn(completion, answer) for each sample; give it "
+                "to a task, rlnb.data.Task(..., reward=fn), or try it on kept batches: sess.rescore(reward=fn)"
+            )
         try:
             inspect.signature(reward_fn).bind("completion", "answer")
         except TypeError:

@@ -313,3 +313,25 @@ def test_from_trl_names_the_function_and_refuses_what_cannot_be_called_with_keyw
         from_trl(positional)
     with pytest.raises(rlnb.ConfigError, match=r"rlnb\.rewards\.from_trl\(fn\)"):
         Rewards.of(lambda completions: [], None)  # TRL-like without **kwargs: rlnb's shape, which does not fit
+
+
+def test_evaluate_scores_with_a_trl_function_as_training_does() -> None:
+    # A task whose only reward is a TRL (batched) function: evaluation scores each
+    # held-out completion with it, as a group of one, not with 0.
+    seen: list[list[str]] = []
+
+    def right(completions, **kwargs):
+        seen.append(list(completions))
+        return [1.0] * len(completions)
+
+    t = register_task(Task.from_records("trl-eval", ROWS, reward=right, eval_size=4), replace=True)
+    with rlnb.Session(small_config(task=t.name), name="trl-eval") as sess:
+        assert sess.evaluate(4) == 1.0
+    assert len(seen) == 4 and all(len(c) == 1 for c in seen)
+
+
+def test_set_reward_refuses_a_trl_function_naming_where_it_goes() -> None:
+    with rlnb.Session(small_config(), name="trl-set") as sess:
+        with pytest.raises(TypeError, match=r"TRL's signature .* rlnb.data.Task\(..., reward=fn\)"):
+            sess.rollouts.set_reward(reward_num_unique_chars)
+        sess.rollouts.set_reward(lambda completion, answer: 1.0)  # rlnb's own still goes
