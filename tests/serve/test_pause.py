@@ -127,3 +127,18 @@ def test_a_client_gone_mid_generation_frees_its_engine_request(sess: rlnb.Sessio
     assert stats.served.completions == 0 and stats.by_status == {499: 2}
     # The endpoint goes on serving.
     assert len(call(sess).choices[0].model_extra["token_ids"]) == LONG
+
+
+def test_a_client_gone_while_its_call_waits_out_a_pause_is_never_generated(sess: rlnb.Session) -> None:
+    ep = sess.serve()
+    sess.rollouts.pause("keep")
+    body = {"model": "m", "prompt": "ab", "max_tokens": 100}
+    headers = {"Authorization": f"Bearer {ep.api_key}"}
+    with httpx.Client(timeout=0.3) as http, pytest.raises(httpx.ReadTimeout):
+        http.post(ep.base_url + "/completions", json=body, headers=headers)
+    wait_until(lambda: ep.statistics().disconnected == 1, lambda: f"the disconnect counted: {ep.statistics()}")
+    sess.rollouts.resume()
+    assert len(call(sess).choices[0].model_extra["token_ids"]) == LONG  # the next call is served
+    engine = sess.statistics().engine
+    assert engine.finished == 1 and engine.running == engine.waiting == 0
+    assert ep.statistics().served.completions == 1
