@@ -181,6 +181,55 @@ class Task:
             agent_timeout=agent_timeout,
         )
 
+    @classmethod
+    def from_verifiers(
+        cls,
+        env: Any,
+        *,
+        name: str | None = None,
+        env_args: dict[str, Any] | None = None,
+        sampling_args: dict[str, Any] | None = None,
+        eval_size: int | float = 0.1,
+        alphabet: str | None = None,
+        max_new_tokens: int | None = None,
+        agent_timeout: float | None = 300.0,
+        split_seed: int = 0,
+        about: str = "",
+    ) -> Task:
+        """A task whose samples are rollouts of a verifiers environment (``SingleTurnEnv``,
+        ``MultiTurnEnv``, ``ToolEnv``, ... with its ``Rubric``; verifiers>=0.3.1,<0.4).
+
+        env: the environment, or the id of an installed Hub environment, loaded with
+            ``verifiers.load_environment(env, **env_args)``.
+        name: the task's (default: the id, or the environment's class name).
+        sampling_args: added to what each call asks (log-probs and token ids); the
+            rollouts' temperature and max tokens apply to what it leaves out.
+        eval_size, alphabet, max_new_tokens, split_seed, about: as in :meth:`from_records`,
+            over the environment's data set (``env.get_dataset()``: its prompt, answer,
+            info, task and example_id columns).
+        agent_timeout: seconds one rollout may take.
+
+        Each sample is an episode of ``env.rollout`` through the session's endpoint,
+        scored by ``env.rubric``; what it served is the sample (see docs/verifiers.md).
+        A rollout that ends on an error fails its sample with a RolloutError rather than
+        train on its 0.0. Raises ConfigError when verifiers is missing, the id cannot be
+        loaded, the rubric scores whole groups, or the data set is empty.
+        """
+        from rlnb.data._verifiers import load
+
+        name, records, agent = load(env, name=name, env_args=env_args, sampling_args=sampling_args)
+        return cls.from_records(
+            name,
+            records,
+            agent=agent,
+            agent_timeout=agent_timeout,
+            eval_size=eval_size,
+            alphabet=alphabet,
+            max_new_tokens=max_new_tokens,
+            split_seed=split_seed,
+            about=about or f"{agent.about}: {len(records)} rows",
+        )
+
     def __post_init__(self) -> None:
         require(
             isinstance(self.name, str) and bool(self.name.strip()),
