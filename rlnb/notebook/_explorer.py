@@ -48,6 +48,7 @@ from rlnb.notebook._explorer_html import (
     row_meta,
     shown_text,
 )
+from rlnb.rollout import ServedCall
 
 if TYPE_CHECKING:
     # what the explorer uses of a session: rlnb.session imports this layer, never the reverse
@@ -67,7 +68,8 @@ class Explorer:
 
     Made by ``sess.explore(batch)`` (``batch`` None: the last of ``sess.batches``;
     an int indexes them; a :class:`~rlnb.learn.KeptBatch`; a list of groups such as
-    ``sess.rollout(4)``). Raises ``RuntimeError`` when no batch was given and none
+    ``sess.rollout(4)``; calls the endpoint served, ``sess.serve().log()``, each a
+    group of its choices). Raises ``RuntimeError`` when no batch was given and none
     has been trained yet, ``IndexError`` for an index outside ``sess.batches``,
     ``TypeError`` for anything else, :class:`~rlnb.ClosedError` for a closed
     session. Blocks while it computes the current policy's log-probs of the batch
@@ -116,6 +118,9 @@ class Explorer:
             batch = self._kept(sess, batch)
         if isinstance(batch, Group):
             batch = [batch]
+        served = isinstance(batch, Sequence) and bool(batch) and all(isinstance(c, ServedCall) for c in batch)
+        if served:  # the endpoint's calls (sess.serve().log()): each a group of its choices
+            batch = [call.as_group() for call in batch if call.choices]
         if hasattr(batch, "groups") and hasattr(batch, "advantages") and hasattr(batch, "step"):
             step = int(batch.step)
             if (cached := self._cache.get(step)) is not None and cached.groups == tuple(batch.groups):
@@ -128,10 +133,11 @@ class Explorer:
         if isinstance(batch, Sequence) and not isinstance(batch, str) and all(isinstance(g, Group) for g in batch):
             if not batch:
                 raise InvalidValueError("explore(batch=[]): the list holds no groups; pass sess.rollout(4), say")
-            return self._compute(sess, tuple(batch), kept=None)
+            label = f"{len(batch)} calls served by the endpoint, a row per choice" if served else None
+            return self._compute(sess, tuple(batch), kept=None, label=label)
         raise InvalidTypeError(
             f"explore(batch={batch!r}): pass None (the last trained batch), an index into sess.batches, one of "
-            "sess.batches, or groups such as sess.rollout(4)"
+            "sess.batches, groups such as sess.rollout(4), or the endpoint's calls, sess.serve().log()"
         )
 
     @staticmethod
@@ -157,7 +163,7 @@ class Explorer:
                 f"many); use an index in [{-n}, {n})"
             ) from None
 
-    def _compute(self, sess: Session, groups: tuple[Group, ...], *, kept: Any) -> Batch:
+    def _compute(self, sess: Session, groups: tuple[Group, ...], *, kept: Any, label: str | None = None) -> Batch:
         from rlnb.learn import advantages_of
 
         if kept is not None:
@@ -172,7 +178,7 @@ class Explorer:
             algorithm = sess.config.learn.resolved_algorithm
             advantages = [list(a) for a in advantages_of(rewards, algorithm=algorithm, groups=groups)]
             clip_eps = float(algorithm.clip_high)
-            label = f"{len(groups)} groups not trained on (lags counted from version {base}, the policy now)"
+            label = label or f"{len(groups)} groups not trained on (lags counted from version {base}, the policy now)"
         learner_version, note = sess.version, ""
         try:
             learner: list[list[list[float]]] | None = sess.logprobs(groups)

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from rlnb._errors import InvalidValueError
-from rlnb._samples import PromptItem
+from rlnb._samples import Group, PromptItem, Sample, messages_text
 from rlnb.engines import GenerateResult, SamplingParams
 from rlnb.envs import tool_calls
 from rlnb.rollout._conversation import Tokens
@@ -119,6 +119,29 @@ class ServedCall:
     fate: str = (
         "served"  # then "sampled", "unused" (off the episode's last branch), "failed", "evaluated"; or "outside"
     )
+
+    def as_group(self) -> Group:
+        """The call as a group to look into (``sess.explore(calls)``): a sample per
+        choice, its tokens all the policy's, no reward."""
+        request = self.request
+        if request.messages is not None:
+            prompt = messages_text(request.messages)
+        else:
+            prompt = request.prompt if isinstance(request.prompt, str) else f"<{len(request.prompt or ())} token ids>"
+        samples = tuple(
+            Sample(
+                prompt=prompt,
+                completion=choice.text,
+                token_ids=choice.token_ids,
+                logprobs=choice.logprobs,
+                versions=choice.versions,
+                finish_reason="stop" if choice.finish_reason == "tool_calls" else choice.finish_reason,
+                mask=(1,) * len(choice.token_ids),
+            )
+            for choice in self.choices
+        )
+        prompt_id = -1 if self.prompt_id is None else self.prompt_id
+        return Group(prompt=prompt, samples=samples, prompt_id=prompt_id, prompt_ids=self.choices[0].prompt_ids)
 
 
 @dataclasses.dataclass(frozen=True)
