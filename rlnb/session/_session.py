@@ -370,7 +370,8 @@ class Session:
                 warnings.warn(f"rlnb: a close callback of session {self._name!r} failed: {exc!r}", stacklevel=1)
 
     def statistics(self, *, raise_errors: bool = True) -> SessionStatistics:
-        """A frozen snapshot of the session's figures: training, rollouts, buffer, engine.
+        """A frozen snapshot of the session's figures: training, rollouts, buffer, engine
+        and, once it has served, the endpoint.
 
         Like every public call, raises a background failure not yet reported (once);
         ``raise_errors=False`` leaves it for the next call, and once closed gives the
@@ -380,7 +381,8 @@ class Session:
         rollouter = self._rollouter
         parts = (self._buffer.statistics(), rollouter.statistics(), self._engine.statistics())
         stall = None if self._closed else self._stall_watch.stall()
-        return SessionStatistics(self._name, self._closed, *parts, self._trainer.statistics(), stall)
+        endpoint = None if self._endpoint is None else self._endpoint.statistics()
+        return SessionStatistics(self._name, self._closed, *parts, self._trainer.statistics(), stall, endpoint)
 
     # -- the parts users drive by name -----------------------------------------------------
 

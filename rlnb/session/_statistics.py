@@ -10,6 +10,7 @@ from rlnb import _reprs
 from rlnb.buffer import BufferStatistics
 from rlnb.engines import EngineStatistics
 from rlnb.rollout import RolloutStatistics
+from rlnb.serve import EndpointStatistics
 from rlnb.session._stall import Stall
 
 if TYPE_CHECKING:
@@ -26,7 +27,9 @@ class SessionStatistics:
     """A snapshot of a session and its parts: training (a blocking call in the
     foreground or a background run, step, steps/s, last metrics, what a step waits
     for), rollouts, buffer and engine; ``stall``, where a step that has run too long
-    waits (a :class:`~rlnb.session.Stall`; None while steps complete in time)."""
+    waits (a :class:`~rlnb.session.Stall`; None while steps complete in time);
+    ``endpoint``, the endpoint's requests and served completions (None: the session
+    has not served)."""
 
     name: str
     closed: bool
@@ -35,6 +38,7 @@ class SessionStatistics:
     engine: EngineStatistics
     training: TrainingStatistics
     stall: Stall | None = None
+    endpoint: EndpointStatistics | None = None
 
     def _rows(self) -> list[tuple[str, list[str]]]:
         rows = [("session", [f"{self.name!r}, {'closed' if self.closed else 'open'}"])]
@@ -46,6 +50,8 @@ class SessionStatistics:
             ("buffer", _buffer_lines(self.buffer)),
             ("engine", _engine_lines(self.engine)),
         ]
+        if self.endpoint is not None:
+            rows.append(("endpoint", _endpoint_lines(self.endpoint)))
         return rows
 
     def __repr__(self) -> str:
@@ -53,6 +59,18 @@ class SessionStatistics:
 
     def _repr_html_(self) -> str:
         return _reprs.html_table("SessionStatistics", self._rows())
+
+
+def _endpoint_lines(endpoint: EndpointStatistics) -> list[str]:
+    served = endpoint.served
+    statuses = ", ".join(f"{status}: {n}" for status, n in sorted(endpoint.by_status.items()))
+    fates = ("sampled", "unused", "failed", "evaluated", "outside", "pending")
+    return [
+        f"{endpoint.requests} requests ({statuses or 'none'}), {endpoint.disconnected} clients gone before their reply",
+        f"{served.completions} completions, {served.tokens} tokens: "
+        + ", ".join(f"{getattr(served, fate)} {fate}" for fate in fates),
+        f"{served.episodes_open} agent episodes open",
+    ]
 
 
 def _training_lines(training: Any) -> list[str]:

@@ -136,3 +136,14 @@ def test_a_task_takes_an_agent_or_an_environment_and_checks_both() -> None:
         dataclasses.replace(base, name="x", agent=reverse_agent, agent_timeout=0)
     task = dataclasses.replace(base, name="x", agent=reverse_agent, reward=None)
     assert task.rewards.score("x", "y", env_reward=0.5).total == 0.5  # scored with the agent's reward alone
+
+
+@pytest.mark.netns
+def test_statistics_show_the_endpoint_once_it_has_served() -> None:
+    with rlnb.Session(small_config(), name="agents-stats") as sess:
+        assert sess.statistics().endpoint is None
+        with sess.serve().client(sync=True) as client:
+            client.completions.create(model="policy", prompt="12+3=", max_tokens=3)
+        stats = sess.statistics()
+        assert stats.endpoint is not None and stats.endpoint.served.outside == 1
+        assert "1 requests (200: 1)" in repr(stats) and "1 outside" in repr(stats)
