@@ -388,6 +388,7 @@ class Served:
             keep, text = cut
             del out.ids[start + keep :], out.logprobs[start + keep :], out.versions[start + keep :]
             del out.mask[start + keep :]
+            out.continued_at[:] = [at for at in out.continued_at if at < len(out.ids)]
             finish = "stop"
         content, calls = text, list[tuple[str, dict[str, Any]]]()
         if request.tools:
