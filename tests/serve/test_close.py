@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ def pool() -> Iterator[concurrent.futures.ThreadPoolExecutor]:
         yield p
 
 
+@pytest.mark.slow
 def test_closing_the_session_fails_the_calls_in_flight_and_closes_the_port(
     pool: concurrent.futures.ThreadPoolExecutor,
 ) -> None:
@@ -55,6 +57,31 @@ def test_closing_the_session_fails_the_calls_in_flight_and_closes_the_port(
         assert ep.closed and refuses_connections(ep.port)
         with pytest.raises(rlnb.StateError, match=r"sess\.serve\(\) starts it again"):
             ep.client()
+
+
+@pytest.mark.slow
+def test_closing_with_clients_stuck_mid_request_returns_in_time() -> None:
+    with rlnb.Session(config(), name="stuck") as sess:
+        ep = sess.serve()
+        key = ep.api_key.encode()
+        with (
+            socket.create_connection(("127.0.0.1", ep.port)) as half_body,
+            socket.create_connection(("127.0.0.1", ep.port)) as half_headers,
+        ):
+            half_body.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+                b"Authorization: Bearer " + key + b'\r\n\r\n{"model'
+            )
+            half_headers.sendall(b"POST /v1/compl")
+            wait_until(lambda: ep.statistics().requests == 1, "the half-sent body to be read")
+            start = time.monotonic()
+            sess.close()
+            took = time.monotonic() - start
+            assert took < 7.0, f"close took {took:.1f} s with clients stuck mid-request"
+            assert refuses_connections(ep.port)
+            for stuck in (half_body, half_headers):  # each answered or dropped: none left waiting
+                stuck.settimeout(5.0)
+                assert not stuck.recv(1000).startswith(b"HTTP/1.1 200")
 
 
 def test_close_is_idempotent_and_serve_starts_a_new_endpoint() -> None:

@@ -41,8 +41,17 @@ def test_32_clients_of_50_calls_each_are_all_answered_and_leave_nothing_growing(
             try:
                 lengths = []
                 for k in range(CALLS):
-                    if k % 2:
-                        r: Any = await client.chat.completions.create(
+                    if k % 5 == 4:  # streamed: the usage comes in the last chunk
+                        stream = await client.chat.completions.create(
+                            model="m",
+                            messages=chat("abc"),
+                            max_tokens=2,
+                            stream=True,
+                            stream_options={"include_usage": True},
+                        )
+                        r: Any = [chunk async for chunk in stream][-1]
+                    elif k % 2:
+                        r = await client.chat.completions.create(
                             model="m", messages=chat("abc"), max_tokens=2, seed=index * CALLS + k
                         )
                     else:
@@ -78,6 +87,7 @@ def test_32_clients_of_50_calls_each_are_all_answered_and_leave_nothing_growing(
         print(f"\n{CLIENTS * CALLS} calls by {CLIENTS} clients in {took:.1f} s ({CLIENTS * CALLS / took:.0f}/s)")
 
 
+@pytest.mark.slow
 def test_calls_past_max_concurrency_are_refused_with_503_and_the_others_served() -> None:
     with rlnb.Session(config(), name="limit", engine=slow_engine(long=60)) as sess:
         ep = sess.serve(max_concurrency=2)
