@@ -7,7 +7,6 @@ gains on a SingleTurnEnv."""
 
 from __future__ import annotations
 
-import random
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -21,10 +20,13 @@ from rlnb.data import Task, register_task
 from rlnb.engines import FakeEngine, GenerateRequest, GenerateResult
 from tests.helpers import small_config
 
-vf: Any = pytest.importorskip("verifiers", reason="scripts/setup-agents.sh installs verifiers")
-datasets: Any = pytest.importorskip("datasets")
 
-ALPHABET = "\n0123456789+=(),abcdefgh"
+def envs() -> Any:
+    """tests/data/verifiers_envs.py, once verifiers is found (skips otherwise)."""
+    pytest.importorskip("verifiers", reason="scripts/setup-agents.sh installs verifiers")
+    from tests.data import verifiers_envs
+
+    return verifiers_envs
 
 
 class ScriptedEngine(FakeEngine):
@@ -41,86 +43,20 @@ class ScriptedEngine(FakeEngine):
         return GenerateResult(result.request_id, ids, result.logprobs, result.versions, result.finish_reason)
 
 
-def words(n: int, seed: int = 0) -> list[dict[str, str]]:
-    """``n`` rows of "reverse the word" in verifiers' columns (question, answer)."""
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        word = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(3, 6)))
-        rows.append({"question": f"{word}=", "answer": word[::-1]})
-    return rows
-
-
-def exact(completion: Any, answer: str) -> float:
-    return float((completion[-1]["content"] or "") == answer)
-
-
-def close(completion: Any, answer: str) -> float:
-    """Partial credit, position by position: a signal before the first exact answer."""
-    text = completion[-1]["content"] or ""
-    return sum(a == b for a, b in zip(text, answer, strict=False)) / max(len(answer), len(text), 1)
-
-
-class Recorded:
-    """Keeps the states an environment's rollouts returned (a mixin: the test reads
-    what verifiers saw beside what rlnb trained on)."""
-
-    states: list[Any]
-
-    async def rollout(self, *args: Any, **kwargs: Any) -> Any:
-        state = await super().rollout(*args, **kwargs)  # type: ignore[misc]
-        self.states.append(state)
-        return state
-
-
-class RecordedSingleTurn(Recorded, vf.SingleTurnEnv):
-    pass
-
-
-class Guess(Recorded, vf.MultiTurnEnv):
-    """Answers each reply with "=" and lets the policy try again, up to max_turns."""
-
-    async def env_response(self, messages: Any, state: Any, **kwargs: Any) -> Any:
-        return [{"role": "user", "content": "="}]
-
-
-class RecordedTools(Recorded, vf.ToolEnv):
-    pass
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: the first
-        b: the second
-    """
-    return a + b
-
-
 @pytest.fixture
 def scripted(request: pytest.FixtureRequest) -> Iterator[tuple[rlnb.Session, ScriptedEngine]]:
     """A session on the task ``request.param`` whose policy writes what the test sets."""
     engine = ScriptedEngine()
-    register_task(request.param, replace=True)
-    config = small_config(task=request.param.name, rollout=rlnb.RolloutConfig(group_size=2, groups_per_step=1))
+    task = register_task(getattr(envs(), request.param)(), replace=True)
+    config = small_config(task=task.name, rollout=rlnb.RolloutConfig(group_size=2, groups_per_step=1))
     with rlnb.Session(config, name="vf", engine=engine) as sess:
         yield sess, engine
 
 
-def single_turn_task() -> Task:
-    env = RecordedSingleTurn(
-        dataset=datasets.Dataset.from_list(words(12)),
-        system_prompt="=",
-        rubric=vf.Rubric(funcs=[exact, close], weights=[1.0, 0.5]),
-    )
-    env.states = []
-    return Task.from_verifiers(env, name="vf-single", eval_size=2, alphabet=ALPHABET)
-
-
 @pytest.mark.netns
-@pytest.mark.parametrize("scripted", [single_turn_task()], indirect=True)
+@pytest.mark.parametrize("scripted", ["single_turn_task"], indirect=True)
 def test_a_single_turn_env_sample_is_what_was_served_and_its_reward_the_rubrics(scripted: Any) -> None:
+    m = envs()
     sess, engine = scripted
     env = sess.task.agent.env
     engine.script = sess.tokenizer.encode("abc")
@@ -130,7 +66,7 @@ def test_a_single_turn_env_sample_is_what_was_served_and_its_reward_the_rubrics(
         assert sample.completion == "abc" and sample.mask == (1,) * 4 and sample.turns == (0,)
     for state in env.states:
         answer = state["answer"]
-        assert state["reward"] == exact(state["completion"], answer) + 0.5 * close(state["completion"], answer)
+        assert state["reward"] == m.exact(state["completion"], answer) + 0.5 * m.close(state["completion"], answer)
         # The tokens verifiers read back are the sample's: what the endpoint served.
         (step,) = state["trajectory"]
         tokens = step["tokens"]
@@ -140,19 +76,10 @@ def test_a_single_turn_env_sample_is_what_was_served_and_its_reward_the_rubrics(
     assert sess.serve().statistics().served.sampled == 2
 
 
-def multi_turn_task() -> Task:
-    env = Guess(
-        dataset=datasets.Dataset.from_list(words(6)),
-        max_turns=3,
-        rubric=vf.Rubric(funcs=[exact]),
-    )
-    env.states = []
-    return Task.from_verifiers(env, name="vf-multi", eval_size=1, alphabet=ALPHABET, max_new_tokens=4)
-
-
 @pytest.mark.netns
-@pytest.mark.parametrize("scripted", [multi_turn_task()], indirect=True)
+@pytest.mark.parametrize("scripted", ["multi_turn_task"], indirect=True)
 def test_a_multi_turn_env_is_one_sample_of_its_turns_with_the_envs_replies_masked(scripted: Any) -> None:
+    m = envs()
     sess, engine = scripted
     env = sess.task.agent.env
     engine.script = sess.tokenizer.encode("ab")
@@ -167,23 +94,11 @@ def test_a_multi_turn_env_is_one_sample_of_its_turns_with_the_envs_replies_maske
         # verifiers' last call saw the whole conversation: its prompt and reply end the sample.
         last = state["trajectory"][-1]["tokens"]
         assert tuple(last["completion_ids"]) == sample.token_ids[sample.turns[-1] :]
-        assert sample.reward == state["reward"] == exact(state["completion"], state["answer"])
-
-
-def tool_task() -> Task:
-    rows = [{"question": f"{a}+{b}=", "answer": str(a + b)} for a, b in ((3, 4), (2, 5), (1, 1))]
-    env = RecordedTools(
-        dataset=datasets.Dataset.from_list(rows),
-        tools=[add],
-        max_turns=3,
-        rubric=vf.Rubric(funcs=[exact]),
-    )
-    env.states = []
-    return Task.from_verifiers(env, name="vf-tools", eval_size=1, alphabet=ALPHABET, max_new_tokens=12)
+        assert sample.reward == state["reward"] == m.exact(state["completion"], state["answer"])
 
 
 @pytest.mark.netns
-@pytest.mark.parametrize("scripted", [tool_task()], indirect=True)
+@pytest.mark.parametrize("scripted", ["tool_task"], indirect=True)
 def test_a_tool_env_runs_its_tool_and_the_tools_replies_are_masked(scripted: Any) -> None:
     sess, engine = scripted
     env = sess.task.agent.env
@@ -227,7 +142,8 @@ def hub_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
 
 @pytest.mark.netns
 def test_a_hub_environment_is_loaded_by_its_id_with_its_arguments(hub_module: str) -> None:
-    task = Task.from_verifiers(hub_module, env_args={"n": 5}, eval_size=1, alphabet=ALPHABET)
+    m = envs()
+    task = Task.from_verifiers(hub_module, env_args={"n": 5}, eval_size=1, alphabet=m.ALPHABET)
     assert task.name == "vf-test-reverse" and task.records is not None
     assert len(task.records.train) == 4 and task.agent is not None
     engine = ScriptedEngine()
@@ -243,25 +159,28 @@ def test_a_hub_environment_is_loaded_by_its_id_with_its_arguments(hub_module: st
 
 
 def test_what_from_verifiers_refuses_is_named() -> None:
+    m = envs()
+
     def group_reward(completions: Any, answers: Any) -> list[float]:
         return [0.0] * len(completions)
 
-    env = vf.SingleTurnEnv(dataset=datasets.Dataset.from_list(words(4)), rubric=vf.Rubric(funcs=[group_reward]))
+    env = m.vf.SingleTurnEnv(dataset=m.datasets.Dataset.from_list(m.words(4)), rubric=m.vf.Rubric(funcs=[group_reward]))
     with pytest.raises(rlnb.ConfigError, match=r"group_reward.*score a whole group"):
         Task.from_verifiers(env)
     with pytest.raises(rlnb.ConfigError, match="pass a verifiers Environment"):
         Task.from_verifiers(object())
-    env = vf.SingleTurnEnv(dataset=datasets.Dataset.from_list(words(4)), rubric=vf.Rubric(funcs=[exact]))
+    env = m.vf.SingleTurnEnv(dataset=m.datasets.Dataset.from_list(m.words(4)), rubric=m.vf.Rubric(funcs=[m.exact]))
     with pytest.raises(rlnb.ConfigError, match="env_args"):
         Task.from_verifiers(env, env_args={"n": 3})
 
 
 @pytest.mark.netns
 def test_a_rollout_that_ended_on_an_error_fails_its_sample_named_not_a_silent_zero() -> None:
-    env = vf.SingleTurnEnv(dataset=datasets.Dataset.from_list(words(6)), rubric=vf.Rubric(funcs=[exact]))
+    m = envs()
+    env = m.vf.SingleTurnEnv(dataset=m.datasets.Dataset.from_list(m.words(6)), rubric=m.vf.Rubric(funcs=[m.exact]))
     # The endpoint refuses presence_penalty: verifiers keeps the 400 as state["error"].
     task = Task.from_verifiers(
-        env, name="vf-refused", sampling_args={"presence_penalty": 0.5}, eval_size=1, alphabet=ALPHABET
+        env, name="vf-refused", sampling_args={"presence_penalty": 0.5}, eval_size=1, alphabet=m.ALPHABET
     )
     register_task(task, replace=True)
     config = small_config(task=task.name, rollout=rlnb.RolloutConfig(group_size=2, groups_per_step=1))
@@ -273,12 +192,12 @@ def test_a_rollout_that_ended_on_an_error_fails_its_sample_named_not_a_silent_ze
 
 @pytest.mark.netns
 def test_a_tiny_policy_gains_on_a_single_turn_env() -> None:
+    m = envs()
     # rlnb's demo recipe: a warm-up on a sloppy teacher (the built-in sloppy_reverse,
     # whose prompts are these rows' user messages, one each), then GRPO paid by the
     # environment's rubric unlearns the slip.
-    env = vf.SingleTurnEnv(
-        dataset=datasets.Dataset.from_list(words(600)), rubric=vf.Rubric(funcs=[exact, close], weights=[1.0, 0.5])
-    )
+    rubric = m.vf.Rubric(funcs=[m.exact, m.close], weights=[1.0, 0.5])
+    env = m.vf.SingleTurnEnv(dataset=m.datasets.Dataset.from_list(m.words(600)), rubric=rubric)
     task = Task.from_verifiers(env, name="vf-gain", eval_size=100, alphabet="abcdefgh=", max_new_tokens=7)
     register_task(task, replace=True)
     config = small_config(
