@@ -11,6 +11,8 @@ from typing import Any as _Any
 
 from rlnb.envs._episode import EnvError, Episode, check_factory
 from rlnb.envs._gym import GymEnv
+from rlnb.envs._openenv import OpenEnv
+from rlnb.envs._openenv_server import OpenEnvServer, OpenEnvServerError
 from rlnb.envs._protocol import Demonstration, Environment, Message, Observation, Turn
 from rlnb.envs._tool_schema import tool_schema
 from rlnb.envs._tools import ToolEnv, tool_calls
@@ -23,6 +25,9 @@ __all__ = [
     "GymEnv",
     "Message",
     "Observation",
+    "OpenEnv",
+    "OpenEnvServer",
+    "OpenEnvServerError",
     "ToolEnv",
     "Turn",
     "check_factory",
