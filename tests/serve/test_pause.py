@@ -4,6 +4,7 @@ that goes away mid-generation frees its engine request."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ import rlnb
 from rlnb.engines import FakeEngine
 from rlnb.models import CharTokenizer
 from tests.helpers import wait_until
-from tests.serve.helpers import DEADLINE, chat, config, slow_engine
+from tests.serve.helpers import DEADLINE, chat, config, run_async, slow_engine
 
 pytestmark = [pytest.mark.netns]
 
@@ -142,3 +143,34 @@ def test_a_client_gone_while_its_call_waits_out_a_pause_is_never_generated(sess:
     engine = sess.statistics().engine
     assert engine.finished == 1 and engine.running == engine.waiting == 0
     assert ep.statistics().served.completions == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_calls_while_the_session_trains_are_served_with_the_versions_that_made_them(mode: str) -> None:
+    with rlnb.Session(config(mode=mode), name="training") as sess:
+        ep = sess.serve()
+        sess.training.start(6)
+
+        async def calls() -> list[Any]:
+            client = ep.client(max_retries=0, timeout=DEADLINE)
+            replies: list[Any] = []
+            try:
+                while sess.training.running or not replies:
+                    ask = {"model": "m", "prompt": "abc", "max_tokens": 20, "extra_body": {"ignore_eos": True}}
+                    replies += await asyncio.gather(*(client.completions.create(**ask) for _ in range(4)))
+            finally:
+                await client.close()
+            return replies
+
+        replies = run_async(calls)
+        sess.training.wait()
+        assert sess.statistics().engine.version == 6
+        for reply in replies:
+            choice = reply.choices[0]
+            versions = choice.model_extra["token_versions"]
+            assert len(versions) == len(choice.model_extra["token_ids"])
+            assert versions == sorted(versions) and choice.model_extra["policy_version"] == versions[-1]
+        stats = ep.statistics()
+        assert stats.by_status == {200: len(replies)}
+        assert stats.served.outside == len(replies) and stats.served.sampled == 0  # never trained on
