@@ -174,3 +174,20 @@ def test_calls_while_the_session_trains_are_served_with_the_versions_that_made_t
         stats = ep.statistics()
         assert stats.by_status == {200: len(replies)}
         assert stats.served.outside == len(replies) and stats.served.sampled == 0  # never trained on
+
+
+@pytest.mark.slow
+def test_the_built_in_engine_aborts_the_request_of_a_client_gone_mid_generation() -> None:
+    model = rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2, max_len=4096)  # room for a long reply
+    with rlnb.Session(config(model=model), name="gone") as sess:
+        ep = sess.serve()
+        body = {"model": "m", "prompt": "ab", "max_tokens": 4000, "ignore_eos": True}  # ~20 s of decoding
+        headers = {"Authorization": f"Bearer {ep.api_key}"}
+        with httpx.Client(timeout=0.3) as http, pytest.raises(httpx.ReadTimeout):
+            http.post(ep.base_url + "/completions", json=body, headers=headers)
+        wait_until(lambda: sess.statistics().engine.aborted == 1, lambda: f"the abort: {sess.statistics().engine}")
+        engine = sess.statistics().engine
+        assert engine.running == engine.waiting == engine.finished == 0
+        time.sleep(0.1)
+        assert sess.statistics().engine.decode_steps == engine.decode_steps  # nothing decodes any more
+        assert ep.statistics().disconnected == 1
