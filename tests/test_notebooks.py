@@ -295,6 +295,30 @@ def test_11_five_algorithms_from_one_run_what_if_of_each_and_a_loss_written_in_a
     assert "live sessions: []" in out[8]
 
 
+def test_12_an_openai_agent_and_a_verifiers_environment_train_through_the_endpoint(
+    execute_notebook: Execute,
+) -> None:
+    # ~3 minutes on an idle 2-core machine: two warm-ups, 50 RL steps of agents' tool
+    # loops through the endpoint, 30 of a verifiers environment
+    out, cells = run_notebook(execute_notebook, "12-any-agent", timeout=420)
+    assert re.search(r"<rlnb Endpoint http://127\.0\.0\.1:\d+/v1 model='agents'>", out[0]), out[0]
+    assert re.search(r"finish_reason=\w+ policy_version=0", out[1]) and "prompt ids [1, " in out[1], out[1]
+    before = number_after(out[2], "after the warm-up:")
+    assert re.search(r"mask\s+1+0+1+", out[3]) and "turns begin at tokens (0, " in out[3], out[3]
+    explorer = cells[3].outputs[-1]["data"]["text/html"]
+    assert "rlnb-env" in explorer  # the tool results the agent sent back, drawn apart from the policy's tokens
+    assert re.search(r"paused: \d+ replies kept mid-way, \d+ episodes open, 0 failed", out[4]), out[4]
+    found = re.search(r"held-out accuracy: (\d\.\d+) after the warm-up -> (\d\.\d+) after (\d+) RL steps", out[5])
+    assert found and float(found[1]) == before and int(found[3]) == 50, out[5]
+    assert float(found[2]) >= before + 0.2, out[5]  # the agent learnt to call its tool
+    assert re.search(r"\d+ requests, by status \{200: \d+\}", out[6]) and "failed=0" in out[6], out[6]
+    assert "calls served by the endpoint" in cells[6].outputs[-1]["data"]["text/html"]
+    vf = re.search(r"verifiers: held-out accuracy (\d\.\d+) after the warm-up -> (\d\.\d+) after 30 RL steps", out[7])
+    assert vf and float(vf[2]) >= float(vf[1]) + 0.1, out[7]
+    assert "sampled=1920" in out[7] and "failed=0" in out[7], out[7]
+    assert "live sessions: []" in out[8]
+
+
 def _what_if(text: str) -> dict[str, list[float]]:
     """A WhatIf's rows: metric -> [recorded, now, what if] (recorded NaN where the step has none)."""
     rows = {}
