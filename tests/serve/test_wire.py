@@ -65,6 +65,10 @@ def test_chat_and_text_completions_carry_token_ids_versions_and_usage(sess: rlnb
     assert raw_reply.status_code == 200 and raw_reply.headers["x-rlnb-policy-version"] == "0"
     served = sess.serve().statistics().served
     assert served.calls == served.completions == served.outside == 3  # never trained on
+    log = sess.serve().log()
+    assert [call.fate for call in log] == ["outside"] * 3 and log[0].episode is None
+    assert log[0].request.messages == tuple(chat()) and log[1].request.prompt == "abc"
+    assert list(log[0].choices[0].token_ids) == extra(choice, "token_ids")
 
 
 def test_greedy_is_repeatable_and_n_gives_n_choices(client: Any) -> None:
