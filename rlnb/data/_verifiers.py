@@ -18,6 +18,7 @@ is imported on first use, never by ``import rlnb`` (it takes seconds);
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -77,6 +78,15 @@ def _group_reward_funcs(rubric: Any) -> list[Any]:
     return found
 
 
+class _Handled(logging.Filter):
+    """Drops verifiers' "Aborted rollout due to ..." line: rlnb handles every such
+    rollout itself (an empty reply is a counted 0.0, anything else a RolloutError
+    naming it), and an untrained policy's empty replies printed one a sample to stderr."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Aborted rollout due to")
+
+
 class VerifiersAgent:
     """The agent of a task made by :meth:`Task.from_verifiers`: one ``env.rollout``
     per episode through the episode's client, scored by ``env.rubric``; returns the
@@ -87,6 +97,9 @@ class VerifiersAgent:
     (reward 0.0, trained); a tool call that failed is scored by the rubric as it went."""
 
     def __init__(self, env: Any, *, name: str, sampling_args: Mapping[str, Any]) -> None:
+        logger = getattr(env, "logger", None)
+        if isinstance(logger, logging.Logger) and not any(isinstance(f, _Handled) for f in logger.filters):
+            logger.addFilter(_Handled())
         self.env = env
         self.name = name
         self.sampling_args = dict(sampling_args)
