@@ -76,7 +76,8 @@ class App:
         self._served, self._api_key, self.model = served, api_key, model
         self._max_body = max_body_bytes
         self._defaults, self._decode, self._piece = defaults, decode, piece
-        self._calls: set[asyncio.Task[Any]] = set()
+        self._calls: set[asyncio.Future[Any]] = set()
+        self._closing = False
         self.counts = Counts()
         routes = []
         for prefix in ("", "/episodes/{episode}"):
@@ -91,6 +92,7 @@ class App:
 
     def cancel_all(self) -> None:
         """Cancel every call in progress: their clients get 503."""
+        self._closing = True
         for task in list(self._calls):
             task.cancel()
 
@@ -164,6 +166,21 @@ class App:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self._max_body:
             raise WireError(413, self._too_big(int(declared)))
+        # A call of its own, so that a close ends a client stuck mid-body with 503 at once
+        # (uvicorn would wait for it, then cancel it with a traceback on stderr).
+        read = asyncio.ensure_future(self._read(request))
+        self._calls.add(read)
+        try:
+            return await read
+        except asyncio.CancelledError:
+            if read.cancelled() and self._closing:
+                raise WireError(503, "the endpoint is closing (its session closes)", type="server_error") from None
+            raise
+        finally:
+            self._calls.discard(read)
+            read.cancel()
+
+    async def _read(self, request: Request) -> bytes:
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
