@@ -13,7 +13,8 @@ import openai
 import pytest
 
 import rlnb
-from tests.serve.helpers import DEADLINE, chat, config, raw, run_async
+from rlnb.models import CharTokenizer
+from tests.serve.helpers import DEADLINE, ScriptedEngine, chat, config, raw, run_async
 
 pytestmark = [pytest.mark.netns]
 
@@ -95,38 +96,25 @@ def test_max_tokens_cuts_the_reply_with_finish_reason_length(client: Any) -> Non
     assert t.choices[0].finish_reason == "length" and len(extra(t.choices[0], "token_ids")) == 3
 
 
-def test_a_stop_string_cuts_the_text_and_the_token_ids(client: Any) -> None:
-    ask = {"model": "m", "prompt": "abcd", "temperature": 0, "max_tokens": 10, "extra_body": {"ignore_eos": True}}
-    full = client.completions.create(**ask).choices[0]
-    full_ids = extra(full, "token_ids")
-    stop = full.text[2]
-    cut = full.text[: full.text.index(stop)]
-    for api in ("completion", "chat"):
-        if api == "completion":
-            choice = client.completions.create(**ask, stop=[stop, "zz"]).choices[0]
-            text = choice.text
-        else:
-            greedy = client.chat.completions.create(
-                model="m", messages=chat("abcd"), temperature=0, max_tokens=10, extra_body={"ignore_eos": True}
-            )
-            stop = greedy.choices[0].message.content[2]
-            cut = greedy.choices[0].message.content[: greedy.choices[0].message.content.index(stop)]
-            full_ids = extra(greedy.choices[0], "token_ids")
-            choice = client.chat.completions.create(
-                model="m",
-                messages=chat("abcd"),
-                temperature=0,
-                max_tokens=10,
-                stop=stop,
-                extra_body={"ignore_eos": True},
-            ).choices[0]
-            text = choice.message.content
-        assert text == cut and stop not in text
-        assert choice.finish_reason == "stop"
-        ids = extra(choice, "token_ids")
-        # One token a character: what was kept ends at the token the stop string starts in.
-        assert ids == full_ids[: len(ids)] and len(cut) <= len(ids) <= len(cut) + 1 < len(full_ids)
-        assert len(extra(choice, "token_versions")) == len(ids)
+def test_a_stop_string_cuts_the_text_and_the_token_ids() -> None:
+    engine = ScriptedEngine()
+    with rlnb.Session(config(), name="stops", engine=engine) as sess:
+        engine.script = sess.tokenizer.encode("abcdefgh")
+        with sess.serve().client(sync=True, max_retries=0, timeout=DEADLINE) as client:
+            for stop, text in ((["ef", "zz"], "abcd"), ("a", ""), ("hh", "abcdefgh")):
+                whole = client.completions.create(model="m", prompt="ab", stop=stop, max_tokens=20).choices[0]
+                chat_choice = client.chat.completions.create(
+                    model="m", messages=chat(), stop=stop, max_tokens=20
+                ).choices[0]
+                streamed = client.completions.create(model="m", prompt="ab", stop=stop, max_tokens=20, stream=True)
+                assert whole.text == chat_choice.message.content == text
+                assert "".join(c.choices[0].text for c in streamed if c.choices) == text
+                assert whole.finish_reason == chat_choice.finish_reason == "stop"
+                ids = extra(whole, "token_ids")
+                assert ids == extra(chat_choice, "token_ids") == [*engine.script, CharTokenizer.EOS][: len(ids)]
+                assert len(extra(whole, "token_versions")) == len(ids)
+                if text != "abcdefgh":  # cut where the stop string starts: its first token at most is kept
+                    assert sess.tokenizer.decode(ids[: len(text)]) == text and len(ids) <= len(text) + 1
 
 
 def test_logprobs_one_per_token_finite_and_never_positive(client: Any) -> None:
