@@ -227,8 +227,15 @@ class OpenEnv:
 
     def _server_error(self, exc: Exception, method: str) -> str:
         text = str(exc)
+        closed = type(exc).__name__.startswith("ConnectionClosed")
+        if closed and method == "step()":
+            return (
+                f"the OpenEnv server at {self.url} closed the session in {method} ({text}); a server that pings its "
+                "clients closes a session idle between two turns, as a client answers only while rlnb calls it: "
+                "serve it with uvicorn's ws_ping_interval=None (rlnb.envs.OpenEnvServer does)"
+            )
         # A server at capacity sends CAPACITY_REACHED and closes: the client may see either.
-        if "CAPACITY_REACHED" in text or type(exc).__name__.startswith("ConnectionClosed"):
+        if "CAPACITY_REACHED" in text or closed:
             return (
                 f"the OpenEnv server at {self.url} refused or closed the session in {method} ({text or exc!r}); "
                 "a server serves at most create_fastapi_app(..., max_concurrent_envs=N) sessions at once (1 by "

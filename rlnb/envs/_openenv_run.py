@@ -63,7 +63,11 @@ def main(argv: list[str]) -> int:
     import uvicorn
 
     sock = socket.socket(fileno=args.fd)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, lifespan="auto"))
+    # No keepalive pings: a client's event loop runs only while rlnb calls its environment, so
+    # between two turns (a long generation, a pause) it cannot answer them, and uvicorn would
+    # close the session 40 s on. On loopback a client that dies closes its connection anyway.
+    config = uvicorn.Config(app, log_level=args.log_level, lifespan="auto", ws_ping_interval=None)
+    server = uvicorn.Server(config)
     server.run(sockets=[sock])
     return 0
 
