@@ -308,15 +308,15 @@ def test_12_an_openai_agent_and_a_verifiers_environment_train_through_the_endpoi
     explorer = cells[3].outputs[-1]["data"]["text/html"]
     assert "rlnb-env" in explorer  # the tool results the agent sent back, drawn apart from the policy's tokens
     assert re.search(r"paused: \d+ replies kept mid-way, \d+ episodes open, 0 failed", out[4]), out[4]
-    found = re.search(r"held-out accuracy: (\d\.\d+) after the warm-up -> (\d\.\d+) after (\d+) RL steps", out[5])
-    assert found and float(found[1]) == before and int(found[3]) == 50, out[5]
-    assert float(found[2]) >= before + 0.2, out[5]  # the agent learnt to call its tool
-    assert re.search(r"\d+ requests, by status \{200: \d+\}", out[6]) and "failed=0" in out[6], out[6]
-    assert "calls served by the endpoint" in cells[6].outputs[-1]["data"]["text/html"]
-    vf = re.search(r"verifiers: held-out accuracy (\d\.\d+) after the warm-up -> (\d\.\d+) after 30 RL steps", out[7])
-    assert vf and float(vf[2]) >= float(vf[1]) + 0.1, out[7]
-    assert "sampled=1920" in out[7] and "failed=0" in out[7], out[7]
-    assert "live sessions: []" in out[8]
+    found = re.search(r"held-out accuracy: (\d\.\d+) after the warm-up -> (\d\.\d+) after (\d+) RL steps", out[4])
+    assert found and float(found[1]) == before and int(found[3]) == 50, out[4]
+    assert float(found[2]) >= before + 0.2, out[4]  # the agent learnt to call its tool
+    assert re.search(r"\d+ requests, by status \{200: \d+\}", out[5]) and "failed=0" in out[5], out[5]
+    assert "calls served by the endpoint" in cells[5].outputs[-1]["data"]["text/html"]
+    vf = re.search(r"verifiers: held-out accuracy (\d\.\d+) after the warm-up -> (\d\.\d+) after 30 RL steps", out[6])
+    assert vf and float(vf[2]) >= float(vf[1]) + 0.1, out[6]
+    assert "sampled=1920" in out[6] and "failed=0" in out[6], out[6]
+    assert "live sessions: []" in out[7]
 
 
 def _what_if(text: str) -> dict[str, list[float]]:

@@ -119,8 +119,11 @@ class Explorer:
         if isinstance(batch, Group):
             batch = [batch]
         served = isinstance(batch, Sequence) and bool(batch) and all(isinstance(c, ServedCall) for c in batch)
+        heads = None
         if served:  # the endpoint's calls (sess.serve().log()): each a group of its choices
-            batch = [call.as_group() for call in batch if call.choices]
+            calls = [call for call in batch if call.choices]
+            heads = tuple(_call_head(call) for call in calls)
+            batch = [call.as_group() for call in calls]
         if hasattr(batch, "groups") and hasattr(batch, "advantages") and hasattr(batch, "step"):
             step = int(batch.step)
             if (cached := self._cache.get(step)) is not None and cached.groups == tuple(batch.groups):
@@ -134,7 +137,7 @@ class Explorer:
             if not batch:
                 raise InvalidValueError("explore(batch=[]): the list holds no groups; pass sess.rollout(4), say")
             label = f"{len(batch)} calls served by the endpoint, a row per choice" if served else None
-            return self._compute(sess, tuple(batch), kept=None, label=label)
+            return self._compute(sess, tuple(batch), kept=None, label=label, served=heads)
         raise InvalidTypeError(
             f"explore(batch={batch!r}): pass None (the last trained batch), an index into sess.batches, one of "
             "sess.batches, groups such as sess.rollout(4), or the endpoint's calls, sess.serve().log()"
@@ -163,7 +166,15 @@ class Explorer:
                 f"many); use an index in [{-n}, {n})"
             ) from None
 
-    def _compute(self, sess: Session, groups: tuple[Group, ...], *, kept: Any, label: str | None = None) -> Batch:
+    def _compute(
+        self,
+        sess: Session,
+        groups: tuple[Group, ...],
+        *,
+        kept: Any,
+        label: str | None = None,
+        served: tuple[str, ...] | None = None,
+    ) -> Batch:
         from rlnb.learn import advantages_of
 
         if kept is not None:
@@ -193,18 +204,18 @@ class Explorer:
             for si, sample in enumerate(group.samples):
                 logps = None if learner is None else learner[gi][si]
                 adv = advantages[gi][si] if si < len(advantages[gi]) else 0.0
-                rows[-1].append(self._row(sess, gi, si, sample, adv, logps, base, several))
+                rows[-1].append(self._row(sess, gi, si, sample, adv, logps, base, several, served=served is not None))
         zero = []
         for group in groups:
             values = [float(s.reward or 0.0) for s in group.samples]
-            zero.append(max(values) - min(values) <= 1e-12)
+            zero.append(served is None and max(values) - min(values) <= 1e-12)
         versions = sorted({v for g in groups for s in g.samples for v in policy_versions(s)})
         lags = sorted({r.lag for g in rows for r in g if r.lag is not None})
         top = max((abs(r.advantage) for g in rows for r in g), default=0.0)
         talk = any(_talks(s) for g in groups for s in g.samples)
         return Batch(
             label, step, base, groups, rows, zero, learner_version, note, clip_eps, tuple(versions), top, tuple(lags),
-            conversation=talk,
+            conversation=talk, served=served,
         )  # fmt: skip
 
     def _text(self, sess: Session, token: int) -> tuple[str, str]:
@@ -228,6 +239,8 @@ class Explorer:
         learner: list[float] | None,
         base: int,
         several: bool,
+        *,
+        served: bool = False,
     ) -> Row:
         n = len(sample.token_ids)
         policy = [m == 1 for m in sample.mask]
@@ -270,7 +283,7 @@ class Explorer:
             reward=reward,
             advantage=advantage,
             lag=lag,
-            meta=row_meta(sample, reward, advantage, lag, several),
+            meta=row_meta(sample, reward, advantage, lag, several, served=served),
             texts=texts,
             titles=titles,
             values={
@@ -546,6 +559,12 @@ class Explorer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _call_head(call: ServedCall) -> str:
+    """A served call's card head: what became of it, its episode (or none), how long it took."""
+    where = f"episode {call.episode}" if call.episode is not None else "outside any episode"
+    return f"{call.fate} · {where} · {call.seconds * 1000:.0f} ms"
 
 
 def _talks(sample: Sample) -> bool:

@@ -153,6 +153,7 @@ class Batch:
     max_advantage: float
     lags: tuple[int, ...]
     conversation: bool = False  # a sample holds an environment's replies or several policy turns
+    served: tuple[str, ...] | None = None  # the endpoint's calls: each group's head (no reward to show)
 
 
 def colour(b: Batch, quantity: str) -> Callable[[float | None], str]:
@@ -237,6 +238,8 @@ def card(b: Batch, gi: int, rows: list[Row], quantity: str) -> str:
             "zero variance</span>"
         )
     head = f"group {gi + 1} · mean reward {sum(rewards) / len(rewards):.2f}{flag}"
+    if b.served is not None:
+        head = html.escape(b.served[gi])
     parts = [
         f'<div class="rlnb-group" data-group="{gi}" style="{_CARD}"><div style="{_HEAD}">{head}</div>',
         f'<div class="rlnb-prompt" style="{_PROMPT}">{html.escape(group.prompt)}</div>',
@@ -314,14 +317,19 @@ def message(text: str, *, error: bool = False) -> str:
     return f'<div style="{style}">{text}</div>'
 
 
-def row_meta(sample: Sample, reward: float, advantage: float, lag: int | None, several: bool) -> str:
+def row_meta(
+    sample: Sample, reward: float, advantage: float, lag: int | None, several: bool, *, served: bool = False
+) -> str:
     """A sample's line: reward (each function's too, the environment's), advantage, finish,
-    length and turns, versions, lag."""
-    parts = [f"reward <b>{reward:.3g}</b>"]
-    if several and sample.rewards:
-        each = ", ".join(f"{name} {number(v, '.3g')}" for name, v in sample.rewards.items())
-        parts[0] += f" ({html.escape(each)})"
-    parts.append(f"adv <b>{advantage:+.2f}</b>")
+    length and turns, versions, lag; ``served``: a call the endpoint served (no reward
+    nor advantage: they are its episode's)."""
+    parts = []
+    if not served:
+        parts.append(f"reward <b>{reward:.3g}</b>")
+        if several and sample.rewards:
+            each = ", ".join(f"{name} {number(v, '.3g')}" for name, v in sample.rewards.items())
+            parts[0] += f" ({html.escape(each)})"
+        parts.append(f"adv <b>{advantage:+.2f}</b>")
     finish = sample.finish_reason
     parts.append(f'<span style="color:{_FINISH_COLOURS.get(finish, "#555")}">{html.escape(finish)}</span>')
     if sample.env_reward is not None:

@@ -57,7 +57,7 @@ class _Disconnected(Exception):
 
 class App:
     """The endpoint's app: serves ``served`` behind ``api_key`` (bodies up to
-    ``max_body_bytes``), answering as ``model``; ``defaults()`` gives the rollouts'
+    ``max_body_bytes``, ``max_calls`` at once), answering as ``model``; ``defaults()`` gives the rollouts'
     sampling for fields a call leaves out; ``decode``/``piece`` give text of ids and
     of one token. :attr:`asgi` is the Starlette app; :meth:`cancel_all` ends every
     call in progress (the endpoint's close)."""
@@ -69,12 +69,14 @@ class App:
         api_key: str,
         model: str,
         max_body_bytes: int,
+        max_calls: int,
         defaults: Callable[[], SamplingParams],
         decode: Callable[[list[int]], str],
         piece: Callable[[int], str],
     ) -> None:
         self._served, self._api_key, self.model = served, api_key, model
         self._max_body = max_body_bytes
+        self._max_calls, self._active = max_calls, 0
         self._defaults, self._decode, self._piece = defaults, decode, piece
         self._calls: set[asyncio.Future[Any]] = set()
         self._closing = False
@@ -115,14 +117,24 @@ class App:
     async def _answer(self, request: Request, handle: Callable[[], Coroutine[Any, Any, Response]]) -> Response:
         """``handle()``'s response, once the token is checked; each refusal as OpenAI's error JSON."""
         self.counts.requests += 1
+        self._active += 1
         try:
             self._authorize(request)
+            if self._active > self._max_calls:
+                raise WireError(
+                    503,
+                    f"the endpoint serves {self._max_calls} calls at once and has as many in progress: try again "
+                    "(sess.serve(max_concurrency=...) sets how many)",
+                    type="server_error",
+                )
             response = await handle()
         except WireError as exc:
             response = JSONResponse(exc.body(), status_code=exc.status)
         except (_Disconnected, ClientDisconnect):
             self.counts.disconnected += 1
             response = Response(status_code=499)
+        finally:
+            self._active -= 1
         self.counts.note(response.status_code)
         return response
 

@@ -42,7 +42,8 @@ class ServeConfig:
     api_key: the bearer token clients must send; None makes a random one
         (``Endpoint.api_key``).
     max_body_bytes: a request body over this is refused with 413.
-    max_concurrency: connections and calls at once; past it, 503.
+    max_concurrency: calls served at once; past it, 503 (connections, idle ones
+        included, up to four times as many and 64 more).
     model: the model name ``/v1/models`` lists (None: the session's name); a call may
         name any model: the session's policy answers.
     """
@@ -123,6 +124,7 @@ class Endpoint:
             api_key=self.api_key,
             model=config.model or name,
             max_body_bytes=config.max_body_bytes,
+            max_calls=config.max_concurrency,
             defaults=defaults,
             decode=decode,
             piece=lambda token: decode([token]),
@@ -145,10 +147,15 @@ class Endpoint:
                 log_config=None,  # leave the process's logging as it is
                 access_log=False,
                 lifespan="off",
-                # uvicorn counts the connection asking among those open: +1 serves max_concurrency at once.
-                limit_concurrency=config.max_concurrency + 1,
+                # The app refuses calls past max_concurrency itself (503 in OpenAI's shape); uvicorn's
+                # own limit, which counts idle keep-alive connections too and answers in plain text
+                # on stderr, is only a backstop.
+                limit_concurrency=4 * config.max_concurrency + 64,
                 timeout_graceful_shutdown=1,
-                timeout_keep_alive=5,
+                # Longer than a client keeps an idle connection (httpx: 5 s): with equal times the
+                # client could send on a connection the server was closing, and the call failed
+                # ("Server disconnected"; an agent's client does not retry, it would serve twice).
+                timeout_keep_alive=75,
             )
         )
         self._task: asyncio.Task[None] | None = None

@@ -109,6 +109,7 @@ def test_calls_past_max_concurrency_are_refused_with_503_and_the_others_served()
         assert all(len(r.choices[0].model_extra["token_ids"]) == 60 for r in served), served
         for error in refused:
             assert isinstance(error, openai.APIStatusError) and error.status_code == 503, error
+            assert "max_concurrency" in error.message, error.message  # OpenAI's error shape, naming the setting
         assert ep.statistics().served.completions == 2
         # Once the calls are done, the endpoint takes new ones again.
         assert len(run_async(one).choices) == 1

@@ -99,7 +99,9 @@ def test_evaluate_runs_greedy_episodes_and_explore_shows_the_served_calls() -> N
         assert len(calls) == 6 and {c.fate for c in calls} == {"evaluated"}
         assert {c.request.sampling.temperature for c in calls} == {1.0}  # as asked; served greedy
         explorer = sess.explore(calls)
-        assert "6 calls served by the endpoint" in explorer.html()
+        html = explorer.html()
+        assert "6 calls served by the endpoint" in html and "evaluated · episode " in html
+        assert "mean reward" not in html and "zero variance<" not in html  # a call has no reward of its own
         explorer.close()
 
 
