@@ -23,6 +23,7 @@ import rlnb.models
 from tests.helpers import exited, wait_until
 from tests.helpers.kernel import OpenKernel, cell_output, ok
 from tests.helpers.ray_cluster import SMALL, free_port, ray_links, ray_processes, replicas, socket_fds
+from tests.serve.helpers import assert_serves
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.ray]
 
@@ -67,6 +68,7 @@ def test_a_session_on_two_replicas_trains_pauses_survives_a_kill_and_leaves_no_p
             sess.rollouts.resume()
         sess.rollouts.stop()
         assert sess.step()["version"] == 4
+        assert_serves(sess, "12+34=")  # the endpoint serves the replicas
 
         # A replica killed from outside mid-generation: its requests go to the other,
         # the replica is remade with the current weights, and it is counted.

@@ -30,6 +30,7 @@ import rlnb.models
 from rlnb.algorithms import Algorithm, preset
 from rlnb.data import Task, register_task
 from tests.helpers import assert_same_metrics, small_config
+from tests.serve.helpers import assert_serves
 
 PRESETS = [name for name, _ in rlnb.algorithms.algorithms()]
 LORA = rlnb.LoraConfig(r=4, alpha=8)
@@ -286,11 +287,15 @@ def _tour(sess: rlnb.Session) -> None:
 
 
 @pytest.mark.slow  # the engine process imports torch: seconds
+@pytest.mark.netns  # its endpoint listens
 def test_every_algorithm_trains_with_the_engine_in_a_process() -> None:
-    """Async, the tiny policy (a sync run on the process engine is the resume test's)."""
+    """Async, the tiny policy (a sync run on the process engine is the resume test's);
+    then the session's endpoint serves the engine process."""
     with rlnb.Session(small_config(mode="async", step_timeout=20.0, engine=PROCESS), name="process") as sess:
         assert sess.statistics().engine.extra["pid"]
         _tour(sess)
+        sess.rollouts.stop()
+        assert_serves(sess, "12+34=")
 
 
 @pytest.mark.slow
@@ -310,5 +315,7 @@ def test_every_algorithm_trains_on_vllm(llama: Path) -> None:
     with rlnb.Session(config, name="vllm") as sess:
         assert sess.statistics().engine.extra, "a vLLM engine reports its own figures"
         _tour(sess)
+        sess.rollouts.stop()
+        assert_serves(sess, "12+34=")  # the endpoint serves vLLM, LoRA merged, at the session's version
         versions = {v for kept in sess.batches for g in kept.groups for s in g.samples for v in s.versions}
         assert max(versions) < sess.version

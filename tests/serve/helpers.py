@@ -79,3 +79,22 @@ def run_async(make: Callable[[], Any]) -> Any:
 
 def chat(text: str = "abc") -> list[Any]:
     return [{"role": "user", "content": text}]
+
+
+def assert_serves(sess: rlnb.Session, prompt: str) -> None:
+    """The session's endpoint serves its engine, whatever it is: a chat and a text call
+    through the real ``openai`` client, with one log-prob per token id and every token
+    made by the policy the session has now."""
+    with sess.serve().client(sync=True, max_retries=0, timeout=120) as client:
+        chat = client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": prompt}], max_tokens=4, logprobs=True
+        )
+        text = client.completions.create(model="policy", prompt=prompt, max_tokens=4, logprobs=1)
+    for choice, logprobs in ((chat.choices[0], chat.choices[0].logprobs.content), (text.choices[0], None)):
+        ids = choice.model_extra["token_ids"]
+        assert 1 <= len(ids) <= 4, choice
+        assert set(choice.model_extra["token_versions"]) == {sess.version}, (choice, sess.version)
+        if logprobs is not None:
+            assert len(logprobs) == len(ids) and all(lp.logprob <= 0 for lp in logprobs)
+    assert len(text.choices[0].logprobs.token_logprobs) == len(text.choices[0].model_extra["token_ids"])
+    assert chat.model_extra["prompt_token_ids"] and sess.serve().statistics().served.outside >= 2
