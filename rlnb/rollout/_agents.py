@@ -41,8 +41,10 @@ class Agents:
     """How samples become agent episodes: ``agent(client, row)`` is the user's function;
     ``client(sync)`` makes the endpoint's client that every episode's is a copy of
     (an ``openai.AsyncOpenAI``, or an ``openai.OpenAI`` with ``sync``) and what closes
-    its connections (a coroutine function for an async one); ``url(episode)`` is an
-    episode's ``base_url``; ``timeout``: seconds an episode may take (None: no limit).
+    its connections (a coroutine function for an async one); ``address(episode)`` is an
+    episode's ``base_url`` and the key it needs (the endpoint's now: one started again,
+    on another port with another key, takes the next episodes); ``timeout``: seconds an
+    episode may take (None: no limit).
 
     One client, copied: making an ``openai`` client takes ~50 ms (its TLS context),
     which for every episode cost seconds a step; a copy takes 0.1 ms and shares the
@@ -50,7 +52,7 @@ class Agents:
 
     agent: Callable[..., Any]
     client: Callable[[bool], tuple[Any, Callable[[], Any]]]
-    url: Callable[[str], str]
+    address: Callable[[str], tuple[str, str]]
     timeout: float | None
 
 
@@ -114,7 +116,8 @@ class AgentRunner:
             if sync not in self._clients:
                 self._clients[sync] = self.spec.client(sync)
             base = self._clients[sync][0]
-        return base.with_options(base_url=self.spec.url(episode))
+        url, key = self.spec.address(episode)
+        return base.with_options(base_url=url, api_key=key)
 
     def close(self, timeout: float = 1.0) -> None:
         """Cancel every episode still running, close the clients' connections and stop

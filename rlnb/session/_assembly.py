@@ -250,9 +250,9 @@ def make_rollouter(
     prompts: PromptLoader,
     buffer: ReplayBuffer,
     agent_client: Callable[[bool], tuple[Any, Callable[[], Any]]],
-    agent_url: Callable[[str], str],
+    agent_address: Callable[[str], tuple[str, str]],
 ) -> Rollouter:
-    """The rollouter; ``agent_client(sync)`` and ``agent_url(episode)`` give a task's
+    """The rollouter; ``agent_client(sync)`` and ``agent_address(episode)`` give a task's
     agent its episodes' clients of the session's endpoint (:class:`~rlnb.rollout.Agents`)."""
     r = config.rollout
     reward_fn, group_reward_fn = reward_functions(task.rewards.with_weights(r.reward_weights))
@@ -275,7 +275,7 @@ def make_rollouter(
             encode_observation=tokenizer.encode_observation,
             syntax="json" if getattr(tokenizer, "chat", False) else "call",
         ),
-        agents=None if task.agent is None else Agents(task.agent, agent_client, agent_url, task.agent_timeout),
+        agents=None if task.agent is None else Agents(task.agent, agent_client, agent_address, task.agent_timeout),
     )
 
 

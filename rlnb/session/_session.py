@@ -185,7 +185,7 @@ class Session:
             prompts=self._prompts,
             buffer=self._buffer,
             agent_client=self._agent_client,
-            agent_url=self._agent_url,
+            agent_address=self._agent_address,
         )
         self._stack.callback(self._close_rollouter, self._rollouter)
 
@@ -205,8 +205,9 @@ class Session:
     def _agent_client(self, sync: bool) -> tuple[Any, Callable[[], Any]]:
         return self._agent_endpoint().agent_client(sync=sync)
 
-    def _agent_url(self, episode: str) -> str:
-        return self._agent_endpoint().episode_url(episode)
+    def _agent_address(self, episode: str) -> tuple[str, str]:
+        endpoint = self._agent_endpoint()
+        return endpoint.episode_url(episode), endpoint.api_key
 
     def _close_endpoint(self) -> None:
         if self._endpoint is not None:

@@ -57,7 +57,7 @@ class DirectClient:
     def __init__(self, served: Served, loop: asyncio.AbstractEventLoop, episode: str) -> None:
         self.served, self.loop, self.episode = served, loop, episode
 
-    def with_options(self, *, base_url: str) -> DirectClient:  # as an openai client's: the episode's copy
+    def with_options(self, *, base_url: str, api_key: str) -> DirectClient:  # as an openai client's copy
         return type(self)(self.served, self.loop, base_url)
 
     async def call(self, messages: list[dict[str, Any]], *, n: int = 1, **sampling: Any) -> list[ServedChoice]:
@@ -91,7 +91,7 @@ def agents(agent: Callable[..., Any], holder: dict[str, Any], *, timeout: float 
 
         return base, (lambda: None) if sync else close
 
-    return Agents(agent, client, lambda episode: episode, timeout)
+    return Agents(agent, client, lambda episode: (episode, "key"), timeout)
 
 
 def user(text: str) -> dict[str, Any]:

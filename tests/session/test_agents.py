@@ -149,3 +149,19 @@ def test_statistics_show_the_endpoint_once_it_has_served() -> None:
         stats = sess.statistics()
         assert stats.endpoint is not None and stats.endpoint.served.outside == 1
         assert "1 requests (200: 1)" in repr(stats) and "1 outside" in repr(stats)
+
+
+@pytest.mark.netns
+def test_an_agent_task_goes_on_through_an_endpoint_started_again() -> None:
+    task = agent_task("reverse_agent_again", reverse_agent)
+    with rlnb.Session(small_config(task=task.name), name="agents-again") as sess:
+        first = sess.serve()
+        sess.rollout(1)
+        first.close()
+        with pytest.raises(rlnb.RlnbError, match=r"endpoint is closed.*sess.serve\(\) starts it again"):
+            sess.rollout(1)
+        second = sess.serve()
+        assert (second.port, second.api_key) != (first.port, first.api_key)
+        [group] = sess.rollout(1)  # the next episodes call the new endpoint with its key
+        stats = second.statistics()  # its own requests; what was served is the session's, both endpoints'
+        assert len(group.samples) == 4 and stats.requests == 4 and stats.served.sampled == 8
