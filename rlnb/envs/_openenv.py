@@ -208,8 +208,16 @@ class OpenEnv:
     async def close(self) -> None:
         """Close the connection (the server ends its environment); idempotent."""
         client, self.connection, self._closed = self.connection, None, True
-        if client is not None:
+        if client is None:
+            return
+        try:
             await client.close()
+        finally:
+            # A close cancelled midway (the session closing, a timeout) must not leave the
+            # socket open: drop the connection's transport, a no-op once it closed cleanly.
+            transport = getattr(getattr(client, "_ws", None), "transport", None)
+            if transport is not None:
+                transport.abort()
 
     def _make_client(self) -> Any:
         if self.client is not None:
