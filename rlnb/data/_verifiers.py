@@ -17,12 +17,16 @@ is imported on first use, never by ``import rlnb`` (it takes seconds);
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import signal
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 from rlnb._errors import ConfigError, RolloutError
+from rlnb.runtime import take_back_sigterm
 
 __all__ = ["VerifiersAgent", "import_verifiers", "load"]
 
@@ -50,7 +54,49 @@ def import_verifiers() -> Any:
             f"verifiers {getattr(verifiers, '__version__', '?')} does not have: install verifiers>=0.3.1,<0.4 "
             "(scripts/setup-agents.sh)"
         )
+    _keep_signal_handlers(verifiers)
     return verifiers
+
+
+def _keep_signal_handlers(vf: Any) -> None:
+    """Make verifiers' environments leave the process's SIGINT and SIGTERM handlers
+    alone when they are made (each ``Environment.__post_init__`` puts in its own, to tear
+    the environment down: Ctrl-C then ran that teardown in a notebook's every interrupt,
+    and SIGTERM no longer closed rlnb's sessions). Its teardown still runs at exit."""
+    cls = getattr(vf, "Environment", None)
+    post_init = getattr(cls, "__post_init__", None)
+    if post_init is None or getattr(post_init, "_rlnb_keeps_signals", False):
+        return
+
+    @functools.wraps(post_init)
+    def kept(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return post_init(self, *args, **kwargs)
+        saved = [(sig, signal.getsignal(sig)) for sig in (signal.SIGINT, signal.SIGTERM)]
+        try:
+            return post_init(self, *args, **kwargs)
+        finally:
+            for sig, handler in saved:
+                if handler is not None:
+                    signal.signal(sig, handler)
+
+    kept._rlnb_keeps_signals = True  # type: ignore[attr-defined]
+    cls.__post_init__ = kept  # type: ignore[union-attr]
+
+
+def _take_back_signal_handlers() -> None:
+    """Undo what an environment made before rlnb imported verifiers did to the
+    process's signal handlers (see :func:`_keep_signal_handlers`): Python's Ctrl-C
+    again, and rlnb's SIGTERM, which closes the sessions."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if getattr(handler, "__qualname__", "").startswith("Environment.__post_init__"):
+            if sig == signal.SIGINT:
+                signal.signal(sig, signal.default_int_handler)
+            else:
+                take_back_sigterm()
 
 
 def _message(message: Any) -> dict[str, Any]:
@@ -144,6 +190,7 @@ def load(
     """What :meth:`Task.from_verifiers` (which documents it) makes a task of: the task's
     name, the environment's rows as records, and the agent that rolls them out."""
     vf = import_verifiers()
+    _take_back_signal_handlers()  # an environment made before verifiers came through rlnb
     if isinstance(env, str):
         env_id = env
         try:

@@ -26,6 +26,7 @@ from rlnb.runtime._registry import (
     register_session,
     replace_session,
     sessions,
+    take_back_sigterm,
     unregister_session,
 )
 from rlnb.runtime._spawn import spawn_without_main
@@ -51,6 +52,7 @@ __all__ = [
     "replace_session",
     "sessions",
     "snapshot",
+    "take_back_sigterm",
     "unregister_run",
     "unregister_session",
     "warm_up_kernel_messages",

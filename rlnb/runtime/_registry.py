@@ -158,6 +158,17 @@ def install_hooks() -> None:
         _install_kernel_hook()
 
 
+def take_back_sigterm() -> None:
+    """Install rlnb's SIGTERM handler again (from the main thread) where a library put its
+    own in its place after rlnb's hooks were installed (verifiers' environments do, when
+    made): SIGTERM closes every session, then ends the process as by default."""
+    global _sigterm_installed
+    with _HOOKS_LOCK:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _sigterm_installed = _install_sigterm_handler()
+
+
 def _close_at_exit() -> None:
     """At interpreter exit: a script that died of an uncaught exception reports it as
     its runs' exit code (Python keeps it in ``sys.last_value`` for atexit to see). An

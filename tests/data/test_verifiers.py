@@ -7,6 +7,7 @@ gains on a SingleTurnEnv."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -27,6 +28,41 @@ def envs() -> Any:
     from tests.data import verifiers_envs
 
     return verifiers_envs
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_as_they_were() -> Iterator[None]:
+    """Each test leaves SIGINT's and SIGTERM's handlers as it found them (a verifiers
+    environment made without rlnb's wrapper puts in its own, for the whole process)."""
+    saved = [(sig, signal.getsignal(sig)) for sig in (signal.SIGINT, signal.SIGTERM)]
+    yield
+    for sig, handler in saved:
+        signal.signal(sig, handler)
+
+
+def test_a_verifiers_environment_leaves_the_processs_ctrl_c_and_sigterm_alone() -> None:
+    m = envs()
+    rlnb.runtime.install_hooks()  # as a session does: rlnb's SIGTERM handler closes the sessions
+    ours = signal.getsignal(signal.SIGTERM)
+    # An environment made before rlnb imported verifiers puts in its own handlers (verifiers
+    # 0.3.1's Environment.__post_init__); Task.from_verifiers takes the process's back.
+    post_init = m.vf.Environment.__post_init__
+    original = getattr(post_init, "__wrapped__", post_init)
+    m.vf.Environment.__post_init__ = original
+    try:
+        env = m.vf.SingleTurnEnv(dataset=m.datasets.Dataset.from_list(m.words(8)), rubric=m.vf.Rubric(funcs=[m.exact]))
+        assert "Environment.__post_init__" in getattr(signal.getsignal(signal.SIGINT), "__qualname__", "")
+        Task.from_verifiers(env, name="vf-signals", eval_size=2, alphabet="abcdefgh=")
+    finally:  # from_verifiers wrapped it again; put back what there was if it did not get that far
+        if not getattr(m.vf.Environment.__post_init__, "_rlnb_keeps_signals", False):
+            m.vf.Environment.__post_init__ = post_init
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert "on_sigterm" in getattr(signal.getsignal(signal.SIGTERM), "__qualname__", "")
+    # Made once rlnb has imported verifiers, an environment changes neither.
+    before = [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)]
+    m.vf.SingleTurnEnv(dataset=m.datasets.Dataset.from_list(m.words(8)), rubric=m.vf.Rubric(funcs=[m.exact]))
+    assert [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)] == before
+    assert ours is not None
 
 
 class ScriptedEngine(FakeEngine):
