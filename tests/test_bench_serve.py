@@ -20,11 +20,12 @@ from rlnb.cli import BENCHES, main
 def test_bench_serve_quick_reports_tokens_and_latency_of_both_ways_in_at_each_concurrency(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["bench", "serve", "--quick", "--json"]) == 0
+    assert main(["bench", "serve", "--quick", "--tokens", "24", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)  # stdout is that one line
 
     assert out["bench"] == "serve"
     figures = out["figures"]
+    assert "requests of 24 new tokens" in figures["workload"]
     for n in (1, 8):
         for variant in ("in_process", "endpoint"):
             for key in ("tokens_per_s", "p50_ms", "p99_ms"):
@@ -58,6 +59,8 @@ def test_quick_and_model_are_for_bench_serve_only(capsys: pytest.CaptureFixture[
     assert "--quick applies to 'serve' only" in capsys.readouterr().err
     assert main(["bench", "close", "--model", "/nowhere"]) == 2
     assert "--model applies to 'serve' only" in capsys.readouterr().err
+    assert main(["bench", "lora", "--tokens", "256"]) == 2
+    assert "--tokens applies to 'serve' only" in capsys.readouterr().err
 
 
 def test_bench_serve_refuses_a_model_that_is_not_a_directory_in_one_line(

@@ -47,7 +47,7 @@ BENCHES = (
     "turns",
 )
 # The flags of one benchmark each: flag dest -> the benchmark that takes it.
-BENCH_OPTIONS = {"tracker": "close", "quick": "serve", "model": "serve"}
+BENCH_OPTIONS = {"tracker": "close", "quick": "serve", "model": "serve", "tokens": "serve"}
 
 # Flags that set a config field: flag dest -> (Config part or None, field). Applied in
 # this order, so a model's path is set before the engine that has to serve it.
@@ -206,6 +206,9 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="serve: a small run of a few seconds (1 and 8 clients)")
     bench.add_argument(
         "--model", metavar="DIR", help="serve: a Hugging Face model directory instead of the built-in tiny policy"
+    )
+    bench.add_argument(
+        "--tokens", type=_int_from(1), metavar="N", help="serve: new tokens a call of the tokens/s rounds (default 64)"
     )
 
     tiny = sub.add_parser(
@@ -517,7 +520,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("demo", "train"):
         return _train(args)
     if args.command == "bench":
-        return _bench(args.name, args.json, args.strict, tracker=args.tracker, quick=args.quick, model=args.model)
+        options = {"tracker": args.tracker, "quick": args.quick, "model": args.model, "tokens": args.tokens}
+        return _bench(args.name, args.json, args.strict, **options)
     if args.command == "make-tiny-llama":
         return _make_tiny_llama(args)
     raise AssertionError(args.command)  # argparse enforces the choices
