@@ -40,6 +40,7 @@ def signal_handlers_as_they_were() -> Iterator[None]:
         signal.signal(sig, handler)
 
 
+@pytest.mark.slow  # importing verifiers takes seconds
 def test_a_verifiers_environment_leaves_the_processs_ctrl_c_and_sigterm_alone() -> None:
     m = envs()
     rlnb.runtime.install_hooks()  # as a session does: rlnb's SIGTERM handler closes the sessions
