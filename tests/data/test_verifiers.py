@@ -195,6 +195,7 @@ def test_a_hub_environment_is_loaded_by_its_id_with_its_arguments(hub_module: st
         Task.from_verifiers("vf-not-installed-anywhere")
 
 
+@pytest.mark.slow  # importing verifiers takes seconds
 def test_what_from_verifiers_refuses_is_named() -> None:
     m = envs()
 
