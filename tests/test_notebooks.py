@@ -298,8 +298,8 @@ def test_11_five_algorithms_from_one_run_what_if_of_each_and_a_loss_written_in_a
 def test_12_an_openai_agent_and_a_verifiers_environment_train_through_the_endpoint(
     execute_notebook: Execute,
 ) -> None:
-    # ~3 minutes on an idle 2-core machine: two warm-ups, 50 RL steps of agents' tool
-    # loops through the endpoint, 30 of a verifiers environment
+    # ~100 s on an idle 2-core machine: two warm-ups, 35 RL steps of agents' tool loops
+    # through the endpoint, 30 of a verifiers environment
     out, cells = run_notebook(execute_notebook, "12-any-agent", timeout=420)
     assert re.search(r"<rlnb Endpoint http://127\.0\.0\.1:\d+/v1 model='agents'>", out[0]), out[0]
     assert re.search(r"finish_reason=\w+ policy_version=0", out[1]) and "prompt ids [1, " in out[1], out[1]
@@ -309,7 +309,7 @@ def test_12_an_openai_agent_and_a_verifiers_environment_train_through_the_endpoi
     assert "rlnb-env" in explorer  # the tool results the agent sent back, drawn apart from the policy's tokens
     assert re.search(r"paused: \d+ replies kept mid-way, \d+ episodes open, 0 failed", out[4]), out[4]
     found = re.search(r"held-out accuracy: (\d\.\d+) after the warm-up -> (\d\.\d+) after (\d+) RL steps", out[4])
-    assert found and float(found[1]) == before and int(found[3]) == 50, out[4]
+    assert found and float(found[1]) == before and int(found[3]) == 35, out[4]
     assert float(found[2]) >= before + 0.2, out[4]  # the agent learnt to call its tool
     assert re.search(r"\d+ requests, by status \{200: \d+\}", out[5]) and "failed=0" in out[5], out[5]
     assert "calls served by the endpoint" in cells[5].outputs[-1]["data"]["text/html"]
