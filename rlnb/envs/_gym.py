@@ -17,7 +17,7 @@ from rlnb._reprs import short_repr
 from rlnb.envs._episode import EnvError
 from rlnb.envs._protocol import Observation, Turn
 
-__all__ = ["GymEnv"]
+__all__ = ["GymEnv", "seed_of"]
 
 
 class GymEnv:
@@ -86,23 +86,7 @@ class GymEnv:
         return type(self.env).__name__ if self.env is not None else short_repr(self.make)
 
     def _seed_of(self, row: Mapping[str, Any]) -> int | None:
-        if self.seed is None:
-            return None
-        if isinstance(self.seed, str):
-            if self.seed not in row:
-                raise EnvError(
-                    f"GymEnv(seed={self.seed!r}): the row has no {self.seed!r} to seed reset() with (its fields: "
-                    f"{', '.join(map(str, row))}); pass seed= another field, or a function of the row"
-                )
-            value = row[self.seed]
-        else:
-            value = self.seed(row)
-        if value is not None and not (isinstance(value, int) and not isinstance(value, bool)):
-            raise EnvError(
-                f"GymEnv(seed={short_repr(self.seed)}) gave {short_repr(value)} to seed reset() with: "
-                "a seed is an int (or None)"
-            )
-        return value
+        return seed_of("GymEnv", self.seed, row)
 
     def reset(self, row: Mapping[str, Any]) -> Observation:
         """Make the environment (the first time) and reset it, seeded from ``row``:
@@ -162,3 +146,26 @@ class GymEnv:
         env, self.env, self._closed = self.env, None, True
         if env is not None and callable(getattr(env, "close", None)):
             env.close()
+
+
+def seed_of(owner: str, seed: str | Callable[[Mapping[str, Any]], Any] | None, row: Mapping[str, Any]) -> int | None:
+    """The seed an adapter (``owner``: its class's name) resets with, from ``row``: None
+    without ``seed``, the row's field named ``seed``, or what ``seed(row)`` gives.
+    EnvError naming the field or the value when there is none or it is not an int."""
+    if seed is None:
+        return None
+    if isinstance(seed, str):
+        if seed not in row:
+            raise EnvError(
+                f"{owner}(seed={seed!r}): the row has no {seed!r} to seed reset() with (its fields: "
+                f"{', '.join(map(str, row))}); pass seed= another field, or a function of the row"
+            )
+        value = row[seed]
+    else:
+        value = seed(row)
+    if value is not None and not (isinstance(value, int) and not isinstance(value, bool)):
+        raise EnvError(
+            f"{owner}(seed={short_repr(seed)}) gave {short_repr(value)} to seed reset() with: "
+            "a seed is an int (or None)"
+        )
+    return value

@@ -29,6 +29,7 @@ from typing import Any
 from rlnb._errors import ConfigError
 from rlnb._reprs import short_repr
 from rlnb.envs._episode import EnvError
+from rlnb.envs._gym import seed_of
 from rlnb.envs._protocol import Observation, Turn
 
 __all__ = ["OpenEnv"]
@@ -144,20 +145,7 @@ class OpenEnv:
         return self.base_url if isinstance(self.base_url, str) else str(self.base_url.url)
 
     def _seed_of(self, row: Mapping[str, Any]) -> int | None:
-        if self.seed is None:
-            return None
-        if isinstance(self.seed, str):
-            if self.seed not in row:
-                raise EnvError(
-                    f"OpenEnv(seed={self.seed!r}): the row has no {self.seed!r} to seed reset() with (its fields: "
-                    f"{', '.join(map(str, row))}); pass seed= another field, or a function of the row"
-                )
-            value = row[self.seed]
-        else:
-            value = self.seed(row)
-        if value is not None and not (isinstance(value, int) and not isinstance(value, bool)):
-            raise EnvError(f"OpenEnv(seed={short_repr(self.seed)}) gave {short_repr(value)}: a seed is an int or None")
-        return value
+        return seed_of("OpenEnv", self.seed, row)
 
     async def reset(self, row: Mapping[str, Any]) -> Observation:
         """Connect (the first time) and reset the environment, seeded from ``row``: its

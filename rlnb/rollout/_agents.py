@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import inspect
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlnb._errors import ClosedError, RolloutError
@@ -210,7 +210,3 @@ class AgentRunner:
             f"the agent {agent_name(self.spec.agent)!r} did not return within Task.agent_timeout={self.spec.timeout} s "
             f"for {where} ({fate}); give it more time (Task(agent_timeout=...)), or find where it waits"
         )
-
-    def running(self) -> Mapping[str, int]:
-        """Episodes running now, by kind."""
-        return {"threads": 0 if self._pool is None else len(self._pool.running())}

@@ -33,10 +33,10 @@ from rlnb.engines import Engine, GenerateRequest, GenerateResult, PromptTooLong,
 from rlnb.envs import Episode
 from rlnb.rewards import BadValue, Scored, raised_by, reward_value
 from rlnb.rollout._accounting import Counters, Ticket, is_cancellation
-from rlnb.rollout._agents import AgentRunner, Agents
+from rlnb.rollout._agents import AgentRunner, Agents, agent_name
 from rlnb.rollout._conversation import ConversationRunner, Conversations, Tokens, transcript
 from rlnb.rollout._reward import CallTimedOut, PoolFull, RewardPool, RunningCall
-from rlnb.rollout._served import Served, Serving
+from rlnb.rollout._served import Node, Served, Serving
 from rlnb.rollout._state import StateMachine
 from rlnb.rollout._supervisor import TaskSupervisor
 
@@ -365,23 +365,9 @@ class GroupRunner:
     ) -> tuple[tuple[int, ...], Sample]:
         """One agent episode, to its end and rewarded: its first prompt's ids, and its
         sample (the tokens after that prompt)."""
-        assert self._agents is not None and self.served is not None
         error: BaseException | None = None
-        episode = self.served.open_episode(item, index, seed, sampling)
         try:
-            try:
-                env_reward = await self._agents.run(item, episode.id)
-            except BaseException:
-                self.served.end_episode(episode, failed=True)
-                raise
-            last = self.served.end_episode(episode, failed=False)
-            if last is None:
-                name = self._agents.spec.agent
-                raise RolloutError(
-                    f"the agent {getattr(name, '__qualname__', name)!r} made no call to the endpoint for prompt "
-                    f"{item.prompt_id} ({short_repr(item.prompt)}): it must call the policy through the client "
-                    "it gets (client.chat.completions.create(...)), whose calls are the sample"
-                )
+            env_reward, last = await self._agent_episode(item, index, seed, sampling)
             self._counts.generating += 1  # a WAIT drain waits for the reward too: the sample is not done
             try:
                 scored = await self.reward(item, last.text, env_reward=env_reward)
@@ -409,6 +395,27 @@ class GroupRunner:
             )
         finally:
             ticket.end_sample(error)
+
+    async def _agent_episode(
+        self, item: PromptItem, index: int, seed: int, sampling: SamplingParams, *, evaluation: bool = False
+    ) -> tuple[float | None, Node]:
+        """Run one episode of the agent for ``item`` to its end: its reward and the reply
+        that ends its sample. RolloutError when the agent fails or made no call."""
+        assert self._agents is not None and self.served is not None
+        episode = self.served.open_episode(item, index, seed, sampling, evaluation=evaluation)
+        try:
+            env_reward = await self._agents.run(item, episode.id)
+        except BaseException:
+            self.served.end_episode(episode, failed=True)
+            raise
+        last = self.served.end_episode(episode, failed=False)
+        if last is None:
+            raise RolloutError(
+                f"the agent {agent_name(self._agents.spec.agent)!r} made no call to the endpoint for prompt "
+                f"{item.prompt_id} ({short_repr(item.prompt)}): it must call the policy through the client "
+                "it gets (client.chat.completions.create(...)), whose calls are the sample"
+            )
+        return env_reward, last
 
     async def _outside(self, prompt_ids: tuple[int, ...], sampling: SamplingParams, seed: int) -> GenerateResult:
         """One completion of ``prompt_ids`` for a call of the endpoint outside any episode:
@@ -598,16 +605,7 @@ class GroupRunner:
 
     async def _evaluate_episode(self, item: PromptItem, sampling: SamplingParams) -> tuple[str, float]:
         """One agent episode of an evaluation, each of its calls greedy: its transcript and reward."""
-        assert self._agents is not None and self.served is not None
-        episode = self.served.open_episode(item, 0, 0, sampling, evaluation=True)
-        try:
-            env_reward = await self._agents.run(item, episode.id)
-        except BaseException:
-            self.served.end_episode(episode, failed=True)
-            raise
-        last = self.served.end_episode(episode, failed=False)
-        if last is None:
-            raise RolloutError(f"the agent made no call to the endpoint for prompt {item.prompt_id}")
+        env_reward, last = await self._agent_episode(item, 0, 0, sampling, evaluation=True)
         text = transcript(last.out, self._decode)
         return text, await self._evaluation_reward(
             item, last.text, text, last.out.ids, last.out.mask, env_reward=env_reward

@@ -37,7 +37,16 @@ from rlnb.engines import GenerateResult, SamplingParams
 from rlnb.envs import tool_calls
 from rlnb.rollout._conversation import Tokens
 
-__all__ = ["EpisodeRecord", "Served", "ServedCall", "ServedChoice", "ServedRequest", "ServedStatistics", "Serving"]
+__all__ = [
+    "EpisodeRecord",
+    "Node",
+    "Served",
+    "ServedCall",
+    "ServedChoice",
+    "ServedRequest",
+    "ServedStatistics",
+    "Serving",
+]
 
 # How many served calls the log keeps for the explorer (the oldest go first).
 LOG_SIZE = 512
@@ -166,7 +175,7 @@ class ServedStatistics:
 
 
 @dataclasses.dataclass
-class _Node:
+class Node:
     """A served completion in an episode: what the next call must repeat to continue it."""
 
     messages: tuple[dict[str, Any], ...] | None  # the call's messages and this reply (chat calls)
@@ -177,7 +186,7 @@ class _Node:
     call: int  # which call of the episode made it
     choice: int  # and which of its choices it is (the last call's first is the sample)
     finish: str  # the engine's: "stop", "length" or "aborted" (continued no further)
-    parent: _Node | None  # the reply it continues (None: it began a branch)
+    parent: Node | None  # the reply it continues (None: it began a branch)
 
     @property
     def ids(self) -> tuple[int, ...]:
@@ -195,14 +204,14 @@ class EpisodeRecord:
     seed: int
     sampling: SamplingParams  # the rollouts' at the episode's start; a call's own fields win
     evaluation: bool = False  # an evaluation's: greedy whatever the call asks
-    nodes: list[_Node] = dataclasses.field(default_factory=list)
+    nodes: list[Node] = dataclasses.field(default_factory=list)
     calls: int = 0
     turns: int = 0  # generations so far (each choice of each call is one), for request ids and seeds
     entries: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (log number, call) of each call
     completions: int = 0
     open: bool = True
 
-    def last(self) -> _Node | None:
+    def last(self) -> Node | None:
         """The node of the latest call (its first choice): the episode's sample."""
         return max(self.nodes, key=lambda node: (node.call, -node.choice)) if self.nodes else None
 
@@ -248,7 +257,7 @@ class Served:
         self._episodes[episode.id] = episode
         return episode
 
-    def end_episode(self, episode: EpisodeRecord, *, failed: bool) -> _Node | None:
+    def end_episode(self, episode: EpisodeRecord, *, failed: bool) -> Node | None:
         """Close ``episode``: later calls naming it are refused. Its last call's branch
         is its sample (returned; None: it made no call, or ``failed``); every other
         completion is counted unused, or failed with it. Idempotent."""
@@ -326,7 +335,7 @@ class Served:
 
     async def _serve_outside(self, request: ServedRequest) -> list[ServedChoice]:
         prompt_ids = tuple(self._encode(request))
-        self._check_room(prompt_ids, request.sampling)
+        self._check_room(prompt_ids)
         seed = request.seed if request.seed is not None else next(self._outside_seeds)
 
         async def one(i: int) -> ServedChoice:
@@ -372,7 +381,7 @@ class Served:
             else:
                 messages = None
             ended = "stop" if choice.finish_reason in ("stop", "tool_calls") else finish
-            episode.nodes.append(_Node(messages, request.tools, root, out, choice.text, call, i, ended, parent))
+            episode.nodes.append(Node(messages, request.tools, root, out, choice.text, call, i, ended, parent))
             return choice
 
         return list(await asyncio.gather(*(one(i) for i in range(request.n))))
@@ -409,11 +418,11 @@ class Served:
             content,
         )
 
-    def _continued(self, episode: EpisodeRecord, request: ServedRequest) -> tuple[_Node | None, list[int]]:
+    def _continued(self, episode: EpisodeRecord, request: ServedRequest) -> tuple[Node | None, list[int]]:
         """The node ``request`` continues (the one whose call and reply its own messages
         or ids repeat, the longest such) and the ids of what it adds before the next
         reply; (None, []) for a new branch."""
-        best: _Node | None = None
+        best: Node | None = None
         between: list[int] = []
         for node in episode.nodes:
             if request.messages is not None and node.messages is not None:
@@ -448,7 +457,7 @@ class Served:
         except ValueError as exc:
             raise InvalidValueError(f"the call's prompt cannot be encoded: {exc}") from None
 
-    def _check_room(self, prompt_ids: tuple[int, ...], sampling: SamplingParams) -> None:
+    def _check_room(self, prompt_ids: tuple[int, ...]) -> None:
         if self._max_context is not None and len(prompt_ids) >= self._max_context:
             raise InvalidValueError(
                 f"the prompt takes {len(prompt_ids)} tokens, the whole context of {self._max_context} "
@@ -478,7 +487,7 @@ class Served:
         )
 
 
-def _branch(last: _Node | None) -> list[_Node]:
+def _branch(last: Node | None) -> list[Node]:
     """``last`` and the replies it continues, back to its branch's first."""
     nodes = []
     while last is not None:
@@ -505,7 +514,7 @@ def _same_message(sent: Mapping[str, Any], served: Mapping[str, Any]) -> bool:
     if sent.get("role") != served.get("role") or (sent.get("content") or "") != (served.get("content") or ""):
         return False
     if served.get("role") != "assistant" or not (served.get("tool_calls") or sent.get("tool_calls")):
-        return sent.get("role") == "assistant" or dict(sent) == dict(served) or _loose(sent) == _loose(served)
+        return sent.get("role") == "assistant" or _loose(sent) == _loose(served)
     return _calls_key(sent.get("tool_calls")) == _calls_key(served.get("tool_calls"))
 
 

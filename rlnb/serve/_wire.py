@@ -289,10 +289,16 @@ def _sampling(request: _Common, defaults: SamplingParams) -> SamplingParams:
 # --- responses ------------------------------------------------------------------------------
 
 
+def _token(token: int, piece: Callable[[int], str], as_ids: bool) -> str:
+    """A token as a log-prob entry names it: its text, or ``"token_id:N"`` (vLLM's
+    ``return_tokens_as_token_ids``)."""
+    return f"token_id:{token}" if as_ids else piece(token)
+
+
 def _logprob_entries(choice: ServedChoice, piece: Callable[[int], str], as_ids: bool) -> list[dict[str, Any]]:
     entries = []
     for token, logprob in zip(choice.token_ids, choice.logprobs, strict=True):
-        text = f"token_id:{token}" if as_ids else piece(token)
+        text = _token(token, piece, as_ids)
         entries.append({"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []})
     return entries
 
@@ -327,13 +333,29 @@ def _extras(choice: ServedChoice) -> dict[str, Any]:
     }
 
 
+def _response(
+    prefix: str, kind: str, request: _Common, choices: Sequence[ServedChoice], out: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A whole reply of ``kind`` around its choices ``out``, with usage and vLLM's and rlnb's extensions."""
+    return {
+        "id": f"{prefix}-{secrets.token_hex(12)}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": request.model,
+        "choices": out,
+        "usage": _usage(choices),
+        "prompt_token_ids": list(choices[0].prompt_ids) if choices else [],
+        "policy_version": _version(choices),
+    }
+
+
 def chat_response(
     request: ChatRequest, choices: Sequence[ServedChoice], *, piece: Callable[[int], str]
 ) -> dict[str, Any]:
     """A ``chat.completion`` for ``choices``."""
     out = []
     for i, choice in enumerate(choices):
-        message: dict[str, Any] = {"role": "assistant", "content": choice.content if choice.tool_calls else choice.text}
+        message: dict[str, Any] = {"role": "assistant", "content": choice.content}
         if choice.tool_calls:
             message["tool_calls"] = _tool_calls(choice)
         logprobs = (
@@ -345,16 +367,7 @@ def chat_response(
             {"index": i, "message": message, "finish_reason": choice.finish_reason, "logprobs": logprobs}
             | _extras(choice)
         )
-    return {
-        "id": f"chatcmpl-{secrets.token_hex(12)}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": request.model,
-        "choices": out,
-        "usage": _usage(choices),
-        "prompt_token_ids": list(choices[0].prompt_ids) if choices else [],
-        "policy_version": _version(choices),
-    }
+    return _response("chatcmpl", "chat.completion", request, choices, out)
 
 
 def completion_response(
@@ -365,7 +378,7 @@ def completion_response(
     for i, choice in enumerate(choices):
         logprobs = None
         if request.logprobs is not None:
-            tokens = [f"token_id:{t}" if request.return_tokens_as_token_ids else piece(t) for t in choice.token_ids]
+            tokens = [_token(t, piece, request.return_tokens_as_token_ids) for t in choice.token_ids]
             offsets, at = [], 0
             for token in tokens:
                 offsets.append(at)
@@ -380,16 +393,7 @@ def completion_response(
             {"index": i, "text": choice.text, "finish_reason": choice.finish_reason, "logprobs": logprobs}
             | _extras(choice)
         )
-    return {
-        "id": f"cmpl-{secrets.token_hex(12)}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": request.model,
-        "choices": out,
-        "usage": _usage(choices),
-        "prompt_token_ids": list(choices[0].prompt_ids) if choices else [],
-        "policy_version": _version(choices),
-    }
+    return _response("cmpl", "text_completion", request, choices, out)
 
 
 def _pieces(choice: ServedChoice, decode: Callable[[list[int]], str]) -> Iterator[tuple[int, str]]:
@@ -473,9 +477,7 @@ def completion_chunks(
     }
     for i, choice in enumerate(choices):
         for k, text in _pieces(choice, decode):
-            token = (
-                f"token_id:{choice.token_ids[k]}" if request.return_tokens_as_token_ids else piece(choice.token_ids[k])
-            )
+            token = _token(choice.token_ids[k], piece, request.return_tokens_as_token_ids)
             logprobs = (
                 {
                     "tokens": [token],
