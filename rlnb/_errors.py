@@ -17,6 +17,8 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
+from rlnb._sigint import import_safe_interrupts
+
 EXIT_OK, EXIT_FAILURE, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
 
 
@@ -186,9 +188,10 @@ def public_call(after_interrupt: str, *, waits_for_rollouts: bool = False) -> Ca
     reward function's traceback still shows). Any other error is a bug and keeps every
     frame; so does everything under ``RLNB_FULL_TRACEBACKS=1``.
     Ctrl-C becomes one line, :class:`Interrupted`, ending with ``after_interrupt``
-    (what was kept, how to go on). ``waits_for_rollouts``: the call is refused at once
-    (:class:`StateError`) from inside a reward function, where it would wait for that
-    very reward."""
+    (what was kept, how to go on); one landing inside Python's import machinery is
+    pressed again once out of it (:func:`rlnb._sigint.import_safe_interrupts`).
+    ``waits_for_rollouts``: the call is refused at once (:class:`StateError`) from
+    inside a reward function, where it would wait for that very reward."""
 
     def decorate(fn: _F) -> _F:
         @functools.wraps(fn)
@@ -199,7 +202,10 @@ def public_call(after_interrupt: str, *, waits_for_rollouts: bool = False) -> Ca
                         f"{fn.__name__}() was called from inside {inside}: it waits for rollouts, which wait for "
                         f"{inside} to return, so it would hang; compute what {inside} needs without the session"
                     )
-                return fn(*args, **kwargs)
+                # The session's threads import lazily: a Ctrl-C inside an import here must not
+                # leave them the import lock held for good (rlnb._sigint).
+                with import_safe_interrupts():
+                    return fn(*args, **kwargs)
             except Interrupted:
                 raise
             except KeyboardInterrupt as exc:

@@ -19,6 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rlnb"
 # Lower numbers are lower layers; a module may import its own layer and those below.
 LAYERS = {
     "rlnb._errors": 0,
+    "rlnb._sigint": 0,
     "rlnb._checks": 0,
     "rlnb._samples": 0,
     "rlnb._reprs": 0,
@@ -49,7 +50,7 @@ LAYERS = {
 }
 # The shared base: top-level private modules that any package may import. Every other
 # private module, top-level ones included, is imported only inside its own package.
-BASE = {"rlnb._errors", "rlnb._checks", "rlnb._samples", "rlnb._reprs", "rlnb._files"}
+BASE = {"rlnb._errors", "rlnb._sigint", "rlnb._checks", "rlnb._samples", "rlnb._reprs", "rlnb._files"}
 
 # When an import runs: as its module loads, when the function holding it is called,
 # or never (under ``if TYPE_CHECKING:``, for the type checker only).

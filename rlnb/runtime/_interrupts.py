@@ -20,15 +20,15 @@ thread in ``threading``'s WeakSet, a task in asyncio's).
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
+
+from rlnb._sigint import press_again
 
 __all__ = ["Deferred", "defer_interrupts", "redeliver_lost_interrupts"]
 
@@ -86,7 +86,7 @@ def defer_interrupts(what: str = "the step") -> Iterator[Deferred]:
 def redeliver_lost_interrupts() -> None:
     """Make ``sys.unraisablehook`` press a lost Ctrl-C again: a KeyboardInterrupt that
     Python could not raise on the main thread is signalled anew
-    (``_thread.interrupt_main``, 50 ms later, once the finalizer has returned), and
+    (:func:`rlnb._sigint.press_again`, 50 ms later, once the finalizer has returned), and
     not printed. Every other unraisable exception goes to the hook that was there.
     Idempotent; a hook set later (a test's, say) is wrapped in turn on the next call."""
     previous = sys.unraisablehook
@@ -95,18 +95,9 @@ def redeliver_lost_interrupts() -> None:
 
     def hook(unraisable: Any) -> None:
         if unraisable.exc_type is KeyboardInterrupt and threading.current_thread() is threading.main_thread():
-            # From another thread, a moment later: pressed from here, it would land in this hook.
-            threading.Thread(target=_press_again, name="rlnb-ctrl-c-again", daemon=True).start()
+            press_again()  # from another thread, a moment later: pressed from here, it would land here
             return
         previous(unraisable)
 
     hook._rlnb_redelivers = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
-
-
-def _press_again() -> None:
-    time.sleep(_PRESS_AGAIN_AFTER)
-    _thread.interrupt_main()  # nothing, if SIGINT is ignored or left to the OS meanwhile
-
-
-_PRESS_AGAIN_AFTER = 0.05

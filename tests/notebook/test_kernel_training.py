@@ -95,7 +95,10 @@ def test_background_training_leaves_the_kernel_free_and_ctrl_c_is_one_line(
         wait_until(
             lambda: int(value(kc, "sess.version")) > first + 2,
             # say why: the statistics name what a step waits for
-            lambda: f"background training to go on after the interrupt:\n{value(kc, 'sess.statistics()')}",
+            lambda: (
+                f"background training to go on after the interrupt:\n{value(kc, 'sess.statistics()')}\n"
+                f"{value(kc, 'sess.stacks()')}"
+            ),
             TIMEOUT,
         )
         ok(kc, "sess.training.stop()")
