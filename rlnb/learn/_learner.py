@@ -18,13 +18,14 @@ from typing import Any
 
 import torch
 
-from rlnb._errors import InvalidValueError, TrainingError
+from rlnb._errors import ConfigError, InvalidValueError, TrainingError
 from rlnb._samples import Group
 from rlnb.algorithms import Algorithm, has_signal, preset
 from rlnb.algorithms import functional as F
 from rlnb.config import LearnConfig
 from rlnb.envs import Demonstration
 from rlnb.learn._critic import Critic
+from rlnb.learn._ranks import Ranks
 from rlnb.models import HFPolicy, TinyPolicy
 
 __all__ = ["Learner", "TrainBatch", "collate"]
@@ -204,9 +205,17 @@ class Learner:
         config: LearnConfig = _DEFAULT,
         encode_target: Callable[[str], list[int]] | None = None,
         encode_observation: Callable[[str], list[int]] | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
+        if ranks is not None and config.resolved_algorithm.has_critic:
+            raise ConfigError(
+                f"a learner split across {ranks.world} ranks has no critic yet: use an algorithm without one "
+                "(advantage='gae' has one), or a single rank"
+            )
         self.policy = policy.train()
         self.config = config
+        # This process's share of the learner split across processes (None: all of it).
+        self.ranks = ranks
         self.threads = config.threads  # not a live setting: a live change's config leaves it be
         self._encode = encode
         # A warm-up target's ids: the text's own (default: encode() less the BOS it adds).
@@ -307,7 +316,8 @@ class Learner:
         prompt_lengths = batch.prompt_lengths[groups]
         prompts = batch.prompts[groups, : int(prompt_lengths.max())]
         targets = batch.targets[rows, :width]
-        logits = model.forward_shared(prompts, prompt_lengths, targets[:, :-1], local).float()
+        logits = model.forward_shared(prompts, prompt_lengths, targets[:, :-1], local)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 up; a float64 model stays
         logp_all = logits.log_softmax(-1)
         logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
         entropy = -(logp_all.exp() * logp_all).sum(-1)
@@ -430,71 +440,84 @@ class Learner:
         clippable = False
         updates = 0
         counted = 0.0  # the tokens the policy loss is taken over, after top_entropy_quantile too
-        for _ in range(cfg.epochs):
-            for part in parts:
-                rows = torch.nonzero(torch.isin(batch.group_of, part)).flatten()
-                # The update's denominator and tokens, once: each chunk's loss is its share
-                # of the update's, so the chunks (micro-batches, or rows of similar length,
-                # each padded only to its own longest) add up to the same loss without
-                # most of the padding.
-                denominator = F.normaliser(alg, train_mask[rows], max_length=max_length)
-                total = max(1, int(train_mask[rows].sum()))
-                self.optimizer.zero_grad(set_to_none=True)
-                for chunk in self._chunks(rows, lengths):
-                    width = max(1, int(lengths[chunk].max()))
-                    mask = train_mask[chunk, :width]
-                    logp, entropy = self._token_logp(self.policy, batch, chunk, width)
-                    inputs = F.LossInputs(
-                        algorithm=alg,
-                        logp=logp,
-                        prox_logp=None if prox is None else prox[chunk, :width],
-                        behav_logp=batch.behav_logp[chunk, :width],
-                        advantages=batch.advantages[chunk, :width] if per_token else batch.advantages[chunk],
-                        mask=mask,
-                        ref_logp=None if ref is None or kl_in_reward else ref[chunk, :width],
-                        versions=batch.min_versions[chunk],
-                        lengths=lengths[chunk],
-                        entropy=entropy,
-                        normaliser=denominator,
-                        update_tokens=total,
-                    )
+        try:
+            for _ in range(cfg.epochs):
+                for part in parts:
+                    rows = torch.nonzero(torch.isin(batch.group_of, part)).flatten()
+                    # The update's denominator and tokens, once: each chunk's loss is its share
+                    # of the update's, so the chunks (micro-batches, or rows of similar length,
+                    # each padded only to its own longest) add up to the same loss without
+                    # most of the padding; split across ranks, so do the ranks' chunks.
+                    denominator = F.normaliser(alg, train_mask[rows], max_length=max_length)
+                    total = max(1, int(train_mask[rows].sum()))
+                    self.optimizer.zero_grad(set_to_none=True)
+                    failure: Exception | None = None
                     try:
-                        terms = F.policy_loss(inputs)
-                    except BaseException:  # a loss function (a user's) that raises: no half-made step
-                        self._put_back(saved, updates)
-                        raise
-                    share = terms.tokens / total
-                    loss_value = float(terms.loss.detach())
-                    if not math.isfinite(loss_value):
-                        self._put_back(saved, updates)
-                        raise self._not_finite(f"the loss is {loss_value}", batch, _OVERFLOW)
-                    terms.loss.backward()
-                    clippable = clippable or terms.clippable
-                    counted += terms.tokens * terms.kept_fraction
-                    sums["loss"] += loss_value
-                    for key, value in (
-                        ("policy", terms.policy),
-                        ("kl", terms.kl),
-                        ("clip", terms.clip_fraction),
-                        ("clip_low", terms.clip_low_fraction),
-                        ("clip_high", terms.clip_high_fraction),
-                        ("isw", terms.is_weight_mean),
-                        ("istrunc", terms.is_corrected_fraction),
-                        ("ent", float((entropy.detach() * mask).sum() / mask.sum().clamp_min(1))),
-                    ):
-                        sums[key] += value * share
-                if lr is None:  # the first optimiser step of this update
-                    now = self.config
-                    lr, max_grad_norm = self.lr_at(self.version, now), now.max_grad_norm
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm))
-                if not math.isfinite(grad_norm):  # clipping would spread the inf or NaN to every weight
-                    self._put_back(saved, updates)
-                    raise self._not_finite(f"the gradient's norm is {grad_norm}", batch, _OVERFLOW)
-                for param_group in self.optimizer.param_groups:
-                    param_group["lr"] = lr
-                self.optimizer.step()
-                updates += 1
-                sums["gn"] += grad_norm
+                        mine = rows if self.ranks is None else self.ranks.mine(rows)
+                        for chunk in self._chunks(mine, lengths):
+                            width = max(1, int(lengths[chunk].max()))
+                            mask = train_mask[chunk, :width]
+                            logp, entropy = self._token_logp(self.policy, batch, chunk, width)
+                            inputs = F.LossInputs(
+                                algorithm=alg,
+                                logp=logp,
+                                prox_logp=None if prox is None else prox[chunk, :width],
+                                behav_logp=batch.behav_logp[chunk, :width],
+                                advantages=batch.advantages[chunk, :width] if per_token else batch.advantages[chunk],
+                                mask=mask,
+                                ref_logp=None if ref is None or kl_in_reward else ref[chunk, :width],
+                                versions=batch.min_versions[chunk],
+                                lengths=lengths[chunk],
+                                entropy=entropy,
+                                normaliser=denominator,
+                                update_tokens=total,
+                            )
+                            terms = F.policy_loss(inputs)  # a loss function (a user's) that raises: no half-made step
+                            share = terms.tokens / total
+                            loss_value = float(terms.loss.detach())
+                            if not math.isfinite(loss_value):
+                                raise self._not_finite(f"the loss is {loss_value}", batch, _OVERFLOW)
+                            terms.loss.backward()
+                            clippable = clippable or terms.clippable
+                            counted += terms.tokens * terms.kept_fraction
+                            sums["loss"] += loss_value
+                            for key, value in (
+                                ("policy", terms.policy),
+                                ("kl", terms.kl),
+                                ("clip", terms.clip_fraction),
+                                ("clip_low", terms.clip_low_fraction),
+                                ("clip_high", terms.clip_high_fraction),
+                                ("isw", terms.is_weight_mean),
+                                ("istrunc", terms.is_corrected_fraction),
+                                ("ent", float((entropy.detach() * mask).sum() / mask.sum().clamp_min(1))),
+                            ):
+                                sums[key] += value * share
+                    except Exception as exc:
+                        if self.ranks is None:
+                            raise
+                        failure = exc  # said at the same point on every rank: none waits in a collective
+                    if self.ranks is not None:
+                        self.ranks.agree(failure, f"update {updates + 1} of step {self.version + 1}")
+                        self.ranks.sum_gradients(self.trainable_parameters())
+                    if lr is None:  # the first optimiser step of this update
+                        now = self.config
+                        lr, max_grad_norm = self.lr_at(self.version, now), now.max_grad_norm
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm))
+                    if not math.isfinite(grad_norm):  # clipping would spread the inf or NaN to every weight
+                        raise self._not_finite(f"the gradient's norm is {grad_norm}", batch, _OVERFLOW)
+                    for param_group in self.optimizer.param_groups:
+                        param_group["lr"] = lr
+                    self.optimizer.step()
+                    updates += 1
+                    sums["gn"] += grad_norm
+        except BaseException:
+            self._put_back(saved, updates)  # a later update that failed: the weights of before the first
+            raise
+        if self.ranks is not None:  # each rank summed its own chunks' shares
+            summed = [k for k in sums if k != "gn"]  # the norm is of the summed gradient: the same everywhere
+            *values, counted, either = self.ranks.sum([*(sums[k] for k in summed), counted, float(clippable)])
+            sums.update(zip(summed, values, strict=True))
+            clippable = either > 0
         assert lr is not None  # epochs >= 1 and a part at least: every update steps the optimiser
         if alg.has_critic and self.critic is not None:
             self.critic.step_held()  # the policy's update is taken: the critic's held one too

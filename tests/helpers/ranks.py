@@ -1,0 +1,167 @@
+"""The learner on one process and split across ranks, on the same batches.
+
+``python -m tests.helpers.ranks compare --world 2 --steps 5 --algorithms grpo,gspo``
+trains a tiny policy (in float64) both ways, the ranks as processes on a gloo
+process group over loopback, and prints as JSON each algorithm's metrics both ways
+and the largest difference of the final weights. ``... fail --world 2``: the last
+rank's loss function raises in step 2; prints what each rank raised and whether its
+weights stayed step 1's."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+from typing import Any
+
+import torch
+
+import rlnb
+from rlnb.algorithms import functional as F
+from rlnb.learn import LearnConfig, Learner
+from rlnb.learn._ranks import Ranks
+from rlnb.models import CharTokenizer, TinyPolicy
+
+TOK = CharTokenizer("0123456789+=")
+DTYPE = torch.float64  # float32 rounds differently when the rows are split; Adam amplifies it
+COMPARED = ("loss", "policy_loss", "grad_norm", "entropy", "kl", "clip_fraction", "tokens_counted", "is_weight_mean")
+
+
+def encode(text: str) -> list[int]:
+    return TOK.encode(text, bos=True)
+
+
+def policy(dtype: torch.dtype) -> TinyPolicy:
+    model = TinyPolicy(rlnb.ModelConfig(vocab_size=TOK.vocab_size, d_model=32, n_layers=2, n_heads=2, max_len=24))
+    return model.to(dtype)
+
+
+def batches(steps: int, *, groups: int = 3, size: int = 4, seed: int = 0) -> list[list[rlnb.Group]]:
+    """``steps`` batches of ``groups`` groups of ``size`` samples: random completions
+    of random lengths, behaviour log-probs and rewards (the same for every caller)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(steps):
+        batch = []
+        for _ in range(groups):
+            a, b = rng.randrange(10, 99), rng.randrange(10, 99)
+            prompt = f"{a}+{b}="
+            samples = []
+            for _ in range(size):
+                n = rng.randrange(1, 6)
+                tokens = (*(rng.randrange(3, TOK.vocab_size) for _ in range(n)), TOK.EOS)
+                samples.append(
+                    rlnb.Sample(
+                        prompt=prompt,
+                        completion="",
+                        token_ids=tokens,
+                        logprobs=tuple(-rng.uniform(1.5, 3.5) for _ in tokens),
+                        versions=(0,) * len(tokens),
+                        reward=float(rng.random() < 0.5) + rng.uniform(-0.1, 0.1),
+                    )
+                )
+            batch.append(rlnb.Group(prompt, tuple(samples)))
+        out.append(batch)
+    return out
+
+
+def config(algorithm: str) -> LearnConfig:
+    return LearnConfig(lr=1e-2, algorithm=algorithm, epochs=2, minibatches=2, kl_coef=0.01)
+
+
+def train(algorithm: str, steps: int, ranks: Ranks | None) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
+    learner = Learner(policy(DTYPE), encode=encode, pad_id=TOK.PAD, config=config(algorithm), ranks=ranks)
+    history = [learner.step(batch) for batch in batches(steps)]
+    return history, {k: v.detach().clone() for k, v in learner.policy.state_dict().items()}
+
+
+def fail_at_step_2(failing: int, ranks: Ranks | None) -> dict[str, Any]:
+    """Step 1, then step 2 with a loss function that raises on rank ``failing`` only:
+    what each rank raised, and whether its weights are step 1's."""
+    learner = Learner(policy(DTYPE), encode=encode, pad_id=TOK.PAD, config=config("grpo"), ranks=ranks)
+    first, second = batches(2)
+    learner.step(first)
+    kept = {k: v.detach().clone() for k, v in learner.policy.state_dict().items()}
+    rank = 0 if ranks is None else ranks.rank
+    if rank == failing:
+        policy_loss = F.policy_loss
+
+        def broken(inputs: Any) -> Any:
+            raise ValueError(f"a loss function that fails on rank {rank}")
+
+        F.policy_loss = broken
+    try:
+        learner.step(second)
+        raised = None
+    except Exception as exc:
+        raised = f"{type(exc).__name__}: {exc}"
+    finally:
+        if rank == failing:
+            F.policy_loss = policy_loss
+    same = all(torch.equal(v, kept[k]) for k, v in learner.policy.state_dict().items())
+    return {"raised": raised, "weights kept": same, "version": learner.version}
+
+
+def _rank(rank: int, world: int, store: str, what: str, algorithms: list[str], steps: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        ranks = Ranks.current()
+        if what == "fail":
+            result: Any = fail_at_step_2(world - 1, ranks)
+        else:
+            result = {algorithm: train(algorithm, steps, ranks) for algorithm in algorithms}
+        torch.save(result, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _on_ranks(world: int, what: str, algorithms: list[str], steps: int) -> list[Any]:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as where:
+        out = os.path.join(where, "rank")
+        mp.spawn(_rank, args=(world, os.path.join(where, "store"), what, algorithms, steps, out), nprocs=world)
+        return [torch.load(f"{out}.{rank}") for rank in range(world)]
+
+
+def compare(world: int, steps: int, algorithms: list[str]) -> dict[str, Any]:
+    """Each algorithm's metrics alone and on ``world`` ranks, and the largest
+    difference of the final weights (rank 0's; every rank's are the same)."""
+    split = _on_ranks(world, "compare", algorithms, steps)
+    result = {}
+    for algorithm in algorithms:
+        alone, weights = train(algorithm, steps, None)
+        history, theirs = split[0][algorithm]
+        result[algorithm] = {
+            "alone": [{k: m[k] for k in COMPARED} for m in alone],
+            "ranks": [{k: m[k] for k in COMPARED} for m in history],
+            "weights": max(float((weights[k] - theirs[k]).abs().max()) for k in weights),
+            "ranks agree": all(torch.equal(theirs[k], other[algorithm][1][k]) for other in split[1:] for k in theirs),
+        }
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what", choices=("compare", "fail"))
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--algorithms", default="grpo")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    if args.what == "fail":
+        result: Any = _on_ranks(args.world, "fail", [], 2)
+    else:
+        result = compare(args.world, args.steps, args.algorithms.split(","))
+    json.dump(result, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The learner split across processes (rlnb.learn._ranks): two ranks on a gloo
+process group take the step one process takes on the same batches, and a rank
+whose share fails fails the step on every rank, none left waiting."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import rlnb
+from rlnb.learn import LearnConfig, Learner
+from rlnb.learn._ranks import Ranks
+from tests.helpers.processes import PythonProcesses
+from tests.helpers.ranks import TOK, encode, policy
+
+# gloo connects the ranks over loopback
+processes = pytest.mark.netns
+
+# Every algorithm without a critic; each trains 5 steps of 2 epochs of 2 minibatches.
+ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "sapo")
+
+
+def _run(start_python: PythonProcesses, *args: str) -> object:
+    proc = start_python("-m", "tests.helpers.ranks", *args, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"})
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return json.loads(out)
+
+
+@processes
+def test_two_ranks_take_the_step_one_process_takes(start_python: PythonProcesses) -> None:
+    result = _run(start_python, "compare", "--world", "2", "--steps", "5", "--algorithms", ",".join(ALGORITHMS))
+    assert isinstance(result, dict) and set(result) == set(ALGORITHMS)
+    for algorithm, seen in result.items():
+        assert len(seen["alone"]) == len(seen["ranks"]) == 5
+        for step, (alone, ranks) in enumerate(zip(seen["alone"], seen["ranks"], strict=True), 1):
+            for key, value in alone.items():
+                assert ranks[key] == pytest.approx(value, abs=1e-9), (algorithm, step, key)
+        assert seen["weights"] < 1e-9, algorithm  # float64: the split itself adds nothing but rounding
+        assert seen["ranks agree"], algorithm  # every rank holds the same weights
+
+
+@processes
+def test_a_rank_whose_share_fails_fails_the_step_on_every_rank_and_keeps_the_weights(
+    start_python: PythonProcesses,
+) -> None:
+    first, last = _run(start_python, "fail", "--world", "2")  # type: ignore[misc]
+    assert last["raised"] == "ValueError: a loss function that fails on rank 1"  # its own error
+    assert first["raised"] == (
+        "RankFailed: learner rank 1 failed during update 1 of step 2; the step was not taken on any rank"
+    )
+    assert first["weights kept"] and last["weights kept"]
+    assert first["version"] == last["version"] == 1
+
+
+def test_ranks_split_rows_evenly_and_contiguously() -> None:
+    rows = torch.arange(7)
+    shares = [Ranks(rank, 3).mine(rows).tolist() for rank in range(3)]
+    assert shares == [[0, 1, 2], [3, 4], [5, 6]]
+    assert Ranks(1, 2).mine(torch.arange(1)).tolist() == []  # fewer rows than ranks: a rank may have none
+
+
+def test_a_learner_with_a_critic_is_refused_on_ranks_before_anything_is_made() -> None:
+    with pytest.raises(rlnb.ConfigError, match="no critic yet: use an algorithm without one"):
+        Learner(
+            policy(torch.float32), encode=encode, pad_id=TOK.PAD, config=LearnConfig(algorithm="ppo"), ranks=Ranks(0, 2)
+        )
