@@ -488,7 +488,14 @@ class LearnConfig:
         on a thread, in a process or as local Ray replicas), the threads torch
         would use less the engine's, at least 1: generation and learning run at
         once, and more threads than cores slowed both (measured in the README's
-        "Async training" section); otherwise torch's default."""
+        "Async training" section); otherwise torch's default.
+    ranks: the learner's processes. 1 (the default): in the session's process. N > 1:
+        N Ray actors on the session's Ray cluster (:class:`RayConfig`: a local one,
+        or ``address``'s), one CPU each, placed as ``RayConfig.strategy`` says, on a
+        gloo process group; each takes its share of every update's samples and the
+        gradients are summed, so a step is the one a single process takes (the
+        session's process keeps a copy of the weights, which the engines get). Not
+        with a critic (``advantage="gae"``) yet."""
 
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
@@ -505,6 +512,7 @@ class LearnConfig:
     micro_batch_size: int | None = None
     keep_batches: int = 8
     threads: int | None = None
+    ranks: int = 1
 
     def __post_init__(self) -> None:
         check_number("LearnConfig.lr", self.lr, gt=0, fix="use a learning rate > 0, e.g. lr=1e-4")
@@ -548,6 +556,14 @@ class LearnConfig:
             example="None (the whole batch at once) or micro_batch_size=8",
         )
         check_int("LearnConfig.keep_batches", self.keep_batches, minimum=0, example="keep_batches=8")
+        check_int("LearnConfig.ranks", self.ranks, minimum=1, example="ranks=2")
+        require(
+            self.ranks == 1 or not self.resolved_algorithm.has_critic,
+            "LearnConfig.ranks",
+            self.ranks,
+            "a learner on several ranks has no critic yet: use ranks=1 with advantage='gae', "
+            "or an algorithm without a critic",
+        )
 
     @property
     def resolved_algorithm(self) -> Algorithm:

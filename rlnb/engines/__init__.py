@@ -3,9 +3,10 @@
 ``TinyEngine`` serves the built-in policy or a Hugging Face model in a thread,
 ``ProcessEngine`` runs it in a child process of its own (weights through shared memory),
 ``VLLMEngine`` serves a model directory with vLLM in a guarded child process,
-``RayEngine`` runs replicas of either as Ray actors, and ``FakeEngine`` is a scripted
-engine for tests. Nothing here knows about the ``Rollouter`` (``rlnb.rollout``), which
-drives any object that keeps the protocol.
+``RayEngine`` runs replicas of either as Ray actors (on a ``RayCluster``, which the
+learner's ranks use too), and ``FakeEngine`` is a scripted engine for tests. Nothing
+here knows about the ``Rollouter`` (``rlnb.rollout``), which drives any object that
+keeps the protocol.
 """
 
 import typing as _typing
@@ -25,6 +26,7 @@ from rlnb.engines._protocol import (
 if _typing.TYPE_CHECKING:
     from rlnb.engines._process import ProcessEngine
     from rlnb.engines._ray import RayEngine
+    from rlnb.engines._ray_cluster import RayCluster
     from rlnb.engines._tiny import TinyEngine
     from rlnb.engines._vllm import VLLMEngine
 else:
@@ -40,6 +42,10 @@ else:
             from rlnb.engines._ray import RayEngine
 
             return RayEngine
+        if name == "RayCluster":  # the learner's ranks run on the session's cluster too
+            from rlnb.engines._ray_cluster import RayCluster
+
+            return RayCluster
         if name == "TinyEngine":
             from rlnb.engines._tiny import TinyEngine
 
@@ -52,7 +58,7 @@ else:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "ProcessEngine", "RayEngine", "TinyEngine", "VLLMEngine"})
+    return sorted({*globals(), "ProcessEngine", "RayCluster", "RayEngine", "TinyEngine", "VLLMEngine"})
 
 
 __all__ = [
@@ -64,6 +70,7 @@ __all__ = [
     "PauseMode",
     "ProcessEngine",
     "PromptTooLong",
+    "RayCluster",
     "RayEngine",
     "SamplingParams",
     "TinyEngine",

@@ -45,7 +45,7 @@ from typing import Any
 from rlnb._errors import ClosedError, ConfigError, EngineError
 from rlnb.config import EngineConfig, RayConfig
 from rlnb.engines._protocol import EngineStatistics, GenerateRequest, GenerateResult, PauseMode
-from rlnb.engines._ray_cluster import Cluster, report_deaths
+from rlnb.engines._ray_cluster import RayCluster, report_deaths
 from rlnb.engines._shared import DEFAULT_ENGINE, check_engine_config
 from rlnb.engines._shared import running as count_running
 
@@ -179,7 +179,7 @@ class RayEngine:
     """Engine replicas as Ray actors; see the module docstring.
     Made by :meth:`start`; every async method runs on the session's bridge loop."""
 
-    def __init__(self, ray: Any, cluster: Cluster, factory: Any, config: RayConfig) -> None:
+    def __init__(self, ray: Any, cluster: RayCluster, factory: Any, config: RayConfig) -> None:
         self._ray, self._cluster, self._factory, self._config = ray, cluster, factory, config
         self._slots: list[_Slot] = []
         self._weights: tuple[Any, int] | None = None  # the latest (object ref, version) sent
@@ -227,7 +227,7 @@ class RayEngine:
         import ray
         from ray.util.placement_group import placement_group
 
-        cluster = Cluster.connect(ray, config, name, log_dir)
+        cluster = RayCluster.connect(ray, config, name, log_dir)
         made: RayEngine | None = None
         try:
             bundle = {"CPU": float(config.num_cpus), **({"GPU": float(config.num_gpus)} if config.num_gpus else {})}

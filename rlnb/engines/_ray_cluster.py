@@ -22,7 +22,7 @@ import psutil
 
 from rlnb._errors import ConfigError, EngineError
 
-__all__ = ["Cluster", "is_ray_process", "report_deaths"]
+__all__ = ["RayCluster", "is_ray_process", "report_deaths"]
 
 # Ray's driver keeps these after ray.shutdown(); said beside the gauges, which leave them out.
 KEPT_AFTER_SHUTDOWN = (
@@ -31,7 +31,7 @@ KEPT_AFTER_SHUTDOWN = (
 )
 
 
-class Cluster:
+class RayCluster:
     """Ray as this session uses it: started here (owned) or attached to."""
 
     def __init__(self, ray: Any, *, connected: bool, owned: bool, guard: Any) -> None:
@@ -46,7 +46,7 @@ class Cluster:
         self._closed = False
 
     @classmethod
-    def connect(cls, ray: Any, config: Any, name: str, log_dir: str | None) -> Cluster:
+    def connect(cls, ray: Any, config: Any, name: str, log_dir: str | None) -> RayCluster:
         if ray.is_initialized():  # another session's Ray, or the user's: use it, leave it be
             cluster = cls(ray, connected=False, owned=False, guard=None)
             cluster.logs = _logs_dir(ray)
@@ -70,7 +70,7 @@ class Cluster:
         return cls._start(ray, config, name, log_dir, options)
 
     @classmethod
-    def _start(cls, ray: Any, config: Any, name: str, log_dir: str | None, options: dict[str, Any]) -> Cluster:
+    def _start(cls, ray: Any, config: Any, name: str, log_dir: str | None, options: dict[str, Any]) -> RayCluster:
         """A local cluster of the session's own. On a busy machine Ray's Python agents
         can take longer to import than the raylet waits for them (30 s; the raylet
         then aborts and ``ray.init`` raises): such a start is cleaned up and tried

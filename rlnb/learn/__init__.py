@@ -7,6 +7,7 @@ from rlnb.config import LearnConfig
 from rlnb.learn._learner import Learner, TrainBatch, collate
 from rlnb.learn._loss import LossTerms, grpo_advantages, policy_loss
 from rlnb.learn._progress import progress_bar
+from rlnb.learn._rank_group import RankedLearner
 from rlnb.learn._trainer import Callback, Trainer, TrainingStatistics
 from rlnb.learn._warmup import Warmup
 from rlnb.learn._whatif import BatchOrigin, KeptBatch, WhatIf, advantages_of, vocabulary_digest, what_if
@@ -18,6 +19,7 @@ __all__ = [
     "LearnConfig",
     "Learner",
     "LossTerms",
+    "RankedLearner",
     "TrainBatch",
     "Trainer",
     "TrainingStatistics",

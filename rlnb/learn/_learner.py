@@ -205,17 +205,17 @@ class Learner:
         config: LearnConfig = _DEFAULT,
         encode_target: Callable[[str], list[int]] | None = None,
         encode_observation: Callable[[str], list[int]] | None = None,
-        ranks: Ranks | None = None,
+        share: Ranks | None = None,
     ) -> None:
-        if ranks is not None and config.resolved_algorithm.has_critic:
+        if share is not None and config.resolved_algorithm.has_critic:
             raise ConfigError(
-                f"a learner split across {ranks.world} ranks has no critic yet: use an algorithm without one "
+                f"a learner split across {share.world} ranks has no critic yet: use an algorithm without one "
                 "(advantage='gae' has one), or a single rank"
             )
         self.policy = policy.train()
         self.config = config
-        # This process's share of the learner split across processes (None: all of it).
-        self.ranks = ranks
+        # This process's share of a learner split across processes (None: all of it).
+        self.share = share
         self.threads = config.threads  # not a live setting: a live change's config leaves it be
         self._encode = encode
         # A warm-up target's ids: the text's own (default: encode() less the BOS it adds).
@@ -453,7 +453,7 @@ class Learner:
                     self.optimizer.zero_grad(set_to_none=True)
                     failure: Exception | None = None
                     try:
-                        mine = rows if self.ranks is None else self.ranks.mine(rows)
+                        mine = rows if self.share is None else self.share.mine(rows)
                         for chunk in self._chunks(mine, lengths):
                             width = max(1, int(lengths[chunk].max()))
                             mask = train_mask[chunk, :width]
@@ -493,12 +493,12 @@ class Learner:
                             ):
                                 sums[key] += value * share
                     except Exception as exc:
-                        if self.ranks is None:
+                        if self.share is None:
                             raise
                         failure = exc  # said at the same point on every rank: none waits in a collective
-                    if self.ranks is not None:
-                        self.ranks.agree(failure, f"update {updates + 1} of step {self.version + 1}")
-                        self.ranks.sum_gradients(self.trainable_parameters())
+                    if self.share is not None:
+                        self.share.agree(failure, f"update {updates + 1} of step {self.version + 1}")
+                        self.share.sum_gradients(self.trainable_parameters())
                     if lr is None:  # the first optimiser step of this update
                         now = self.config
                         lr, max_grad_norm = self.lr_at(self.version, now), now.max_grad_norm
@@ -513,9 +513,9 @@ class Learner:
         except BaseException:
             self._put_back(saved, updates)  # a later update that failed: the weights of before the first
             raise
-        if self.ranks is not None:  # each rank summed its own chunks' shares
+        if self.share is not None:  # each rank summed its own chunks' shares
             summed = [k for k in sums if k != "gn"]  # the norm is of the summed gradient: the same everywhere
-            *values, counted, either = self.ranks.sum([*(sums[k] for k in summed), counted, float(clippable)])
+            *values, counted, either = self.share.sum([*(sums[k] for k in summed), counted, float(clippable)])
             sums.update(zip(summed, values, strict=True))
             clippable = either > 0
         assert lr is not None  # epochs >= 1 and a part at least: every update steps the optimiser

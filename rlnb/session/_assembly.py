@@ -8,6 +8,7 @@ composition root reads as a list of stages.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -85,9 +86,11 @@ def load_checkpoint(
     model_path: str | os.PathLike[str] | None,
     device: str | None,
     algorithm: Any = None,
+    ranks: int | None = None,
 ) -> tuple[Config, tuple[dict[str, Any], dict[str, Any], Path]]:
-    """``Session.load``'s checkpoint: its config, with ``model_path``, ``device`` and
-    ``algorithm`` in place of the saved ones, and what the session restores; all checked first."""
+    """``Session.load``'s checkpoint: its config, with ``model_path``, ``device``,
+    ``algorithm`` and ``ranks`` in place of the saved ones, and what the session
+    restores; all checked first."""
     from rlnb import checkpoint
 
     changes: dict[str, Any] = {"path": None if model_path is None else os.fspath(model_path), "device": device}
@@ -108,6 +111,12 @@ def load_checkpoint(
         except ConfigError as exc:
             raise ConfigError(f"Session.load(algorithm={algorithm!r}): {exc}") from None
         learn = {"algorithm": algorithm}
+    if ranks is not None:
+        try:
+            LearnConfig(ranks=ranks)
+        except ConfigError as exc:
+            raise ConfigError(f"Session.load(ranks={ranks!r}): {exc}") from None
+        learn = {**(learn or {}), "ranks": ranks}
     manifest, tensors = checkpoint.read(path, model=changes, learn=learn)
     saved = manifest.get("reward")
     if saved is not None and reward is None:
@@ -145,20 +154,42 @@ def make_buffer(config: Config) -> ReplayBuffer:
     return ReplayBuffer(config.buffer)
 
 
-def make_learner(config: Config, model: ModelConfig, tokenizer: Tokenizer) -> Learner:
+def make_learner(config: Config, model: ModelConfig, tokenizer: Tokenizer, *, name: str = "rlnb") -> Learner:
+    """The learner: in this process, or with ``LearnConfig.ranks`` > 1 a
+    ``RankedLearner`` whose ranks have started (Ray actors; close it to end them)."""
     from rlnb.learn import Learner
     from rlnb.models import TinyPolicy, load_hf_model
 
     policy = TinyPolicy(model, seed=config.seed) if model.path is None else load_hf_model(model, seed=config.seed)
-    return Learner(
+    kwargs: dict[str, Any] = {
+        "encode": functools.partial(tokenizer.encode, bos=True),
+        "encode_target": tokenizer.encode,
+        "encode_observation": tokenizer.encode_observation,
+        "pad_id": tokenizer.PAD,
+        "eos_id": tokenizer.EOS,
+        "config": dataclasses.replace(config.learn, threads=learner_threads(config)),
+    }
+    if config.learn.ranks == 1:
+        return Learner(policy, **kwargs)
+    from rlnb.learn import RankedLearner
+
+    return RankedLearner.start(
         policy,
-        encode=lambda text: tokenizer.encode(text, bos=True),
-        encode_target=lambda text: tokenizer.encode(text),
-        encode_observation=tokenizer.encode_observation,
-        pad_id=tokenizer.PAD,
-        eos_id=tokenizer.EOS,
-        config=dataclasses.replace(config.learn, threads=learner_threads(config)),
+        ranks=config.learn.ranks,
+        ray=config.ray,
+        name=name,
+        log_dir=ray_log_dir(config),
+        threads=config.learn.threads or 1,
+        **kwargs,
     )
+
+
+def ray_log_dir(config: Config) -> str | None:
+    """Where a local Ray cluster of the session keeps its logs: ``RayConfig.log_dir``,
+    else ``<run_dir>/ray`` with a run dir, else Ray's default (None)."""
+    if config.ray.log_dir is None and config.track.run_dir is not None:
+        return str(Path(config.track.run_dir) / "ray")
+    return config.ray.log_dir
 
 
 def learner_threads(config: Config) -> int | None:
@@ -199,11 +230,14 @@ def make_engine(config: Config, learner: Learner, tokenizer: Tokenizer, *, name:
     if replicas:
         from rlnb.engines import RayEngine
 
-        log_dir = config.ray.log_dir
-        if log_dir is None and config.track.run_dir is not None:
-            log_dir = str(Path(config.track.run_dir) / "ray")
         return RayEngine.start(
-            learner.serving_policy(), config.ray, engine=e, eos_id=tokenizer.EOS, name=name, log_dir=log_dir, vllm=vllm
+            learner.serving_policy(),
+            config.ray,
+            engine=e,
+            eos_id=tokenizer.EOS,
+            name=name,
+            log_dir=ray_log_dir(config),
+            vllm=vllm,
         )
     # The engine copies the policy as it serves it (with LoRA: merged, without adapters).
     if e.process:

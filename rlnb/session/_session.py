@@ -164,7 +164,9 @@ class Session:
         self._buffer = self._own(parts.make_buffer(self._config))
 
     def _build_learner(self) -> None:
-        self._learner = parts.make_learner(self._config, self._model, self._tokenizer)
+        self._learner = parts.make_learner(self._config, self._model, self._tokenizer, name=self._name)
+        if self._config.learn.ranks > 1:  # its ranks (Ray actors): closed after everything that drives them
+            self._own(self._learner)
 
     def _build_engine(self) -> None:
         if self._engine is None:
@@ -891,6 +893,7 @@ class Session:
         model_path: str | os.PathLike[str] | None = None,
         device: str | None = None,
         algorithm: str | Algorithm | None = None,
+        ranks: int | None = None,
     ) -> Session:
         """A new session that goes on exactly where the one saved at ``path`` stopped.
 
@@ -900,11 +903,14 @@ class Session:
         (on another machine, say). ``algorithm``: the one to go on with in place of the
         saved one (a preset's name or an :class:`~rlnb.algorithms.Algorithm`); needed where
         the saved one had function parts, whose code a checkpoint does not hold (it names
-        them). Raises :class:`~rlnb.CheckpointError` for a missing,
+        them). ``ranks``: the learner's processes to go on with (``LearnConfig.ranks``;
+        None: the saved number): a checkpoint holds whole weights and optimiser state,
+        so a run saved on 2 ranks goes on exactly on 1, and the other way round.
+        Raises :class:`~rlnb.CheckpointError` for a missing,
         damaged or mismatched checkpoint before anything is built. Replaces a live
         session called ``name``. Restores the process's Python and torch random states too."""
         config, restore = parts.load_checkpoint(
-            path, reward=reward, model_path=model_path, device=device, algorithm=algorithm
+            path, reward=reward, model_path=model_path, device=device, algorithm=algorithm, ranks=ranks
         )
         sess = cls(config, name=name, _restore=restore)
         if reward is not None:

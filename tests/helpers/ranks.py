@@ -73,7 +73,7 @@ def config(algorithm: str) -> LearnConfig:
 
 
 def train(algorithm: str, steps: int, ranks: Ranks | None) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
-    learner = Learner(policy(DTYPE), encode=encode, pad_id=TOK.PAD, config=config(algorithm), ranks=ranks)
+    learner = Learner(policy(DTYPE), encode=encode, pad_id=TOK.PAD, config=config(algorithm), share=ranks)
     history = [learner.step(batch) for batch in batches(steps)]
     return history, {k: v.detach().clone() for k, v in learner.policy.state_dict().items()}
 
@@ -81,7 +81,7 @@ def train(algorithm: str, steps: int, ranks: Ranks | None) -> tuple[list[dict[st
 def fail_at_step_2(failing: int, ranks: Ranks | None) -> dict[str, Any]:
     """Step 1, then step 2 with a loss function that raises on rank ``failing`` only:
     what each rank raised, and whether its weights are step 1's."""
-    learner = Learner(policy(DTYPE), encode=encode, pad_id=TOK.PAD, config=config("grpo"), ranks=ranks)
+    learner = Learner(policy(DTYPE), encode=encode, pad_id=TOK.PAD, config=config("grpo"), share=ranks)
     first, second = batches(2)
     learner.step(first)
     kept = {k: v.detach().clone() for k, v in learner.policy.state_dict().items()}

@@ -66,5 +66,5 @@ def test_ranks_split_rows_evenly_and_contiguously() -> None:
 def test_a_learner_with_a_critic_is_refused_on_ranks_before_anything_is_made() -> None:
     with pytest.raises(rlnb.ConfigError, match="no critic yet: use an algorithm without one"):
         Learner(
-            policy(torch.float32), encode=encode, pad_id=TOK.PAD, config=LearnConfig(algorithm="ppo"), ranks=Ranks(0, 2)
+            policy(torch.float32), encode=encode, pad_id=TOK.PAD, config=LearnConfig(algorithm="ppo"), share=Ranks(0, 2)
         )

@@ -1,0 +1,381 @@
+"""The learner on several processes: ``LearnConfig(ranks=N)``.
+
+:class:`RankGroup` is N Ray actors, one per rank, placed with a placement group on
+the session's Ray cluster (a local one it starts, or ``RayConfig(address=...)``'s),
+each a process with torch.distributed's default group (gloo) and a whole
+:class:`~rlnb.learn.Learner` that takes its share of each step
+(:mod:`rlnb.learn._ranks`): the weights are replicated, the gradients summed
+("ddp"). The actors start at once and join the group together; a step is one
+call on each, and rank 0 returns the step's metrics and the new weights.
+
+:class:`RankedLearner` is what the session holds: a :class:`Learner` in the
+session's process whose policy mirrors rank 0's weights after each step (the
+engines, ``logp``, ``what_if``, exports and checkpoints read it as they read a
+single process's learner), and whose :meth:`~RankedLearner.step` runs on the ranks.
+Its optimiser is fetched from rank 0 when something reads it; anything that may
+have changed the mirror (a checkpoint loaded, a warm-up step, the optimiser read)
+is sent to every rank before the next step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import os
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from rlnb._errors import ConfigError, TrainingError
+from rlnb._samples import Group
+from rlnb.learn._learner import Learner
+from rlnb.learn._ranks import RankFailed, Ranks
+
+__all__ = ["RankGroup", "RankedLearner", "RanksDied"]
+
+
+class RanksDied(TrainingError):
+    """A learner rank's process died: the group is gone (its survivors were stopped)."""
+
+
+# How long a collective may wait for the other ranks (torch.distributed's timeout):
+# a rank that died or hangs makes the others' step fail after it, never hang.
+COLLECTIVE_TIMEOUT_S = 300.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Rank:
+    """What runs inside each rank's Ray actor: a whole learner on its share of each step."""
+
+    def __init__(self, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.learner: Learner | None = None
+
+    def where(self) -> dict[str, Any]:
+        """This rank's process, node and a free port on it (rank 0's is the group's rendezvous)."""
+        import ray
+
+        return {"pid": os.getpid(), "node": ray.util.get_node_ip_address(), "port": _free_port()}
+
+    def join(
+        self, rank: int, world: int, address: str, make: Callable[[Ranks], Learner], timeout: float, local: bool
+    ) -> int:
+        """Join the process group at ``address`` as ``rank`` of ``world`` and make the learner."""
+        import torch.distributed as dist
+
+        if local:  # every rank on this machine: gloo over loopback, whatever the hostname resolves to
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{address}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+        self.learner = make(Ranks(rank, world))
+        return os.getpid()
+
+    def step(self, groups: Sequence[Group], config: Any, max_length: int | None) -> dict[str, Any]:
+        learner = self._learner()
+        learner.config = config
+        metrics = learner.step(groups, max_length=max_length)
+        if dist_rank() != 0:
+            return {"metrics": metrics}
+        return {
+            "metrics": metrics,
+            "advantages": learner.last_advantages,
+            "weights": {k: v.detach().clone() for k, v in learner.model_state().items()},
+        }
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return self._learner().optimizer.state_dict()
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Take the session's mirror's state: ``model``, ``optimizer``, ``reference``, ``version``."""
+        learner = self._learner()
+        if "model" in state:
+            learner.load_model_state(dict(state["model"]))
+        if "optimizer" in state:
+            learner.optimizer.load_state_dict(state["optimizer"])
+        if "reference" in state and learner.reference is not None:
+            learner.reference.load_state_dict(state["reference"])
+        learner.version = int(state["version"])
+
+    def leave(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _learner(self) -> Learner:
+        if self.learner is None:
+            raise TrainingError("this learner rank has not joined its group")
+        return self.learner
+
+
+def dist_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+class RankGroup:
+    """``world`` learner ranks as Ray actors; see the module docstring. Made by :meth:`start`."""
+
+    def __init__(self, ray: Any, cluster: Any, actors: list[Any], placement: Any) -> None:
+        self._ray, self._cluster, self.actors, self._placement = ray, cluster, actors, placement
+        self.pids: list[int] = []
+        self.nodes: list[str] = []
+        self.dead: str | None = None  # which rank died, and when: the group is gone
+        self._closed = False
+
+    @property
+    def world(self) -> int:
+        return len(self.actors)
+
+    @classmethod
+    def start(
+        cls,
+        make: Callable[[Ranks], Learner],
+        world: int,
+        ray_config: Any,
+        *,
+        name: str,
+        log_dir: str | None = None,
+        threads: int = 1,
+        timeout: float = COLLECTIVE_TIMEOUT_S,
+    ) -> RankGroup:
+        """Start (or attach to) Ray as ``ray_config`` says and ``world`` ranks, one CPU
+        each, placed one per bundle ("SPREAD" where the cluster has several nodes);
+        each joins the process group and makes its learner with ``make``. Blocks
+        until every rank has; nothing is left running if one fails."""
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from rlnb.engines import RayCluster
+
+        cluster = RayCluster.connect(ray, ray_config, f"{name}-learner", log_dir)
+        placement = None
+        actors: list[Any] = []
+        try:
+            placement = placement_group([{"CPU": 1.0}] * world, strategy=ray_config.strategy)
+            try:
+                ray.get(placement.ready(), timeout=ray_config.start_timeout)
+            except ray.exceptions.GetTimeoutError:
+                raise ConfigError(
+                    f"LearnConfig.ranks={world} is invalid: the Ray cluster cannot place {world} ranks of one CPU "
+                    f"each (it has {ray.cluster_resources()}) within {ray_config.start_timeout} s; use fewer ranks"
+                ) from None
+            remote = ray.remote(_Rank)
+            for index in range(world):
+                strategy = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=index)
+                actors.append(remote.options(num_cpus=1, scheduling_strategy=strategy).remote(threads))
+            group = cls(ray, cluster, actors, placement)
+            where = ray.get([a.where.remote() for a in actors], timeout=ray_config.start_timeout)
+            group.nodes = [w["node"] for w in where]
+            address = f"{where[0]['node']}:{where[0]['port']}"
+            local = all(node == "127.0.0.1" for node in group.nodes)
+            joined = [a.join.remote(r, world, address, make, timeout, local) for r, a in enumerate(actors)]
+            group.pids = ray.get(joined, timeout=ray_config.start_timeout)
+            cluster.watch_new()
+            return group
+        except BaseException:
+            for actor in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+            if placement is not None:
+                with contextlib.suppress(Exception):
+                    remove_placement_group(placement)
+            cluster.close()
+            raise
+
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """``method(*args)`` on every rank at once; each rank's result, in rank order.
+        A rank's error is raised as the rank's own (the others fail with
+        :class:`~rlnb.learn._ranks.RankFailed`). A rank that dies takes the group
+        with it (the survivors would wait in a collective until its deadline): the
+        others are killed at once and :class:`RanksDied` names it."""
+        self.check_alive()
+        ray = self._ray
+        refs = [getattr(a, method).remote(*args) for a in self.actors]
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        results: dict[int, Any] = {}
+        errors: dict[int, BaseException] = {}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                rank = rank_of[ref]
+                try:
+                    results[rank] = ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    self._died(rank, method, exc)
+                except Exception as exc:
+                    errors[rank] = _cause(exc)
+        if errors:
+            own = [e for _, e in sorted(errors.items()) if not isinstance(e, RankFailed)]
+            raise (own or [errors[min(errors)]])[0]
+        return [results[rank] for rank in range(self.world)]
+
+    def check_alive(self) -> None:
+        if self.dead is not None:
+            raise RanksDied(f"the learner's ranks are gone: {self.dead}; close the session and make a new one")
+
+    def _died(self, rank: int, method: str, exc: BaseException) -> None:
+        pid = self.pids[rank] if rank < len(self.pids) else "?"
+        self.dead = (
+            f"rank {rank} (pid {pid}, on {self.nodes[rank] if rank < len(self.nodes) else '?'}) died during {method}"
+        )
+        for actor in self.actors:  # the others wait on it in a collective: they go too
+            with contextlib.suppress(Exception):
+                self._ray.kill(actor)
+        raise RanksDied(
+            f"learner {self.dead} ({type(exc).__name__}); the other ranks were stopped and the step was not "
+            "taken (the session keeps the weights of the last step); close the session and make a new one "
+            "(sess.save() first keeps them)"
+        ) from None
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Leave the process group, kill the ranks, remove the placement group and,
+        when this group started Ray, shut it down. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        ray = self._ray
+        if ray.is_initialized():
+            with contextlib.suppress(Exception):
+                ray.wait([a.leave.remote() for a in self.actors], num_returns=self.world, timeout=timeout or 10.0)
+            for actor in self.actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+            if self._placement is not None:
+                from ray.util.placement_group import remove_placement_group
+
+                with contextlib.suppress(Exception):
+                    remove_placement_group(self._placement)
+        self._cluster.close(timeout=timeout)
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The error a Ray task raised, as itself where Ray kept it (``RayTaskError.cause``)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+class RankedLearner(Learner):
+    """The session's learner when ``LearnConfig.ranks`` > 1; see the module docstring."""
+
+    group: RankGroup
+
+    @classmethod
+    def start(
+        cls,
+        policy: Any,
+        *,
+        ranks: int,
+        ray: Any,
+        name: str,
+        log_dir: str | None = None,
+        threads: int = 1,
+        **kwargs: Any,
+    ) -> RankedLearner:
+        """``Learner(policy, **kwargs)`` in this process and on ``ranks`` Ray actors
+        started as ``ray`` (a :class:`~rlnb.RayConfig`) says, each rank with
+        ``threads`` torch threads; :meth:`close` ends them."""
+        learner = cls(policy, **kwargs)
+        group = RankGroup.start(rank_factory(policy, **kwargs), ranks, ray, name=name, log_dir=log_dir, threads=threads)
+        learner.attach(group)
+        return learner
+
+    def attach(self, group: RankGroup) -> None:
+        """Drive ``group`` (started from this learner's policy and config)."""
+        self.group = group
+        self._stale: set[str] = set()  # what of the mirror the ranks must get before the next step
+        self._optimizer_version: int | None = 0  # the mirror optimiser's state is rank 0's of this version
+
+    @property  # type: ignore[override]
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimiser, with rank 0's state (fetched when the mirror's is older)."""
+        mirror: torch.optim.Optimizer = self.__dict__["optimizer"]
+        group = self.__dict__.get("group")
+        if group is not None:
+            if self._optimizer_version != self.version:
+                mirror.load_state_dict(group.call("optimizer_state")[0])
+                self._optimizer_version = self.version
+            self._stale.add("optimizer")  # the caller may load a state into it
+        return mirror
+
+    @optimizer.setter
+    def optimizer(self, value: torch.optim.Optimizer) -> None:
+        self.__dict__["optimizer"] = value
+
+    def load_model_state(self, state: dict[str, Any]) -> None:
+        super().load_model_state(state)
+        self._stale.update({"model", "reference"})
+
+    def supervised_step(self, pairs: Sequence[tuple[Any, Any]], optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        metrics = super().supervised_step(pairs, optimizer)  # on the mirror: the ranks get its weights after
+        self._stale.add("model")
+        return metrics
+
+    def step(self, groups: Sequence[Group], *, max_length: int | None = None) -> dict[str, float]:
+        if self.config.resolved_algorithm.has_critic:
+            raise ConfigError(
+                f"LearnConfig.ranks={self.group.world} has no critic yet: use an algorithm without one "
+                "(advantage='gae' has one), or ranks=1"
+            )
+        self._send_stale()
+        results = self.group.call("step", list(groups), self.config, max_length)
+        first = results[0]
+        with torch.no_grad():
+            super().load_model_state(first["weights"])
+        self.last_advantages = first["advantages"]
+        self.version += 1
+        return dict(first["metrics"])
+
+    def _send_stale(self) -> None:
+        if not self._stale:
+            return
+        state: dict[str, Any] = {"version": self.version}
+        if "model" in self._stale:
+            state["model"] = self.model_state()
+        if "reference" in self._stale and self.reference is not None:
+            state["reference"] = self.reference.state_dict()
+        if "optimizer" in self._stale:
+            state["optimizer"] = self.__dict__["optimizer"].state_dict()
+        self.group.call("load", state)
+        self._stale.clear()
+
+    def twin(self, config: Any = None) -> Learner:
+        """A single-process learner on copies of the mirror's policy and rank 0's
+        optimiser state (what ``what_if`` trains): nothing it does reaches the ranks."""
+        twin = super().twin(config)
+        twin.__class__ = Learner  # a copy of this object: made plain, it drives no rank
+        for name in ("group", "_stale", "_optimizer_version"):
+            twin.__dict__.pop(name, None)
+        return twin
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Close the ranks (idempotent)."""
+        group = self.__dict__.get("group")
+        if group is not None:
+            group.close(timeout)
+
+
+def make_rank_learner(kwargs: Mapping[str, Any], policy: Any, ranks: Ranks) -> Learner:
+    """A rank's learner: ``Learner(policy, share=ranks, **kwargs)`` (the factory the ranks unpickle)."""
+    return Learner(policy, share=ranks, **kwargs)
+
+
+def rank_factory(policy: Any, **kwargs: Any) -> Callable[[Ranks], Learner]:
+    """What :meth:`RankGroup.start` gives each rank to make its learner with."""
+    return functools.partial(make_rank_learner, kwargs, policy)

@@ -1,0 +1,101 @@
+"""A session whose learner runs on two ranks (``LearnConfig(ranks=2)``): Ray actors on
+a local cluster the session starts, a gloo process group between them. It trains as
+one process does, carries live settings, what-if and checkpoints across 1 and 2
+ranks, says which rank died, and leaves no process behind."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+import rlnb
+from tests.helpers import exited
+from tests.helpers.ray_cluster import ray_processes
+
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.ray]
+
+COMPARED = ("loss", "policy_loss", "grad_norm", "entropy", "reward_mean", "lr", "version")
+
+
+def config(ranks: int, **learn: Any) -> rlnb.Config:
+    return rlnb.Config(
+        model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+        rollout=rlnb.RolloutConfig(group_size=4, groups_per_step=4),
+        learn=rlnb.LearnConfig(ranks=ranks, lr=3e-3, **learn),
+        data=rlnb.DataConfig(num_workers=0),
+        seed=1,
+    )
+
+
+def same(a: dict[str, float], b: dict[str, float]) -> None:
+    for key in COMPARED:
+        assert math.isclose(a[key], b[key], rel_tol=1e-4, abs_tol=1e-6), (key, a[key], b[key])
+
+
+def test_two_ranks_train_as_one_process_and_a_checkpoint_goes_between_them(tmp_path: Path) -> None:
+    import ray
+
+    with rlnb.Session(config(1), name="one") as one:
+        alone = one.train(3, progress=False)
+        one.set(lr=1e-3)
+        alone.append(one.step())
+        one.save(tmp_path / "one")
+        alone_next = one.step()
+    with rlnb.Session(config(2), name="two") as two:
+        assert ray.is_initialized()
+        ranks = [p for p in ray_processes() if "_Rank" in " ".join(p.cmdline())]
+        assert len(ranks) == 2, "one process per rank"
+        split = two.train(3, progress=False)
+        two.set(lr=1e-3)  # a live setting reaches the ranks with the next step
+        split.append(two.step())
+        for a, b in zip(alone, split, strict=True):
+            same(a, b)
+        assert split[-1]["lr"] == 1e-3
+        assert two.complete("12+34=")  # the engine serves the mirror of rank 0's weights
+        # what-if trains a copy in this process: the ranks' weights stay
+        two.what_if(lr=1e-2)
+        two.save(tmp_path / "ckpt")
+        split_next = two.step()
+        same(alone_next, split_next)
+        # the background run drives the ranks too
+        two.training.start(2)
+        two.training.wait()
+        assert two.version == 7
+        everyone = ray_processes()
+    assert not ray.is_initialized()
+    assert all(exited(p) for p in everyone) and ray_processes() == []
+    # 2 -> 1 rank and 1 -> 2: the checkpoint's weights and optimiser state resume exactly
+    with rlnb.Session.load(tmp_path / "ckpt", ranks=1, name="back") as back:
+        same(split_next, back.step())
+    with rlnb.Session.load(tmp_path / "one", ranks=2, name="up") as up:
+        assert up.config.learn.ranks == 2
+        same(alone_next, up.step())
+    assert ray_processes() == []
+
+
+def test_a_rank_killed_mid_step_is_an_error_naming_it_and_close_leaves_nothing() -> None:
+    import ray
+
+    class KillRank1(rlnb.learn.Callback):
+        def on_batch(self, groups: Any) -> None:
+            ray.kill(sess._learner.group.actors[1], no_restart=True)  # type: ignore[attr-defined]
+
+    sess = rlnb.Session(config(2), name="dies")
+    try:
+        sess.step()
+        pid = sess._learner.group.pids[1]  # type: ignore[attr-defined]
+        sess.callbacks.append(KillRank1())
+        with pytest.raises(rlnb.TrainingError, match=rf"learner rank 1 \(pid {pid}, on 127.0.0.1\) died during step"):
+            sess.step()
+        assert sess.version == 1  # the step was not taken
+        with pytest.raises(rlnb.TrainingError, match="the learner's ranks are gone: rank 1"):
+            sess.step()
+        everyone = ray_processes()
+    finally:
+        sess.close()
+    assert all(exited(p) for p in everyone) and ray_processes() == []
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
