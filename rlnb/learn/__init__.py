@@ -7,7 +7,7 @@ from rlnb.config import LearnConfig
 from rlnb.learn._learner import Learner, TrainBatch, collate
 from rlnb.learn._loss import LossTerms, grpo_advantages, policy_loss
 from rlnb.learn._progress import progress_bar
-from rlnb.learn._rank_group import RankedLearner
+from rlnb.learn._rank_group import LearnerStatistics, RankedLearner, RankStatistics
 from rlnb.learn._trainer import Callback, Trainer, TrainingStatistics
 from rlnb.learn._warmup import Warmup
 from rlnb.learn._whatif import BatchOrigin, KeptBatch, WhatIf, advantages_of, vocabulary_digest, what_if
@@ -17,8 +17,10 @@ __all__ = [
     "Callback",
     "KeptBatch",
     "LearnConfig",
+    "LearnerStatistics",
     "Learner",
     "LossTerms",
+    "RankStatistics",
     "RankedLearner",
     "TrainBatch",
     "Trainer",

@@ -20,10 +20,12 @@ is sent to every rank before the next step.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import functools
 import os
 import socket
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,7 +36,36 @@ from rlnb._samples import Group
 from rlnb.learn._learner import Learner
 from rlnb.learn._ranks import RankFailed, Ranks
 
-__all__ = ["RankGroup", "RankedLearner", "RanksDied"]
+__all__ = ["LearnerStatistics", "RankGroup", "RankStatistics", "RankedLearner", "RanksDied"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankStatistics:
+    """One learner rank as its last step left it: its process, node and state
+    ("running", "dead" or "closed"), the step's seconds on it (its share of the
+    update; None before any step), the bytes of its parameters, gradients and
+    optimiser state, and its process's resident memory."""
+
+    rank: int
+    pid: int
+    node: str
+    state: str
+    step_seconds: float | None = None
+    parameter_bytes: int = 0
+    gradient_bytes: int = 0
+    optimizer_bytes: int = 0
+    rss_bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerStatistics:
+    """The learner's ranks (``LearnConfig.ranks`` > 1): how they split the work
+    (``strategy``: "ddp", the weights on every rank and the gradients summed), each
+    rank's :class:`RankStatistics`, and which rank died, if one did."""
+
+    strategy: str
+    ranks: tuple[RankStatistics, ...]
+    dead: str | None = None
 
 
 class RanksDied(TrainingError):
@@ -86,11 +117,14 @@ class _Rank:
     def step(self, groups: Sequence[Group], config: Any, max_length: int | None) -> dict[str, Any]:
         learner = self._learner()
         learner.config = config
+        started = time.perf_counter()
         metrics = learner.step(groups, max_length=max_length)
+        seen = {"seconds": time.perf_counter() - started, **_memory(learner)}
         if dist_rank() != 0:
-            return {"metrics": metrics}
+            return {"metrics": metrics, "seen": seen}
         return {
             "metrics": metrics,
+            "seen": seen,
             "advantages": learner.last_advantages,
             "weights": {k: v.detach().clone() for k, v in learner.model_state().items()},
         }
@@ -121,6 +155,22 @@ class _Rank:
         return self.learner
 
 
+def _memory(learner: Learner) -> dict[str, int]:
+    """The bytes of this rank's parameters, gradients and optimiser state, and its process's resident memory."""
+    import psutil
+
+    params = list(learner.policy.parameters())
+    state = learner.optimizer.state.values()
+    return {
+        "parameters": sum(p.numel() * p.element_size() for p in params),
+        "gradients": sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
+        "optimizer": sum(
+            t.numel() * t.element_size() for entry in state for t in entry.values() if isinstance(t, torch.Tensor)
+        ),
+        "rss": psutil.Process().memory_info().rss,
+    }
+
+
 def dist_rank() -> int:
     import torch.distributed as dist
 
@@ -135,6 +185,7 @@ class RankGroup:
         self.pids: list[int] = []
         self.nodes: list[str] = []
         self.dead: str | None = None  # which rank died, and when: the group is gone
+        self.seen: list[dict[str, Any]] = []  # each rank's figures from the last step
         self._closed = False
 
     @property
@@ -225,6 +276,28 @@ class RankGroup:
             own = [e for _, e in sorted(errors.items()) if not isinstance(e, RankFailed)]
             raise (own or [errors[min(errors)]])[0]
         return [results[rank] for rank in range(self.world)]
+
+    def statistics(self) -> LearnerStatistics:
+        """The ranks as the last step left them; does not block (nothing is asked of them)."""
+        state = "closed" if self._closed else "running"
+        dead = None if self.dead is None else int(self.dead.split()[1])
+        ranks = []
+        for rank in range(self.world):
+            seen = self.seen[rank] if rank < len(self.seen) else {}
+            ranks.append(
+                RankStatistics(
+                    rank=rank,
+                    pid=self.pids[rank] if rank < len(self.pids) else 0,
+                    node=self.nodes[rank] if rank < len(self.nodes) else "",
+                    state="dead" if rank == dead else state,
+                    step_seconds=seen.get("seconds"),
+                    parameter_bytes=int(seen.get("parameters", 0)),
+                    gradient_bytes=int(seen.get("gradients", 0)),
+                    optimizer_bytes=int(seen.get("optimizer", 0)),
+                    rss_bytes=int(seen.get("rss", 0)),
+                )
+            )
+        return LearnerStatistics("ddp", tuple(ranks), self.dead)
 
     def check_alive(self) -> None:
         if self.dead is not None:
@@ -335,6 +408,7 @@ class RankedLearner(Learner):
             )
         self._send_stale()
         results = self.group.call("step", list(groups), self.config, max_length)
+        self.group.seen = [r["seen"] for r in results]
         first = results[0]
         with torch.no_grad():
             super().load_model_state(first["weights"])
@@ -354,6 +428,10 @@ class RankedLearner(Learner):
             state["optimizer"] = self.__dict__["optimizer"].state_dict()
         self.group.call("load", state)
         self._stale.clear()
+
+    def statistics(self) -> LearnerStatistics:
+        """The ranks (:class:`LearnerStatistics`); does not block."""
+        return self.group.statistics()
 
     def twin(self, config: Any = None) -> Learner:
         """A single-process learner on copies of the mirror's policy and rank 0's

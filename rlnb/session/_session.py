@@ -385,7 +385,8 @@ class Session:
         parts = (self._buffer.statistics(), rollouter.statistics(), self._engine.statistics())
         stall = None if self._closed else self._stall_watch.stall()
         endpoint = None if self._endpoint is None else self._endpoint.statistics()
-        return SessionStatistics(self._name, self._closed, *parts, self._trainer.statistics(), stall, endpoint)
+        learner = self._learner.statistics() if self._config.learn.ranks > 1 else None  # type: ignore[attr-defined]
+        return SessionStatistics(self._name, self._closed, *parts, self._trainer.statistics(), stall, endpoint, learner)
 
     # -- the parts users drive by name -----------------------------------------------------
 

@@ -14,7 +14,7 @@ from rlnb.serve import EndpointStatistics
 from rlnb.session._stall import Stall
 
 if TYPE_CHECKING:
-    from rlnb.learn import TrainingStatistics  # torch: not at `import rlnb`
+    from rlnb.learn import LearnerStatistics, TrainingStatistics  # torch: not at `import rlnb`
 
 __all__ = ["SessionStatistics"]
 
@@ -29,7 +29,8 @@ class SessionStatistics:
     for), rollouts, buffer and engine; ``stall``, where a step that has run too long
     waits (a :class:`~rlnb.session.Stall`; None while steps complete in time);
     ``endpoint``, the endpoint's requests and served completions (None: the session
-    has not served)."""
+    has not served); ``learner``, the learner's ranks (None: it runs in the
+    session's process, ``LearnConfig.ranks=1``)."""
 
     name: str
     closed: bool
@@ -39,12 +40,15 @@ class SessionStatistics:
     training: TrainingStatistics
     stall: Stall | None = None
     endpoint: EndpointStatistics | None = None
+    learner: LearnerStatistics | None = None
 
     def _rows(self) -> list[tuple[str, list[str]]]:
         rows = [("session", [f"{self.name!r}, {'closed' if self.closed else 'open'}"])]
         if self.stall is not None:
             rows.append(("stall", [str(self.stall).removeprefix("rlnb: ")]))
         rows.append(("training", _training_lines(self.training)))
+        if self.learner is not None:
+            rows.append(("learner", _learner_lines(self.learner)))
         rows += [
             ("rollouts", _rollout_lines(self.rollout)),
             ("buffer", _buffer_lines(self.buffer)),
@@ -59,6 +63,22 @@ class SessionStatistics:
 
     def _repr_html_(self) -> str:
         return _reprs.html_table("SessionStatistics", self._rows())
+
+
+def _learner_lines(learner: LearnerStatistics) -> list[str]:
+    lines = [f"{len(learner.ranks)} ranks ({learner.strategy})" + (f"; {learner.dead}" if learner.dead else "")]
+    for r in learner.ranks:
+        step = "no step yet" if r.step_seconds is None else f"step {r.step_seconds:.3g} s"
+        memory = (
+            f"parameters {_mib(r.parameter_bytes)}, gradients {_mib(r.gradient_bytes)}, "
+            f"optimiser {_mib(r.optimizer_bytes)}, rss {_mib(r.rss_bytes)}"
+        )
+        lines.append(f"rank {r.rank}: {r.state}, pid {r.pid} on {r.node}, {step}; {memory}")
+    return lines
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.3g} MiB"
 
 
 def _endpoint_lines(endpoint: EndpointStatistics) -> list[str]:

@@ -13,7 +13,9 @@ import psutil
 import pytest
 
 import rlnb
-from tests.helpers import exited
+from tests.helpers import exited, wait_until
+from tests.helpers.kernel import OpenKernel, ok
+from tests.helpers.processes import PythonProcesses
 from tests.helpers.ray_cluster import ray_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.ray]
@@ -54,6 +56,19 @@ def test_two_ranks_train_as_one_process_and_a_checkpoint_goes_between_them(tmp_p
         split.append(two.step())
         for a, b in zip(alone, split, strict=True):
             same(a, b)
+        seen = two.statistics().learner  # each rank: alive, its step time and memory
+        assert seen is not None and seen.strategy == "ddp" and seen.dead is None
+        assert [(r.rank, r.state, r.node) for r in seen.ranks] == [
+            (0, "running", "127.0.0.1"),
+            (1, "running", "127.0.0.1"),
+        ]
+        assert {r.pid for r in seen.ranks} == {p.pid for p in ranks}
+        for r in seen.ranks:
+            assert r.step_seconds is not None and r.step_seconds > 0
+            assert r.parameter_bytes == r.gradient_bytes > 0
+            assert 0 < r.optimizer_bytes - 2 * r.parameter_bytes < 1024  # AdamW: two moments, and a step count each
+            assert r.rss_bytes > r.parameter_bytes
+        assert "rank 1: running, pid" in repr(two.statistics())
         assert split[-1]["lr"] == 1e-3
         assert two.complete("12+34=")  # the engine serves the mirror of rank 0's weights
         # what-if trains a copy in this process: the ranks' weights stay
@@ -92,6 +107,9 @@ def test_a_rank_killed_mid_step_is_an_error_naming_it_and_close_leaves_nothing()
         with pytest.raises(rlnb.TrainingError, match=rf"learner rank 1 \(pid {pid}, on 127.0.0.1\) died during step"):
             sess.step()
         assert sess.version == 1  # the step was not taken
+        seen = sess.statistics().learner
+        assert seen is not None and [r.state for r in seen.ranks] == ["running", "dead"]
+        assert seen.dead == f"rank 1 (pid {pid}, on 127.0.0.1) died during step"
         with pytest.raises(rlnb.TrainingError, match="the learner's ranks are gone: rank 1"):
             sess.step()
         everyone = ray_processes()
@@ -99,3 +117,52 @@ def test_a_rank_killed_mid_step_is_an_error_naming_it_and_close_leaves_nothing()
         sess.close()
     assert all(exited(p) for p in everyone) and ray_processes() == []
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+OWNER = """
+import sys, time, rlnb
+config = rlnb.Config(
+    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+    data=rlnb.DataConfig(num_workers=0),
+    learn=rlnb.LearnConfig(ranks=2),
+)
+sess = rlnb.Session(config, name="owner")
+sess.step()
+print("READY", *(r.pid for r in sess.statistics().learner.ranks), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_owner_leaves_no_rank_and_no_ray_process(start_python: PythonProcesses) -> None:
+    owner = start_python("-c", OWNER)
+    assert owner.stdout is not None
+    line = owner.stdout.readline()
+    assert line.startswith("READY"), owner.communicate(timeout=30)[1][-3000:]
+    pids = [int(pid) for pid in line.split()[1:]]
+    everyone = ray_processes(psutil.Process(owner.pid))
+    assert len(pids) == 2 and set(pids) <= {p.pid for p in everyone}
+    owner.kill()
+    owner.wait(10)
+    wait_until(lambda: all(exited(p) for p in everyone), "every rank and Ray process of the killed owner to exit")
+
+
+CELL = """
+import rlnb
+sess = rlnb.Session(rlnb.Config(
+    model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
+    data=rlnb.DataConfig(num_workers=0),
+    learn=rlnb.LearnConfig(ranks=2),
+), name="ranks-kernel")
+sess.training.start(3)
+sess.training.wait()
+"""
+
+
+def test_a_kernel_restart_leaves_no_rank_process(open_kernel: OpenKernel) -> None:
+    with open_kernel() as (km, kc):
+        ok(kc, CELL)
+        assert km.provisioner is not None
+        everyone = ray_processes(psutil.Process(km.provisioner.process.pid))
+        assert sum("_Rank" in " ".join(p.cmdline()) for p in everyone) == 2, everyone
+        km.restart_kernel(now=False)  # rlnb's shutdown hook closes the session: its ranks and Ray
+        wait_until(lambda: all(exited(p) for p in everyone), "every rank and Ray process of the old kernel to exit")
