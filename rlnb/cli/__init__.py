@@ -73,6 +73,7 @@ CONFIG_FLAGS = {
     "num_workers": ("data", "num_workers"),
     "micro_batch_size": ("learn", "micro_batch_size"),
     "ray_replicas": ("ray", "engine_replicas"),
+    "learner_ranks": ("learn", "ranks"),
     "ray_address": ("ray", "address"),
 }
 
@@ -190,6 +191,11 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument(
         "--ray-replicas", type=int, help="engine replicas as Ray actors (a local Ray cluster unless --ray-address)"
+    )
+    train.add_argument(
+        "--learner-ranks",
+        type=int,
+        help="learner processes as Ray actors, the gradients summed (default: 1, in process)",
     )
     train.add_argument("--ray-address", help="attach to this Ray cluster ('auto', HOST:PORT or ray://...)")
     train.add_argument("--eval-every", type=_int_from(1), default=25, help="RL steps between held-out evaluations")

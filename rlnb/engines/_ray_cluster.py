@@ -46,7 +46,10 @@ class RayCluster:
         self._closed = False
 
     @classmethod
-    def connect(cls, ray: Any, config: Any, name: str, log_dir: str | None) -> RayCluster:
+    def connect(cls, ray: Any, config: Any, name: str, log_dir: str | None, *, cpus: float = 0.0) -> RayCluster:
+        """Ray as ``config`` (a :class:`~rlnb.RayConfig`) says: attached to a running
+        cluster, or a local one of the session's own with room for the engine's
+        replicas and ``cpus`` more (the learner's ranks)."""
         if ray.is_initialized():  # another session's Ray, or the user's: use it, leave it be
             cluster = cls(ray, connected=False, owned=False, guard=None)
             cluster.logs = _logs_dir(ray)
@@ -67,10 +70,12 @@ class RayCluster:
                 ) from None
             cluster.logs = _logs_dir(ray)
             return cluster
-        return cls._start(ray, config, name, log_dir, options)
+        return cls._start(ray, config, name, log_dir, options, cpus)
 
     @classmethod
-    def _start(cls, ray: Any, config: Any, name: str, log_dir: str | None, options: dict[str, Any]) -> RayCluster:
+    def _start(
+        cls, ray: Any, config: Any, name: str, log_dir: str | None, options: dict[str, Any], cpus: float = 0.0
+    ) -> RayCluster:
         """A local cluster of the session's own. On a busy machine Ray's Python agents
         can take longer to import than the raylet waits for them (30 s; the raylet
         then aborts and ``ray.init`` raises): such a start is cleaned up and tried
@@ -78,7 +83,7 @@ class RayCluster:
         from rlnb.engines._guard import Guard
 
         deadline = time.monotonic() + config.start_timeout
-        needed = int(config.engine_replicas * config.num_cpus + 0.999)
+        needed = int(config.engine_replicas * config.num_cpus + cpus + 0.999)
         attempt = 0
         while True:
             attempt += 1

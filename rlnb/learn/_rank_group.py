@@ -60,11 +60,11 @@ class RankStatistics:
 @dataclasses.dataclass(frozen=True)
 class LearnerStatistics:
     """The learner's ranks (``LearnConfig.ranks`` > 1): how they split the work
-    (``strategy``: "ddp", the weights on every rank and the gradients summed), each
-    rank's :class:`RankStatistics`, and which rank died, if one did."""
+    (``strategy``: "ddp", the weights on every rank and the gradients summed),
+    ``each`` rank's :class:`RankStatistics`, and which rank died, if one did."""
 
     strategy: str
-    ranks: tuple[RankStatistics, ...]
+    each: tuple[RankStatistics, ...]
     dead: str | None = None
 
 
@@ -214,7 +214,7 @@ class RankGroup:
 
         from rlnb.engines import RayCluster
 
-        cluster = RayCluster.connect(ray, ray_config, f"{name}-learner", log_dir)
+        cluster = RayCluster.connect(ray, ray_config, f"{name}-learner", log_dir, cpus=world)
         placement = None
         actors: list[Any] = []
         try:

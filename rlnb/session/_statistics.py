@@ -66,19 +66,19 @@ class SessionStatistics:
 
 
 def _learner_lines(learner: LearnerStatistics) -> list[str]:
-    lines = [f"{len(learner.ranks)} ranks ({learner.strategy})" + (f"; {learner.dead}" if learner.dead else "")]
-    for r in learner.ranks:
+    lines = [f"{len(learner.each)} ranks ({learner.strategy})" + (f"; {learner.dead}" if learner.dead else "")]
+    for r in learner.each:
         step = "no step yet" if r.step_seconds is None else f"step {r.step_seconds:.3g} s"
-        memory = (
-            f"parameters {_mib(r.parameter_bytes)}, gradients {_mib(r.gradient_bytes)}, "
-            f"optimiser {_mib(r.optimizer_bytes)}, rss {_mib(r.rss_bytes)}"
+        lines.append(f"rank {r.rank}: {r.state}, pid {r.pid} on {r.node}, {step}")
+        lines.append(
+            f"  parameters {_mib(r.parameter_bytes)}, gradients {_mib(r.gradient_bytes)}, "
+            f"optimiser {_mib(r.optimizer_bytes)}; process {_mib(r.rss_bytes)}"
         )
-        lines.append(f"rank {r.rank}: {r.state}, pid {r.pid} on {r.node}, {step}; {memory}")
     return lines
 
 
 def _mib(n: int) -> str:
-    return f"{n / 2**20:.3g} MiB"
+    return f"{n / 2**20:.3g} MiB" if n < 2**30 else f"{n / 2**30:.3g} GiB"
 
 
 def _endpoint_lines(endpoint: EndpointStatistics) -> list[str]:

@@ -5,7 +5,9 @@ ranks, says which rank died, and leaves no process behind."""
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +60,12 @@ def test_two_ranks_train_as_one_process_and_a_checkpoint_goes_between_them(tmp_p
             same(a, b)
         seen = two.statistics().learner  # each rank: alive, its step time and memory
         assert seen is not None and seen.strategy == "ddp" and seen.dead is None
-        assert [(r.rank, r.state, r.node) for r in seen.ranks] == [
+        assert [(r.rank, r.state, r.node) for r in seen.each] == [
             (0, "running", "127.0.0.1"),
             (1, "running", "127.0.0.1"),
         ]
-        assert {r.pid for r in seen.ranks} == {p.pid for p in ranks}
-        for r in seen.ranks:
+        assert {r.pid for r in seen.each} == {p.pid for p in ranks}
+        for r in seen.each:
             assert r.step_seconds is not None and r.step_seconds > 0
             assert r.parameter_bytes == r.gradient_bytes > 0
             assert 0 < r.optimizer_bytes - 2 * r.parameter_bytes < 1024  # AdamW: two moments, and a step count each
@@ -99,7 +101,7 @@ def test_a_rank_killed_mid_step_is_an_error_naming_it_and_close_leaves_nothing()
         def on_batch(self, groups: Any) -> None:
             ray.kill(sess._learner.group.actors[1], no_restart=True)  # type: ignore[attr-defined]
 
-    sess = rlnb.Session(config(2), name="dies")
+    sess = rlnb.Session(config(2).replace(mode="async"), name="dies")  # async: rollouts go on meanwhile
     try:
         sess.step()
         pid = sess._learner.group.pids[1]  # type: ignore[attr-defined]
@@ -108,7 +110,7 @@ def test_a_rank_killed_mid_step_is_an_error_naming_it_and_close_leaves_nothing()
             sess.step()
         assert sess.version == 1  # the step was not taken
         seen = sess.statistics().learner
-        assert seen is not None and [r.state for r in seen.ranks] == ["running", "dead"]
+        assert seen is not None and [r.state for r in seen.each] == ["running", "dead"]
         assert seen.dead == f"rank 1 (pid {pid}, on 127.0.0.1) died during step"
         with pytest.raises(rlnb.TrainingError, match="the learner's ranks are gone: rank 1"):
             sess.step()
@@ -125,10 +127,12 @@ config = rlnb.Config(
     model=rlnb.ModelConfig(d_model=32, n_layers=1, n_heads=2),
     data=rlnb.DataConfig(num_workers=0),
     learn=rlnb.LearnConfig(ranks=2),
+    ray=rlnb.RayConfig(engine_replicas=1),  # the ranks and an engine replica on one cluster
 )
 sess = rlnb.Session(config, name="owner")
 sess.step()
-print("READY", *(r.pid for r in sess.statistics().learner.ranks), flush=True)
+assert sess.statistics().engine.extra["replicas"][0]["version"] == 1
+print("READY", *(r.pid for r in sess.statistics().learner.each), flush=True)
 time.sleep(600)
 """
 
@@ -141,6 +145,7 @@ def test_a_sigkilled_owner_leaves_no_rank_and_no_ray_process(start_python: Pytho
     pids = [int(pid) for pid in line.split()[1:]]
     everyone = ray_processes(psutil.Process(owner.pid))
     assert len(pids) == 2 and set(pids) <= {p.pid for p in everyone}
+    assert len(everyone) >= 5, everyone  # GCS, raylet, two ranks, a replica
     owner.kill()
     owner.wait(10)
     wait_until(lambda: all(exited(p) for p in everyone), "every rank and Ray process of the killed owner to exit")
@@ -166,3 +171,11 @@ def test_a_kernel_restart_leaves_no_rank_process(open_kernel: OpenKernel) -> Non
         assert sum("_Rank" in " ".join(p.cmdline()) for p in everyone) == 2, everyone
         km.restart_kernel(now=False)  # rlnb's shutdown hook closes the session: its ranks and Ray
         wait_until(lambda: all(exited(p) for p in everyone), "every rank and Ray process of the old kernel to exit")
+
+
+def test_the_cli_trains_on_two_learner_ranks(tmp_path: Path, run_cli: Callable[..., Any]) -> None:
+    done = run_cli("train", "--steps", "3", "--run-dir", str(tmp_path), "--learner-ranks", "2", "--no-progress")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[rl] 3 steps" in done.stdout and "exit code 0" in done.stdout
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if "loss" in s] == [1, 2, 3]
