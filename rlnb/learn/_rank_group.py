@@ -41,15 +41,17 @@ __all__ = ["LearnerStatistics", "RankGroup", "RankStatistics", "RankedLearner", 
 
 @dataclasses.dataclass(frozen=True)
 class RankStatistics:
-    """One learner rank as its last step left it: its process, node and state
-    ("running", "dead" or "closed"), the step's seconds on it (its share of the
-    update; None before any step), the bytes of its parameters, gradients and
-    optimiser state, and its process's resident memory."""
+    """One learner rank as its last step left it: its process, node (address, and
+    Ray's node id: simulated nodes share an address) and state ("running", "dead"
+    or "closed"), the step's seconds on it (its share of the update; None before
+    any step), the bytes of its parameters, gradients and optimiser state, and its
+    process's resident memory."""
 
     rank: int
     pid: int
     node: str
     state: str
+    node_id: str = ""
     step_seconds: float | None = None
     parameter_bytes: int = 0
     gradient_bytes: int = 0
@@ -94,7 +96,9 @@ class _Rank:
         """This rank's process, node and a free port on it (rank 0's is the group's rendezvous)."""
         import ray
 
-        return {"pid": os.getpid(), "node": ray.util.get_node_ip_address(), "port": _free_port()}
+        context = ray.get_runtime_context()
+        node = ray.util.get_node_ip_address()
+        return {"pid": os.getpid(), "node": node, "node_id": context.get_node_id(), "port": _free_port()}
 
     def join(
         self, rank: int, world: int, address: str, make: Callable[[Ranks], Learner], timeout: float, local: bool
@@ -184,6 +188,7 @@ class RankGroup:
         self._ray, self._cluster, self.actors, self._placement = ray, cluster, actors, placement
         self.pids: list[int] = []
         self.nodes: list[str] = []
+        self.node_ids: list[str] = []
         self.dead: str | None = None  # which rank died, and when: the group is gone
         self.seen: list[dict[str, Any]] = []  # each rank's figures from the last step
         self._closed = False
@@ -233,6 +238,7 @@ class RankGroup:
             group = cls(ray, cluster, actors, placement)
             where = ray.get([a.where.remote() for a in actors], timeout=ray_config.start_timeout)
             group.nodes = [w["node"] for w in where]
+            group.node_ids = [w["node_id"] for w in where]
             address = f"{where[0]['node']}:{where[0]['port']}"
             local = all(node == "127.0.0.1" for node in group.nodes)
             joined = [a.join.remote(r, world, address, make, timeout, local) for r, a in enumerate(actors)]
@@ -290,6 +296,7 @@ class RankGroup:
                     pid=self.pids[rank] if rank < len(self.pids) else 0,
                     node=self.nodes[rank] if rank < len(self.nodes) else "",
                     state="dead" if rank == dead else state,
+                    node_id=self.node_ids[rank] if rank < len(self.node_ids) else "",
                     step_seconds=seen.get("seconds"),
                     parameter_bytes=int(seen.get("parameters", 0)),
                     gradient_bytes=int(seen.get("gradients", 0)),

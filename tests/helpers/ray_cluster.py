@@ -130,3 +130,54 @@ def head_node(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
         psutil.wait_procs(everyone, timeout=10.0)
         head.wait()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+# A cluster of ``nodes`` simulated nodes (Ray's own test utility: a raylet each, one CPU
+# each) in a process of its own, so that the test's driver attaches to it as a session
+# attaches to a real multi-node cluster.
+NODES = """
+import sys, time
+from ray.cluster_utils import Cluster
+cluster = Cluster(
+    initialize_head=True,
+    head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+)
+for _ in range(int(sys.argv[1]) - 1):
+    cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+cluster.wait_for_nodes()
+print("ADDRESS", cluster.address, flush=True)
+try:
+    time.sleep(3600)
+finally:
+    cluster.shutdown()
+"""
+
+
+@contextlib.contextmanager
+def simulated_nodes(nodes: int, tmp_path: Path) -> Iterator[str]:
+    """A Ray cluster of ``nodes`` nodes on this machine that the session did not start;
+    yields its address. Every process of it is killed at the end. Its output goes to
+    ``tmp_path / "nodes.log"``."""
+    log = (tmp_path / "nodes.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", NODES, str(nodes)],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("ADDRESS"), (tmp_path / "nodes.log").read_text()[-3000:]
+        yield line.split()[1]
+    finally:
+        everyone = [psutil.Process(proc.pid), *ray_processes(psutil.Process(proc.pid))]
+        for each in everyone:
+            with contextlib.suppress(psutil.Error):
+                each.kill()
+        psutil.wait_procs(everyone, timeout=10.0)
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        log.close()

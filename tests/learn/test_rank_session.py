@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import rlnb
 from tests.helpers import exited, wait_until
 from tests.helpers.kernel import OpenKernel, ok
 from tests.helpers.processes import PythonProcesses
-from tests.helpers.ray_cluster import ray_processes
+from tests.helpers.ray_cluster import ray_processes, simulated_nodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.ray]
 
@@ -179,3 +180,21 @@ def test_the_cli_trains_on_two_learner_ranks(tmp_path: Path, run_cli: Callable[.
     assert "[rl] 3 steps" in done.stdout and "exit code 0" in done.stdout
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if "loss" in s] == [1, 2, 3]
+
+
+def test_two_ranks_on_a_simulated_two_node_cluster_one_per_node_train(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ray
+
+    # A driver given an address sends a token only when RAY_AUTH_MODE says so (Ray's rule).
+    monkeypatch.setenv("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE") or "disabled")
+    with simulated_nodes(2, tmp_path) as address:
+        two = config(2).replace(ray=rlnb.RayConfig(address=address, strategy="STRICT_SPREAD"))
+        with rlnb.Session(two, name="nodes") as sess:
+            for _ in range(3):
+                sess.step()
+            seen = sess.statistics().learner
+            assert seen is not None and len({r.node_id for r in seen.each}) == 2, seen  # one rank per node
+            assert sess.version == 3
+        assert not ray.is_initialized()  # the session disconnected; the cluster it did not start goes on
