@@ -489,3 +489,27 @@ def test_a_critic_whose_values_explain_nothing_is_said_with_its_learning_rate() 
     assert "critic-not-learning" not in codes(diagnose(learning, [], None, ppo))
     young = [*rising()[:-3], *(step(explained_variance=-0.5) for _ in range(3))]
     assert "critic-not-learning" not in codes(diagnose(young, [], None, ppo))
+
+
+def test_a_dead_learner_rank_is_critical_and_a_slow_one_is_named() -> None:
+    from rlnb.learn import LearnerStatistics, RankStatistics
+
+    with rlnb.Session(CONFIG, name="diagnose-ranks") as sess:
+        base = sess.statistics()
+
+    def with_ranks(*seconds: float, dead: int | None = None) -> rlnb.SessionStatistics:
+        each = tuple(
+            RankStatistics(i, 100 + i, f"10.0.0.{i}", "dead" if i == dead else "running", step_seconds=s)
+            for i, s in enumerate(seconds)
+        )
+        said = None if dead is None else f"rank {dead} (pid {100 + dead}, on 10.0.0.{dead}) died during step"
+        return dataclasses.replace(base, learner=LearnerStatistics("ddp", each, said))
+
+    found = diagnose([], [], with_ranks(0.1, 0.1, dead=1), CONFIG)
+    assert codes(found)["learner-rank-dead"] == "critical"
+    assert "rank 1 (pid 101, on 10.0.0.1) died" in next(f.what for f in found if f.code == "learner-rank-dead")
+    slow = next(f for f in diagnose([], [], with_ranks(0.1, 0.25, 0.1), CONFIG) if f.code == "learner-rank-slow")
+    assert slow.severity == "warning" and "rank 1 (on 10.0.0.1) took 0.25 s" in slow.what and "2.5x" in slow.what
+    even = codes(diagnose([], [], with_ranks(0.1, 0.15), CONFIG))  # within SLOW_RANK: nothing said
+    assert "learner-rank-slow" not in even and "learner-rank-dead" not in even
+    assert not {"learner-rank-slow", "learner-rank-dead"} & set(codes(diagnose([], [], base, CONFIG)))

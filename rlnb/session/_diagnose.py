@@ -59,6 +59,7 @@ SLOW_REWARD_SHARE = 0.5  # a reward's estimated seconds per step, as a share of 
 SLOW_REWARD_STEP_S = 1.0  # or, when no step time is known, in seconds
 TIMEOUT_NEAR = 0.5  # a reward's p99 at this share of RolloutConfig.reward_timeout
 QUEUED_CALLS = 8  # reward or environment calls waiting for a free thread, now
+SLOW_RANK = 2.0  # a learner rank whose last step took this many times the fastest rank's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,7 +271,41 @@ def _state(s: SessionStatistics, config: Config) -> list[Finding]:
             )
         )
     found += _policy_lag(s, config)
+    found += _ranks(s)
     return found
+
+
+def _ranks(s: SessionStatistics) -> list[Finding]:
+    """The learner's ranks (``LearnConfig.ranks`` > 1): one that died, or one much slower than the others."""
+    learner = getattr(s, "learner", None)
+    if learner is None:
+        return []
+    if learner.dead is not None:
+        return [
+            Finding(
+                "critical",
+                "learner-rank-dead",
+                f"learner {learner.dead}; the other ranks were stopped and no step can be taken",
+                "save() keeps the weights of the last step; close the session and make a new one "
+                "(rlnb.Session.load() goes on from the save)",
+            )
+        ]
+    times = [(r.step_seconds, r.rank) for r in learner.each if r.step_seconds is not None]
+    if len(times) < 2:
+        return []
+    (fastest, _), (slowest, rank) = min(times), max(times)
+    if fastest <= 0 or slowest < SLOW_RANK * fastest:
+        return []
+    node = learner.each[rank].node
+    return [
+        Finding(
+            "warning",
+            "learner-rank-slow",
+            f"learner rank {rank} (on {node}) took {slowest:.3g} s for its share of the last step, "
+            f"{slowest / fastest:.1f}x the fastest rank's {fastest:.3g} s: every rank waits for it",
+            "a busy or slower node: give the ranks nodes of their own (RayConfig.strategy='SPREAD'), or fewer ranks",
+        )
+    ]
 
 
 def _policy_lag(s: SessionStatistics, config: Config) -> list[Finding]:
