@@ -37,6 +37,7 @@ BENCHES = (
     "close",
     "critic",
     "engines",
+    "learner",
     "lora",
     "notebook",
     "ray",
@@ -47,7 +48,7 @@ BENCHES = (
     "turns",
 )
 # The flags of one benchmark each: flag dest -> the benchmark that takes it.
-BENCH_OPTIONS = {"tracker": "close", "quick": "serve", "model": "serve", "tokens": "serve"}
+BENCH_OPTIONS = {"tracker": "close", "quick": "serve", "model": "serve", "tokens": "serve", "ranks": "learner"}
 
 # Flags that set a config field: flag dest -> (Config part or None, field). Applied in
 # this order, so a model's path is set before the engine that has to serve it.
@@ -216,6 +217,7 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--tokens", type=_int_from(1), metavar="N", help="serve: new tokens a call of the tokens/s rounds (default 64)"
     )
+    bench.add_argument("--ranks", metavar="N,M", help="learner: the learner's rank counts to compare (default 1,2)")
 
     tiny = sub.add_parser(
         "make-tiny-llama", help="build a small random Llama and its tokenizer into a directory, offline, for --model"
@@ -526,7 +528,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("demo", "train"):
         return _train(args)
     if args.command == "bench":
-        options = {"tracker": args.tracker, "quick": args.quick, "model": args.model, "tokens": args.tokens}
+        options = {
+            "tracker": args.tracker,
+            "quick": args.quick,
+            "model": args.model,
+            "tokens": args.tokens,
+            "ranks": args.ranks,
+        }
         return _bench(args.name, args.json, args.strict, **options)
     if args.command == "make-tiny-llama":
         return _make_tiny_llama(args)
