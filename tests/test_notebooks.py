@@ -350,3 +350,26 @@ def test_07_ray_replicas_survive_a_killed_one_and_close_leaves_no_ray_process(
     children = re.search(r"child processes: (\d+) before close, (\d+) after", out[3])
     assert children and int(children[1]) > 0 and children[2] == "0", out[3]
     assert (tmp_path / "runs" / "07-ray" / "ray").exists()  # Ray's logs under the run dir
+
+
+@pytest.mark.ray  # runs with the other Ray tests, one at a time
+@pytest.mark.timeout(600)
+def test_13_one_process_and_two_ranks_learn_alike_and_a_killed_rank_is_named(execute_notebook: Execute) -> None:
+    # ~2 minutes on an idle 2-core machine: two warm-ups and 2 x 30 RL steps, a local Ray cluster
+    out, cells = run_notebook(execute_notebook, "13-more-than-one-learner", timeout=500)
+    runs = re.findall(r"(\d) rank\(s\): held-out accuracy (\d\.\d+) after the warm-up -> (\d\.\d+) after 30", out[0])
+    assert [r[0] for r in runs] == ["1", "2"], out[0]
+    assert runs[0][1] == runs[1][1], out[0]  # the same warm-up on both
+    for _, before, after in runs:
+        assert float(after) >= float(before) + 0.05, out[0]  # RL learnt, on one process and on two ranks
+    same = re.search(r"reward_mean the same \(to 1e-3\) at (\d+) of 30 steps", out[0])
+    assert same and int(same[1]) >= 5, out[0]  # the first steps at least: then sampling may part them
+    assert "image/png" in cells[1].outputs[-1]["data"]
+    assert "learner ranks" in cells[2].outputs[-1]["data"]["text/html"]  # the dashboard's rows per rank
+    assert re.search(r"rank 1: running, pid \d+ on 127\.0\.0\.1, step", out[3]), out[3]
+    assert re.search(r"RanksDied: learner rank 1 \(pid \d+, on 127\.0\.0\.1\) died during step", out[4]), out[4]
+    assert "['learner-rank-dead']" in out[4], out[4]
+    assert "(raylet)" not in "".join(out), out[4]  # the death is rlnb's one line, not the raylet's block
+    children = re.search(r"child processes: (\d+) before close, (\d+) after", out[5])
+    assert children and int(children[1]) > 0 and children[2] == "0", out[5]
+    assert "live sessions: []" in out[5]

@@ -93,6 +93,10 @@ class RayCluster:
                     options["_temp_dir"] = cluster.temp_dir(log_dir)
                 with _single_node(ray):
                     ray.init(
+                        # "local": a new cluster, always. None would join any Ray found on the
+                        # machine (a GCS process, or the address a `ray start` left in
+                        # /tmp/ray/ray_current_cluster, stale once it was killed) and fail there.
+                        address="local",
                         num_cpus=max(needed, os.cpu_count() or 1),
                         namespace=f"rlnb-{name}",
                         _node_ip_address="127.0.0.1",
@@ -133,6 +137,11 @@ class RayCluster:
         if self._guard is not None:
             self._guard.send(f"remove {link}")
         return link
+
+    def hear_deaths(self, workers: Mapping[str, Callable[[str, str], None] | None]) -> None:
+        """The raylet's report of each of these workers' deaths goes to its callback, not
+        to the cell (:func:`report_deaths`)."""
+        report_deaths(self.ray, workers)
 
     def watch_new(self) -> None:
         """Tell the guard about Ray's processes started since the last look (only

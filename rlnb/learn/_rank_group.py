@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from rlnb import _reprs
 from rlnb._errors import ConfigError, TrainingError
 from rlnb._samples import Group
 from rlnb.learn._learner import Learner
@@ -69,6 +70,28 @@ class LearnerStatistics:
     each: tuple[RankStatistics, ...]
     dead: str | None = None
 
+    def lines(self) -> list[str]:
+        """The ranks as text: a line for the group, two for each rank."""
+        lines = [f"{len(self.each)} ranks ({self.strategy})" + (f"; {self.dead}" if self.dead else "")]
+        for r in self.each:
+            step = "no step yet" if r.step_seconds is None else f"step {r.step_seconds:.3g} s"
+            lines.append(f"rank {r.rank}: {r.state}, pid {r.pid} on {r.node}, {step}")
+            lines.append(
+                f"  parameters {_mib(r.parameter_bytes)}, gradients {_mib(r.gradient_bytes)}, "
+                f"optimiser {_mib(r.optimizer_bytes)}; process {_mib(r.rss_bytes)}"
+            )
+        return lines
+
+    def __repr__(self) -> str:
+        return _reprs.text_block("LearnerStatistics", [("learner", self.lines())])
+
+    def _repr_html_(self) -> str:
+        return _reprs.html_table("LearnerStatistics", [("learner", self.lines())])
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.3g} MiB" if n < 2**30 else f"{n / 2**30:.3g} GiB"
+
 
 class RanksDied(TrainingError):
     """A learner rank's process died: the group is gone (its survivors were stopped)."""
@@ -97,8 +120,13 @@ class _Rank:
         import ray
 
         context = ray.get_runtime_context()
-        node = ray.util.get_node_ip_address()
-        return {"pid": os.getpid(), "node": node, "node_id": context.get_node_id(), "port": _free_port()}
+        return {
+            "pid": os.getpid(),
+            "node": ray.util.get_node_ip_address(),
+            "node_id": context.get_node_id(),
+            "worker_id": context.get_worker_id(),
+            "port": _free_port(),
+        }
 
     def join(
         self, rank: int, world: int, address: str, make: Callable[[Ranks], Learner], timeout: float, local: bool
@@ -189,6 +217,8 @@ class RankGroup:
         self.pids: list[int] = []
         self.nodes: list[str] = []
         self.node_ids: list[str] = []
+        self.workers: list[str] = []  # each rank's Ray worker id
+        self.reports: dict[str, str] = {}  # the raylet's report of a rank's death, by worker id
         self.dead: str | None = None  # which rank died, and when: the group is gone
         self.seen: list[dict[str, Any]] = []  # each rank's figures from the last step
         self._closed = False
@@ -239,6 +269,9 @@ class RankGroup:
             where = ray.get([a.where.remote() for a in actors], timeout=ray_config.start_timeout)
             group.nodes = [w["node"] for w in where]
             group.node_ids = [w["node_id"] for w in where]
+            group.workers = [w["worker_id"] for w in where]
+            # A rank's death is said by the step that finds it (RanksDied), not by the raylet's block in the cell.
+            cluster.hear_deaths(dict.fromkeys(group.workers, group._heard))
             address = f"{where[0]['node']}:{where[0]['port']}"
             local = all(node == "127.0.0.1" for node in group.nodes)
             joined = [a.join.remote(r, world, address, make, timeout, local) for r, a in enumerate(actors)]
@@ -306,6 +339,9 @@ class RankGroup:
             )
         return LearnerStatistics("ddp", tuple(ranks), self.dead)
 
+    def _heard(self, worker_id: str, report: str) -> None:
+        self.reports[worker_id] = report
+
     def check_alive(self) -> None:
         if self.dead is not None:
             raise RanksDied(f"the learner's ranks are gone: {self.dead}; close the session and make a new one")
@@ -343,6 +379,7 @@ class RankGroup:
                 with contextlib.suppress(Exception):
                     remove_placement_group(self._placement)
         self._cluster.close(timeout=timeout)
+        self._cluster.hear_deaths(dict.fromkeys(self.workers, None))  # a report after close: the ranks were closed
 
 
 def _cause(exc: BaseException) -> BaseException:

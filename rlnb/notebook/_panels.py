@@ -35,6 +35,7 @@ __all__ = [
     "generation_state",
     "generation_text",
     "kept_html",
+    "ranks_html",
     "replicas_html",
     "rollouts_html",
     "settings_usable",
@@ -199,6 +200,9 @@ def _rows(
     replicas = stats.engine.extra.get("replicas")
     if replicas:
         rows.append(("engine replicas", replicas_html(replicas, stats.engine.extra)))
+    learner = getattr(stats, "learner", None)
+    if learner is not None:
+        rows.append(("learner ranks", ranks_html(learner)))
     return rows
 
 
@@ -442,6 +446,38 @@ def replicas_html(replicas: Sequence[Mapping[str, Any]], extra: Mapping[str, Any
 
 
 _REPLICA_COLUMNS = ("replica", "state", "in flight", "version", "restarts", "served")
+
+
+def ranks_html(learner: Any) -> str:
+    """One row per learner rank (``LearnConfig.ranks`` > 1): state, process and node,
+    its share of the last step in seconds, and the memory of its parameters,
+    gradients and optimiser state and of its process; under it, the strategy and a
+    dead rank's line."""
+    head = "".join(f'<th style="{_LEFT};padding-right:1em">{h}</th>' for h in _RANK_COLUMNS)
+    body = ""
+    for r in learner.each:
+        colour = "#b00020" if r.state == "dead" else "#000"
+        step = "—" if r.step_seconds is None else f"{r.step_seconds:.3g} s"
+        cells = [
+            str(r.rank),
+            f'<span style="color:{colour}">{html.escape(r.state)}</span>',
+            f"{r.pid} on {html.escape(r.node)}",
+            step,
+            *(f"{n / 2**20:.3g} MiB" for n in (r.parameter_bytes, r.gradient_bytes, r.optimizer_bytes, r.rss_bytes)),
+        ]
+        body += (
+            f'<tr class="rlnb-rank" data-state="{html.escape(r.state)}">'
+            + "".join(f'<td style="{_LEFT};padding-right:1em">{c}</td>' for c in cells)
+            + "</tr>"
+        )
+    below = f"{len(learner.each)} ranks ({learner.strategy})" + (f"; {learner.dead}" if learner.dead else "")
+    return (
+        f'<table style="border-collapse:collapse"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        f'<div style="{_MUTED}">{html.escape(below)}</div>'
+    )
+
+
+_RANK_COLUMNS = ("rank", "state", "process", "last step", "parameters", "gradients", "optimiser", "process memory")
 
 GAUGES = ("open FDs", "threads", "child processes", "event loops", "tracker runs")
 

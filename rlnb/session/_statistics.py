@@ -48,7 +48,7 @@ class SessionStatistics:
             rows.append(("stall", [str(self.stall).removeprefix("rlnb: ")]))
         rows.append(("training", _training_lines(self.training)))
         if self.learner is not None:
-            rows.append(("learner", _learner_lines(self.learner)))
+            rows.append(("learner", self.learner.lines()))
         rows += [
             ("rollouts", _rollout_lines(self.rollout)),
             ("buffer", _buffer_lines(self.buffer)),
@@ -63,22 +63,6 @@ class SessionStatistics:
 
     def _repr_html_(self) -> str:
         return _reprs.html_table("SessionStatistics", self._rows())
-
-
-def _learner_lines(learner: LearnerStatistics) -> list[str]:
-    lines = [f"{len(learner.each)} ranks ({learner.strategy})" + (f"; {learner.dead}" if learner.dead else "")]
-    for r in learner.each:
-        step = "no step yet" if r.step_seconds is None else f"step {r.step_seconds:.3g} s"
-        lines.append(f"rank {r.rank}: {r.state}, pid {r.pid} on {r.node}, {step}")
-        lines.append(
-            f"  parameters {_mib(r.parameter_bytes)}, gradients {_mib(r.gradient_bytes)}, "
-            f"optimiser {_mib(r.optimizer_bytes)}; process {_mib(r.rss_bytes)}"
-        )
-    return lines
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.3g} MiB" if n < 2**30 else f"{n / 2**30:.3g} GiB"
 
 
 def _endpoint_lines(endpoint: EndpointStatistics) -> list[str]:

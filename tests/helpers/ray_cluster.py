@@ -136,8 +136,9 @@ def head_node(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
 # each) in a process of its own, so that the test's driver attaches to it as a session
 # attaches to a real multi-node cluster.
 NODES = """
-import sys, time
+import signal, sys, time
 from ray.cluster_utils import Cluster
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # shut down below: no stale address left in /tmp/ray
 cluster = Cluster(
     initialize_head=True,
     head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
@@ -173,6 +174,9 @@ def simulated_nodes(nodes: int, tmp_path: Path) -> Iterator[str]:
         yield line.split()[1]
     finally:
         everyone = [psutil.Process(proc.pid), *ray_processes(psutil.Process(proc.pid))]
+        proc.terminate()  # the cluster shuts itself down; what is left is killed
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
         for each in everyone:
             with contextlib.suppress(psutil.Error):
                 each.kill()

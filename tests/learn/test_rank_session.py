@@ -72,6 +72,11 @@ def test_two_ranks_train_as_one_process_and_a_checkpoint_goes_between_them(tmp_p
             assert 0 < r.optimizer_bytes - 2 * r.parameter_bytes < 1024  # AdamW: two moments, and a step count each
             assert r.rss_bytes > r.parameter_bytes
         assert "rank 1: running, pid" in repr(two.statistics())
+        dash = two.dashboard()  # a row per rank
+        dash.tick()
+        assert dash.state.value.count('<tr class="rlnb-rank" data-state="running">') == 2
+        assert "2 ranks (ddp)" in dash.state.value
+        dash.close()
         assert split[-1]["lr"] == 1e-3
         assert two.complete("12+34=")  # the engine serves the mirror of rank 0's weights
         # what-if trains a copy in this process: the ranks' weights stay
@@ -95,8 +100,14 @@ def test_two_ranks_train_as_one_process_and_a_checkpoint_goes_between_them(tmp_p
     assert ray_processes() == []
 
 
-def test_a_rank_killed_mid_step_is_an_error_naming_it_and_close_leaves_nothing() -> None:
+def test_a_rank_killed_mid_step_is_an_error_naming_it_and_close_leaves_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import ray
+
+    # Where Ray would look for a cluster to join (as it would read the address a killed
+    # `ray start` left in /tmp/ray/ray_current_cluster): a session's own cluster is new.
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
 
     class KillRank1(rlnb.learn.Callback):
         def on_batch(self, groups: Any) -> None:
@@ -113,6 +124,7 @@ def test_a_rank_killed_mid_step_is_an_error_naming_it_and_close_leaves_nothing()
         seen = sess.statistics().learner
         assert seen is not None and [r.state for r in seen.each] == ["running", "dead"]
         assert seen.dead == f"rank 1 (pid {pid}, on 127.0.0.1) died during step"
+        assert [f.code for f in sess.diagnose() if f.severity == "critical"][:1] == ["learner-rank-dead"]
         with pytest.raises(rlnb.TrainingError, match="the learner's ranks are gone: rank 1"):
             sess.step()
         everyone = ray_processes()
