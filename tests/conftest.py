@@ -18,7 +18,7 @@ import pytest
 import rlnb
 from rlnb.testing import no_leaks
 from tests.helpers import processes
-from tests.helpers.tiers import default_markexpr, goes_first, heaviest_first, implied_markers, tier
+from tests.helpers.tiers import TIERS, default_markexpr, goes_first, heaviest_first, implied_markers, tier
 
 if TYPE_CHECKING:
     import subprocess
@@ -38,21 +38,31 @@ def pytest_configure(config: pytest.Config) -> None:
     # Before collection, which deselects by it; pytest-xdist hands it to its workers.
     named = config.args_source is pytest.Config.ArgsSource.ARGS
     config.option.markexpr = default_markexpr(config.option.markexpr, tests_named=named)
+    config.pluginmanager.register(_HeaviestFirst(), "rlnb-heaviest-first")
+
+
+class _HeaviestFirst:
+    """Last: the order pytest-xdist hands modules out in, of the tests ``-m`` kept. A
+    module's rank is its heaviest selected test's: ordered before the selection, a
+    module whose only system test is a Ray one (deselected from the main pass) went
+    out among the system modules with nothing but unit tests left in it."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        # (scripts/test.sh passes --no-loadscope-reorder, which would otherwise put the
+        # modules with most tests first)
+        tiers = [next(t for t in TIERS if item.get_closest_marker(t) is not None) for item in items]
+        modules = [item.nodeid.split("::", 1)[0] for item in items]
+        items[:] = heaviest_first(items, tiers, modules, [goes_first(item) for item in items])
 
 
 # First: `-m unit` and `-m "not ray"` select on the markers given here, in this order.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tiers = []
     for item in items:
         for marker in sorted(implied_markers(item)):
             item.add_marker(marker)
-        tiers.append(tier(item))
-        item.add_marker(tiers[-1])
-    # The order pytest-xdist hands modules out in (scripts/test.sh passes
-    # --no-loadscope-reorder, which would otherwise put the modules with most tests first).
-    modules = [item.nodeid.split("::", 1)[0] for item in items]
-    items[:] = heaviest_first(items, tiers, modules, [goes_first(item) for item in items])
+        item.add_marker(tier(item))
     skips = {}
     if not LOOPBACK_ONLY:
         skips["netns"] = pytest.mark.skip(

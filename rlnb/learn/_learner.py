@@ -193,7 +193,11 @@ class Learner:
     advantages, policy loss, aggregation, correction, regularisers and filters, from
     :mod:`rlnb.algorithms`), as ``config`` (:class:`~rlnb.LearnConfig`) says; the session swaps ``config`` for a
     live change, read at the start of each step. ``config.threads`` is read once,
-    here: torch's intra-op threads during each update (None: the caller's)."""
+    here: torch's intra-op threads during each update (None: the caller's).
+    ``share``: this process's place among the ranks of a learner split across
+    processes (:mod:`rlnb.learn._ranks`; torch.distributed's default group): it runs
+    its share of each update's rows and the ranks' gradients are summed. None: the
+    whole update here."""
 
     def __init__(
         self,
@@ -473,7 +477,7 @@ class Learner:
                                 update_tokens=total,
                             )
                             terms = F.policy_loss(inputs)  # a loss function (a user's) that raises: no half-made step
-                            share = terms.tokens / total
+                            portion = terms.tokens / total  # of the update's tokens
                             loss_value = float(terms.loss.detach())
                             if not math.isfinite(loss_value):
                                 raise self._not_finite(f"the loss is {loss_value}", batch, _OVERFLOW)
@@ -491,7 +495,7 @@ class Learner:
                                 ("istrunc", terms.is_corrected_fraction),
                                 ("ent", float((entropy.detach() * mask).sum() / mask.sum().clamp_min(1))),
                             ):
-                                sums[key] += value * share
+                                sums[key] += value * portion
                     except Exception as exc:
                         if self.share is None:
                             raise

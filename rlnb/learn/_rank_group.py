@@ -239,10 +239,10 @@ class RankGroup:
         threads: int = 1,
         timeout: float = COLLECTIVE_TIMEOUT_S,
     ) -> RankGroup:
-        """Start (or attach to) Ray as ``ray_config`` says and ``world`` ranks, one CPU
-        each, placed one per bundle ("SPREAD" where the cluster has several nodes);
-        each joins the process group and makes its learner with ``make``. Blocks
-        until every rank has; nothing is left running if one fails."""
+        """Start (or attach to) Ray as ``ray_config`` says and ``world`` ranks, a bundle
+        of one CPU each, packed as ``ray_config.strategy`` says ("SPREAD": one a node
+        where it can); each joins the process group and makes its learner with
+        ``make``. Blocks until every rank has; nothing is left running if one fails."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -445,11 +445,8 @@ class RankedLearner(Learner):
         return metrics
 
     def step(self, groups: Sequence[Group], *, max_length: int | None = None) -> dict[str, float]:
-        if self.config.resolved_algorithm.has_critic:
-            raise ConfigError(
-                f"LearnConfig.ranks={self.group.world} has no critic yet: use an algorithm without one "
-                "(advantage='gae' has one), or ranks=1"
-            )
+        """One step on the ranks (a config with a critic never gets here: ``LearnConfig``
+        refuses one with ``ranks`` > 1); the mirror then holds rank 0's weights."""
         self._send_stale()
         results = self.group.call("step", list(groups), self.config, max_length)
         self.group.seen = [r["seen"] for r in results]
