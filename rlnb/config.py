@@ -495,7 +495,12 @@ class LearnConfig:
         gloo process group; each takes its share of every update's samples and the
         gradients are summed, so a step is the one a single process takes (the
         session's process keeps a copy of the weights, which the engines get). Not
-        with a critic (``advantage="gae"``) yet."""
+        with a critic (``advantage="gae"``) yet.
+    strategy: how ranks > 1 hold the model. "fsdp" (the default): sharded with
+        torch's FSDP2, each rank keeping 1/N of every weight, gradient and optimiser
+        moment (the weights gathered a block at a time for each pass); "ddp": the
+        whole model and optimiser on every rank, the gradients summed after the
+        backward passes (fewer, larger messages: faster where the model fits)."""
 
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
@@ -513,6 +518,7 @@ class LearnConfig:
     keep_batches: int = 8
     threads: int | None = None
     ranks: int = 1
+    strategy: str = "fsdp"
 
     def __post_init__(self) -> None:
         check_number("LearnConfig.lr", self.lr, gt=0, fix="use a learning rate > 0, e.g. lr=1e-4")
@@ -557,6 +563,12 @@ class LearnConfig:
         )
         check_int("LearnConfig.keep_batches", self.keep_batches, minimum=0, example="keep_batches=8")
         check_int("LearnConfig.ranks", self.ranks, minimum=1, example="ranks=2")
+        require(
+            self.strategy in ("fsdp", "ddp"),
+            "LearnConfig.strategy",
+            self.strategy,
+            'use "fsdp" (the model sharded across the ranks) or "ddp" (a whole copy on each)',
+        )
         require(
             self.ranks == 1 or not self.resolved_algorithm.has_critic,
             "LearnConfig.ranks",

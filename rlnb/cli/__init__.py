@@ -75,6 +75,7 @@ CONFIG_FLAGS = {
     "micro_batch_size": ("learn", "micro_batch_size"),
     "ray_replicas": ("ray", "engine_replicas"),
     "learner_ranks": ("learn", "ranks"),
+    "learner_strategy": ("learn", "strategy"),
     "ray_address": ("ray", "address"),
 }
 
@@ -197,6 +198,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "--learner-ranks",
         type=int,
         help="learner processes as Ray actors, the gradients summed (default: 1, in process)",
+    )
+    train.add_argument(
+        "--learner-strategy",
+        choices=("fsdp", "ddp"),
+        help="with --learner-ranks: shard the model across the ranks (fsdp, the default) or copy it to each (ddp)",
     )
     train.add_argument("--ray-address", help="attach to this Ray cluster ('auto', HOST:PORT or ray://...)")
     train.add_argument("--eval-every", type=_int_from(1), default=25, help="RL steps between held-out evaluations")

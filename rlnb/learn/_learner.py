@@ -24,6 +24,7 @@ from rlnb.algorithms import Algorithm, has_signal, preset
 from rlnb.algorithms import functional as F
 from rlnb.config import LearnConfig
 from rlnb.envs import Demonstration
+from rlnb.learn import _sharding
 from rlnb.learn._critic import Critic
 from rlnb.learn._ranks import Ranks
 from rlnb.models import HFPolicy, TinyPolicy
@@ -228,13 +229,7 @@ class Learner:
         self._encode_observation = encode_observation or self._encode_target
         self._pad = pad_id
         self._eos = eos_id
-        self.optimizer = torch.optim.AdamW(
-            self.trainable_parameters(),
-            lr=config.lr,
-            betas=config.betas,
-            weight_decay=config.weight_decay,
-            foreach=True,
-        )
+        self.optimizer = self._new_optimizer()
         # The frozen reference of the KL term: a copy of the initial policy, or, with a
         # LoRA adapter (which starts at zero), the policy with its adapter switched off.
         self._lora = isinstance(policy, HFPolicy) and policy.lora is not None
@@ -249,6 +244,17 @@ class Learner:
         if config.resolved_algorithm.has_critic:
             self.ensure_critic()
         self.version = 0
+        if share is not None and share.sharded:  # FSDP2: 1/N of each weight, gradient and moment here
+            _sharding.shard(self.policy, share.world)
+            if self.reference is not None:
+                _sharding.shard(self.reference, share.world)
+            self.optimizer = self._new_optimizer()  # on the sharded parameters
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        cfg = self.config
+        return torch.optim.AdamW(
+            self.trainable_parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, foreach=True
+        )
 
     def ensure_critic(self, kind: str | None = None) -> Critic:
         """The critic of ``kind`` (None: the algorithm's ``critic``), made from a copy of
@@ -456,10 +462,19 @@ class Learner:
                     total = max(1, int(train_mask[rows].sum()))
                     self.optimizer.zero_grad(set_to_none=True)
                     failure: Exception | None = None
+                    chunks = (
+                        self._chunks(rows, lengths)
+                        if self.share is None
+                        else self.share.even_chunks(rows, lambda mine: self._chunks(mine, lengths))
+                    )
                     try:
-                        mine = rows if self.share is None else self.share.mine(rows)
-                        for chunk in self._chunks(mine, lengths):
-                            width = max(1, int(lengths[chunk].max()))
+                        for index, chunk in enumerate(chunks):
+                            if self._sharded:  # FSDP2: the gradients are reduced at the last pass only
+                                self.policy.set_requires_gradient_sync(index == len(chunks) - 1)  # type: ignore[operator]
+                            if chunk is None or failure is not None:  # a pass that adds nothing, as the others run
+                                self._idle_pass(batch, rows)
+                                continue
+                            width = max(self._least_width(batch), int(lengths[chunk].max()))
                             mask = train_mask[chunk, :width]
                             logp, entropy = self._token_logp(self.policy, batch, chunk, width)
                             inputs = F.LossInputs(
@@ -476,11 +491,20 @@ class Learner:
                                 normaliser=denominator,
                                 update_tokens=total,
                             )
-                            terms = F.policy_loss(inputs)  # a loss function (a user's) that raises: no half-made step
+                            try:
+                                terms = F.policy_loss(
+                                    inputs
+                                )  # a loss function (a user's) that raises: no half-made step
+                                loss_value = float(terms.loss.detach())
+                                if not math.isfinite(loss_value):
+                                    raise self._not_finite(f"the loss is {loss_value}", batch, _OVERFLOW)
+                            except Exception as exc:
+                                if not self._sharded:
+                                    raise
+                                failure = exc  # its backward still runs (adding nothing): the others wait on it
+                                (logp.sum() * 0.0).backward()
+                                continue
                             portion = terms.tokens / total  # of the update's tokens
-                            loss_value = float(terms.loss.detach())
-                            if not math.isfinite(loss_value):
-                                raise self._not_finite(f"the loss is {loss_value}", batch, _OVERFLOW)
                             terms.loss.backward()
                             clippable = clippable or terms.clippable
                             counted += terms.tokens * terms.kept_fraction
@@ -502,11 +526,13 @@ class Learner:
                         failure = exc  # said at the same point on every rank: none waits in a collective
                     if self.share is not None:
                         self.share.agree(failure, f"update {updates + 1} of step {self.version + 1}")
-                        self.share.sum_gradients(self.trainable_parameters())
+                        if not self._sharded:
+                            self.share.sum_gradients(self.trainable_parameters())
                     if lr is None:  # the first optimiser step of this update
                         now = self.config
                         lr, max_grad_norm = self.lr_at(self.version, now), now.max_grad_norm
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm))
+                    norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm)
+                    grad_norm = _sharding.to_float(norm)  # sharded gradients: their norm, made whole
                     if not math.isfinite(grad_norm):  # clipping would spread the inf or NaN to every weight
                         raise self._not_finite(f"the gradient's norm is {grad_norm}", batch, _OVERFLOW)
                     for param_group in self.optimizer.param_groups:
@@ -557,6 +583,24 @@ class Learner:
             "lr": lr,
             **critic_metrics,
         }
+
+    @property
+    def _sharded(self) -> bool:
+        return self.share is not None and self.share.sharded
+
+    def _least_width(self, batch: TrainBatch) -> int:
+        """The fewest targets a pass reads: 1, or with sharded ranks 2 where the batch
+        has them, so that every pass runs the blocks on a completion after its prompt
+        (one whose completions are all one token long runs only the prompts' pass:
+        every rank would gather each block's weights once less)."""
+        return min(2, batch.targets.shape[1]) if self._sharded else 1
+
+    def _idle_pass(self, batch: TrainBatch, rows: torch.Tensor) -> None:
+        """A forward and backward pass that changes no gradient: a sharded rank with
+        fewer chunks than another (or whose chunk failed) runs one for each chunk it
+        lacks, so that every rank gathers and reduces the weights as often."""
+        logp, _ = self._token_logp(self.policy, batch, rows[:1], self._least_width(batch))
+        (logp.sum() * 0.0).backward()
 
     def _save_state(self) -> tuple[list[torch.Tensor], dict[str, Any]]:
         """Copies of the trainable weights and of the optimiser's state."""

@@ -2,11 +2,13 @@
 
 :class:`RankGroup` is N Ray actors, one per rank, placed with a placement group on
 the session's Ray cluster (a local one it starts, or ``RayConfig(address=...)``'s),
-each a process with torch.distributed's default group (gloo) and a whole
+each a process with torch.distributed's default group (gloo) and a
 :class:`~rlnb.learn.Learner` that takes its share of each step
-(:mod:`rlnb.learn._ranks`): the weights are replicated, the gradients summed
-("ddp"). The actors start at once and join the group together; a step is one
-call on each, and rank 0 returns the step's metrics and the new weights.
+(:mod:`rlnb.learn._ranks`): its model sharded with FSDP2 ("fsdp",
+:mod:`rlnb.learn._sharding`), or replicated with the gradients summed ("ddp").
+The actors start at once and join the group together; a step is one call on each,
+and rank 0 returns the step's metrics and the new weights (gathered whole by every
+rank together where they are sharded).
 
 :class:`RankedLearner` is what the session holds: a :class:`Learner` in the
 session's process whose policy mirrors rank 0's weights after each step (the
@@ -34,6 +36,7 @@ import torch
 from rlnb import _reprs
 from rlnb._errors import ConfigError, TrainingError
 from rlnb._samples import Group
+from rlnb.learn import _sharding
 from rlnb.learn._learner import Learner
 from rlnb.learn._ranks import RankFailed, Ranks
 
@@ -63,7 +66,8 @@ class RankStatistics:
 @dataclasses.dataclass(frozen=True)
 class LearnerStatistics:
     """The learner's ranks (``LearnConfig.ranks`` > 1): how they split the work
-    (``strategy``: "ddp", the weights on every rank and the gradients summed),
+    (``strategy``: "fsdp", each weight, gradient and optimiser moment sharded
+    across the ranks, or "ddp", the weights on every rank and the gradients summed),
     ``each`` rank's :class:`RankStatistics`, and which rank died, if one did."""
 
     strategy: str
@@ -129,9 +133,17 @@ class _Rank:
         }
 
     def join(
-        self, rank: int, world: int, address: str, make: Callable[[Ranks], Learner], timeout: float, local: bool
+        self,
+        rank: int,
+        world: int,
+        address: str,
+        make: Callable[[Ranks], Learner],
+        timeout: float,
+        local: bool,
+        strategy: str,
     ) -> int:
-        """Join the process group at ``address`` as ``rank`` of ``world`` and make the learner."""
+        """Join the process group at ``address`` as ``rank`` of ``world`` and make the
+        learner, its model held as ``strategy`` says."""
         import torch.distributed as dist
 
         if local:  # every rank on this machine: gloo over loopback, whatever the hostname resolves to
@@ -143,7 +155,7 @@ class _Rank:
             world_size=world,
             timeout=datetime.timedelta(seconds=timeout),
         )
-        self.learner = make(Ranks(rank, world))
+        self.learner = make(Ranks(rank, world, strategy))
         return os.getpid()
 
     def step(self, groups: Sequence[Group], config: Any, max_length: int | None) -> dict[str, Any]:
@@ -152,28 +164,37 @@ class _Rank:
         started = time.perf_counter()
         metrics = learner.step(groups, max_length=max_length)
         seen = {"seconds": time.perf_counter() - started, **_memory(learner)}
-        if dist_rank() != 0:
+        weights = _sharding.gathered(learner.model_state())  # sharded: every rank takes part
+        if self._rank() != 0:
             return {"metrics": metrics, "seen": seen}
         return {
             "metrics": metrics,
             "seen": seen,
             "advantages": learner.last_advantages,
-            "weights": {k: v.detach().clone() for k, v in learner.model_state().items()},
+            "weights": {k: v.detach().clone() for k, v in weights.items()},
         }
 
     def optimizer_state(self) -> dict[str, Any]:
-        return self._learner().optimizer.state_dict()
+        """The optimiser's state as one process's optimiser holds it (its moments whole)."""
+        return _sharding.gathered(self._learner().optimizer.state_dict())
 
     def load(self, state: Mapping[str, Any]) -> None:
-        """Take the session's mirror's state: ``model``, ``optimizer``, ``reference``, ``version``."""
+        """Take the session's mirror's state: ``model``, ``optimizer``, ``reference``,
+        ``version`` (whole tensors: each rank keeps its shards of them)."""
         learner = self._learner()
         if "model" in state:
-            learner.load_model_state(dict(state["model"]))
+            learner.load_model_state(_sharding.sharded_state(state["model"], learner.model_state()))
         if "optimizer" in state:
-            learner.optimizer.load_state_dict(state["optimizer"])
+            params = learner.trainable_parameters()
+            learner.optimizer.load_state_dict(_sharding.sharded_optimizer_state(state["optimizer"], params))
         if "reference" in state and learner.reference is not None:
-            learner.reference.load_state_dict(state["reference"])
+            reference = learner.reference
+            reference.load_state_dict(_sharding.sharded_state(state["reference"], reference.state_dict()))
         learner.version = int(state["version"])
+
+    def _rank(self) -> int:
+        share = self._learner().share
+        return 0 if share is None else share.rank
 
     def leave(self) -> None:
         import torch.distributed as dist
@@ -193,27 +214,21 @@ def _memory(learner: Learner) -> dict[str, int]:
 
     params = list(learner.policy.parameters())
     state = learner.optimizer.state.values()
+    size = _sharding.local_bytes  # of this rank's shard, where sharded
     return {
-        "parameters": sum(p.numel() * p.element_size() for p in params),
-        "gradients": sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
-        "optimizer": sum(
-            t.numel() * t.element_size() for entry in state for t in entry.values() if isinstance(t, torch.Tensor)
-        ),
+        "parameters": sum(size(p) for p in params),
+        "gradients": sum(size(p.grad) for p in params if p.grad is not None),
+        "optimizer": sum(size(t) for entry in state for t in entry.values() if isinstance(t, torch.Tensor)),
         "rss": psutil.Process().memory_info().rss,
     }
-
-
-def dist_rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank()
 
 
 class RankGroup:
     """``world`` learner ranks as Ray actors; see the module docstring. Made by :meth:`start`."""
 
-    def __init__(self, ray: Any, cluster: Any, actors: list[Any], placement: Any) -> None:
+    def __init__(self, ray: Any, cluster: Any, actors: list[Any], placement: Any, strategy: str = "ddp") -> None:
         self._ray, self._cluster, self.actors, self._placement = ray, cluster, actors, placement
+        self.strategy = strategy  # how the ranks hold the model: "fsdp" or "ddp"
         self.pids: list[int] = []
         self.nodes: list[str] = []
         self.node_ids: list[str] = []
@@ -238,11 +253,13 @@ class RankGroup:
         log_dir: str | None = None,
         threads: int = 1,
         timeout: float = COLLECTIVE_TIMEOUT_S,
+        strategy: str = "fsdp",
     ) -> RankGroup:
         """Start (or attach to) Ray as ``ray_config`` says and ``world`` ranks, a bundle
         of one CPU each, packed as ``ray_config.strategy`` says ("SPREAD": one a node
         where it can); each joins the process group and makes its learner with
-        ``make``. Blocks until every rank has; nothing is left running if one fails."""
+        ``make``, the model held as ``strategy`` says ("fsdp" or "ddp"). Blocks until
+        every rank has; nothing is left running if one fails."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -263,9 +280,9 @@ class RankGroup:
                 ) from None
             remote = ray.remote(_Rank)
             for index in range(world):
-                strategy = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=index)
-                actors.append(remote.options(num_cpus=1, scheduling_strategy=strategy).remote(threads))
-            group = cls(ray, cluster, actors, placement)
+                placed = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=index)
+                actors.append(remote.options(num_cpus=1, scheduling_strategy=placed).remote(threads))
+            group = cls(ray, cluster, actors, placement, strategy)
             where = ray.get([a.where.remote() for a in actors], timeout=ray_config.start_timeout)
             group.nodes = [w["node"] for w in where]
             group.node_ids = [w["node_id"] for w in where]
@@ -274,7 +291,7 @@ class RankGroup:
             cluster.hear_deaths(dict.fromkeys(group.workers, group._heard))
             address = f"{where[0]['node']}:{where[0]['port']}"
             local = all(node == "127.0.0.1" for node in group.nodes)
-            joined = [a.join.remote(r, world, address, make, timeout, local) for r, a in enumerate(actors)]
+            joined = [a.join.remote(r, world, address, make, timeout, local, strategy) for r, a in enumerate(actors)]
             group.pids = ray.get(joined, timeout=ray_config.start_timeout)
             cluster.watch_new()
             return group
@@ -337,7 +354,7 @@ class RankGroup:
                     rss_bytes=int(seen.get("rss", 0)),
                 )
             )
-        return LearnerStatistics("ddp", tuple(ranks), self.dead)
+        return LearnerStatistics(self.strategy, tuple(ranks), self.dead)
 
     def _heard(self, worker_id: str, report: str) -> None:
         self.reports[worker_id] = report
@@ -409,7 +426,15 @@ class RankedLearner(Learner):
         started as ``ray`` (a :class:`~rlnb.RayConfig`) says, each rank with
         ``threads`` torch threads; :meth:`close` ends them."""
         learner = cls(policy, **kwargs)
-        group = RankGroup.start(rank_factory(policy, **kwargs), ranks, ray, name=name, log_dir=log_dir, threads=threads)
+        group = RankGroup.start(
+            rank_factory(policy, **kwargs),
+            ranks,
+            ray,
+            name=name,
+            log_dir=log_dir,
+            threads=threads,
+            strategy=learner.config.strategy,
+        )
         learner.attach(group)
         return learner
 
@@ -419,7 +444,7 @@ class RankedLearner(Learner):
         self._stale: set[str] = set()  # what of the mirror the ranks must get before the next step
         self._optimizer_version: int | None = 0  # the mirror optimiser's state is rank 0's of this version
 
-    @property  # type: ignore[override]
+    @property
     def optimizer(self) -> torch.optim.Optimizer:
         """The optimiser, with rank 0's state (fetched when the mirror's is older)."""
         mirror: torch.optim.Optimizer = self.__dict__["optimizer"]

@@ -18,7 +18,7 @@ the failing rank its own error, the others one that names it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -34,22 +34,47 @@ class RankFailed(TrainingError):
 @dataclasses.dataclass(frozen=True)
 class Ranks:
     """This process is ``rank`` of ``world`` learner ranks, on torch.distributed's
-    default process group (initialised by the caller)."""
+    default process group (initialised by the caller). ``strategy``: "ddp", the
+    whole model on every rank and the gradients summed by :meth:`sum_gradients`, or
+    "fsdp", the model sharded with FSDP2 (:mod:`rlnb.learn._sharding`), which
+    reduce-scatters the gradients itself."""
 
     rank: int
     world: int
+    strategy: str = "ddp"
+
+    @property
+    def sharded(self) -> bool:
+        return self.strategy == "fsdp"
 
     @classmethod
-    def current(cls) -> Ranks:
+    def current(cls, strategy: str = "ddp") -> Ranks:
         """This process's place in the default process group."""
         import torch.distributed as dist
 
-        return cls(dist.get_rank(), dist.get_world_size())
+        return cls(dist.get_rank(), dist.get_world_size(), strategy)
 
     def mine(self, rows: torch.Tensor) -> torch.Tensor:
         """This rank's share of ``rows``: a contiguous run (a group's rows stay
         together where they can), the shares' sizes differing by one at most."""
         return rows.tensor_split(self.world)[self.rank]
+
+    def even_chunks(
+        self, rows: torch.Tensor, chunks: Callable[[torch.Tensor], list[torch.Tensor]]
+    ) -> list[torch.Tensor | None]:
+        """This rank's share of ``rows`` cut by ``chunks`` (none without rows), then None up to the most
+        chunks any rank's share is cut into: with "fsdp" every rank must run as many
+        passes (each gathers the weights with the others). Every rank holds ``rows``,
+        so each works the others' counts out alone."""
+
+        def cut(share: torch.Tensor) -> list[torch.Tensor]:
+            return [chunk for chunk in chunks(share) if len(chunk)] if len(share) else []
+
+        mine: list[torch.Tensor | None] = list(cut(self.mine(rows)))
+        if not self.sharded:
+            return mine
+        most = max(len(cut(share)) for share in rows.tensor_split(self.world))
+        return mine + [None] * (most - len(mine))
 
     def sum(self, values: Sequence[float]) -> list[float]:
         """``values`` summed element-wise over the ranks (in float64)."""

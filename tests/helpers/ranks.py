@@ -21,7 +21,7 @@ import torch
 
 import rlnb
 from rlnb.algorithms import functional as F
-from rlnb.learn import LearnConfig, Learner
+from rlnb.learn import LearnConfig, Learner, _sharding
 from rlnb.learn._ranks import Ranks
 from rlnb.models import CharTokenizer, TinyPolicy
 
@@ -39,7 +39,7 @@ def policy(dtype: torch.dtype) -> TinyPolicy:
     return model.to(dtype)
 
 
-def batches(steps: int, *, groups: int = 3, size: int = 4, seed: int = 0) -> list[list[rlnb.Group]]:
+def batches(steps: int, *, groups: int = 3, size: int = 5, seed: int = 0) -> list[list[rlnb.Group]]:
     """``steps`` batches of ``groups`` groups of ``size`` samples: random completions
     of random lengths, behaviour log-probs and rewards (the same for every caller)."""
     rng = random.Random(seed)
@@ -69,13 +69,18 @@ def batches(steps: int, *, groups: int = 3, size: int = 4, seed: int = 0) -> lis
 
 
 def config(algorithm: str) -> LearnConfig:
-    return LearnConfig(lr=1e-2, algorithm=algorithm, epochs=2, minibatches=2, kl_coef=0.01)
+    """``algorithm``, or "name:N": with micro-batches of N rows (the ranks' shares then
+    cut into different numbers of chunks: 10 rows as 5 + 5, 5 as 3 + 2)."""
+    name, _, micro = algorithm.partition(":")
+    return LearnConfig(
+        lr=1e-2, algorithm=name, epochs=2, minibatches=2, kl_coef=0.01, micro_batch_size=int(micro) if micro else None
+    )
 
 
 def train(algorithm: str, steps: int, ranks: Ranks | None) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
     learner = Learner(policy(DTYPE), encode=encode, pad_id=TOK.PAD, config=config(algorithm), share=ranks)
     history = [learner.step(batch) for batch in batches(steps)]
-    return history, {k: v.detach().clone() for k, v in learner.policy.state_dict().items()}
+    return history, _sharding.gathered(learner.policy.state_dict())
 
 
 def fail_at_step_2(failing: int, ranks: Ranks | None) -> dict[str, Any]:
@@ -84,7 +89,7 @@ def fail_at_step_2(failing: int, ranks: Ranks | None) -> dict[str, Any]:
     learner = Learner(policy(DTYPE), encode=encode, pad_id=TOK.PAD, config=config("grpo"), share=ranks)
     first, second = batches(2)
     learner.step(first)
-    kept = {k: v.detach().clone() for k, v in learner.policy.state_dict().items()}
+    kept = _sharding.gathered(learner.policy.state_dict())
     rank = 0 if ranks is None else ranks.rank
     if rank == failing:
         policy_loss = F.policy_loss
@@ -101,17 +106,19 @@ def fail_at_step_2(failing: int, ranks: Ranks | None) -> dict[str, Any]:
     finally:
         if rank == failing:
             F.policy_loss = policy_loss
-    same = all(torch.equal(v, kept[k]) for k, v in learner.policy.state_dict().items())
+    same = all(torch.equal(v, kept[k]) for k, v in _sharding.gathered(learner.policy.state_dict()).items())
     return {"raised": raised, "weights kept": same, "version": learner.version}
 
 
-def _rank(rank: int, world: int, store: str, what: str, algorithms: list[str], steps: int, out: str) -> None:
+def _rank(
+    rank: int, world: int, store: str, what: str, algorithms: list[str], steps: int, out: str, strategy: str
+) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        ranks = Ranks.current()
+        ranks = Ranks.current(strategy)
         if what == "fail":
             result: Any = fail_at_step_2(world - 1, ranks)
         else:
@@ -122,7 +129,7 @@ def _rank(rank: int, world: int, store: str, what: str, algorithms: list[str], s
         dist.destroy_process_group()
 
 
-def _on_ranks(world: int, what: str, algorithms: list[str], steps: int) -> list[Any]:
+def _on_ranks(world: int, what: str, algorithms: list[str], steps: int, strategy: str) -> list[Any]:
     """What each rank wrote. A rank that wrote its result and then died in gloo's
     teardown (seen once in CI under load: SIGABRT, "terminate called without an active
     exception") is said on stderr, not failed: what is tested is written by then."""
@@ -130,7 +137,7 @@ def _on_ranks(world: int, what: str, algorithms: list[str], steps: int) -> list[
 
     with tempfile.TemporaryDirectory() as where:
         out = os.path.join(where, "rank")
-        args = (world, os.path.join(where, "store"), what, algorithms, steps, out)
+        args = (world, os.path.join(where, "store"), what, algorithms, steps, out, strategy)
         context = mp.start_processes(_rank, args=args, nprocs=world, join=False, start_method="spawn")
         for proc in context.processes:
             proc.join(600)
@@ -142,10 +149,10 @@ def _on_ranks(world: int, what: str, algorithms: list[str], steps: int) -> list[
         return [torch.load(f"{out}.{rank}") for rank in range(world)]
 
 
-def compare(world: int, steps: int, algorithms: list[str]) -> dict[str, Any]:
+def compare(world: int, steps: int, algorithms: list[str], strategy: str) -> dict[str, Any]:
     """Each algorithm's metrics alone and on ``world`` ranks, and the largest
     difference of the final weights (rank 0's; every rank's are the same)."""
-    split = _on_ranks(world, "compare", algorithms, steps)
+    split = _on_ranks(world, "compare", algorithms, steps, strategy)
     result = {}
     for algorithm in algorithms:
         alone, weights = train(algorithm, steps, None)
@@ -165,13 +172,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--algorithms", default="grpo")
+    parser.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp"))
     args = parser.parse_args(argv)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     if args.what == "fail":
-        result: Any = _on_ranks(args.world, "fail", [], 2)
+        result: Any = _on_ranks(args.world, "fail", [], 2, args.strategy)
     else:
-        result = compare(args.world, args.steps, args.algorithms.split(","))
+        result = compare(args.world, args.steps, args.algorithms.split(","), args.strategy)
     json.dump(result, sys.stdout)
 
 

@@ -20,7 +20,7 @@ from tests.helpers.ranks import TOK, encode, policy
 processes = pytest.mark.netns
 
 # Every algorithm without a critic; each trains 5 steps of 2 epochs of 2 minibatches.
-ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "sapo")
+ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "sapo", "grpo:2")  # grpo:2: micro-batches of 2
 
 
 def _run(start_python: PythonProcesses, *args: str) -> object:
@@ -31,8 +31,12 @@ def _run(start_python: PythonProcesses, *args: str) -> object:
 
 
 @processes
-def test_two_ranks_take_the_step_one_process_takes(start_python: PythonProcesses) -> None:
-    result = _run(start_python, "compare", "--world", "2", "--steps", "5", "--algorithms", ",".join(ALGORITHMS))
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_take_the_step_one_process_takes(start_python: PythonProcesses, strategy: str) -> None:
+    algorithms = ",".join(ALGORITHMS)
+    result = _run(
+        start_python, "compare", "--world", "2", "--steps", "5", "--algorithms", algorithms, "--strategy", strategy
+    )
     assert isinstance(result, dict) and set(result) == set(ALGORITHMS)
     for algorithm, seen in result.items():
         assert len(seen["alone"]) == len(seen["ranks"]) == 5
@@ -44,10 +48,11 @@ def test_two_ranks_take_the_step_one_process_takes(start_python: PythonProcesses
 
 
 @processes
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_rank_whose_share_fails_fails_the_step_on_every_rank_and_keeps_the_weights(
-    start_python: PythonProcesses,
+    start_python: PythonProcesses, strategy: str
 ) -> None:
-    first, last = _run(start_python, "fail", "--world", "2")  # type: ignore[misc]
+    first, last = _run(start_python, "fail", "--world", "2", "--strategy", strategy)  # type: ignore[misc]
     assert last["raised"] == "ValueError: a loss function that fails on rank 1"  # its own error
     assert first["raised"] == (
         "RankFailed: learner rank 1 failed during update 1 of step 2; the step was not taken on any rank"
@@ -61,6 +66,23 @@ def test_ranks_split_rows_evenly_and_contiguously() -> None:
     shares = [Ranks(rank, 3).mine(rows).tolist() for rank in range(3)]
     assert shares == [[0, 1, 2], [3, 4], [5, 6]]
     assert Ranks(1, 2).mine(torch.arange(1)).tolist() == []  # fewer rows than ranks: a rank may have none
+
+
+def test_sharded_ranks_run_as_many_chunks_as_the_rank_with_the_most() -> None:
+    rows = torch.arange(5)
+
+    def pairs(share: torch.Tensor) -> list[torch.Tensor]:
+        return list(share.split(2))
+
+    def cut(rank: int, world: int, strategy: str) -> list[list[int] | None]:
+        chunks = Ranks(rank, world, strategy).even_chunks(rows, pairs)
+        return [None if c is None else c.tolist() for c in chunks]
+
+    assert cut(0, 2, "fsdp") == [[0, 1], [2]]  # 3 rows and 2
+    assert cut(1, 2, "fsdp") == [[3, 4], None]  # an idle pass: FSDP2 gathers on every rank at once
+    assert cut(1, 2, "ddp") == [[3, 4]]  # each rank alone until the gradients are summed
+    assert cut(5, 6, "fsdp") == [None]  # no rows at all: still one pass
+    assert cut(5, 6, "ddp") == []
 
 
 def test_a_learner_with_a_critic_is_refused_on_ranks_before_anything_is_made() -> None:
