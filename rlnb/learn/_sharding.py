@@ -73,6 +73,8 @@ def shard(policy: nn.Module, world: int) -> None:
     register_fsdp_forward_method(policy, "forward_shared")
     for unit in [*units, policy]:
         unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # each rank's loss is its share: a sum
+        # a plain SUM: float32's factor otherwise rides on PREMUL_SUM, which gloo lacks
+        unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
 
 
 def is_sharded(policy: nn.Module) -> bool:

@@ -45,6 +45,7 @@ def test_two_ranks_train_as_one_process_and_a_checkpoint_goes_between_them(tmp_p
     import ray
 
     with rlnb.Session(config(1), name="one") as one:
+        whole = sum(p.numel() * p.element_size() for p in one._learner.policy.parameters())  # type: ignore[attr-defined]
         alone = one.train(3, progress=False)
         one.set(lr=1e-3)
         alone.append(one.step())
@@ -60,22 +61,23 @@ def test_two_ranks_train_as_one_process_and_a_checkpoint_goes_between_them(tmp_p
         for a, b in zip(alone, split, strict=True):
             same(a, b)
         seen = two.statistics().learner  # each rank: alive, its step time and memory
-        assert seen is not None and seen.strategy == "ddp" and seen.dead is None
+        assert seen is not None and seen.strategy == "fsdp" and seen.dead is None
         assert [(r.rank, r.state, r.node) for r in seen.each] == [
             (0, "running", "127.0.0.1"),
             (1, "running", "127.0.0.1"),
         ]
         assert {r.pid for r in seen.each} == {p.pid for p in ranks}
+        assert sum(r.parameter_bytes for r in seen.each) == whole  # FSDP2: each rank keeps its shard
         for r in seen.each:
             assert r.step_seconds is not None and r.step_seconds > 0
-            assert r.parameter_bytes == r.gradient_bytes > 0
+            assert 0.4 * whole < r.parameter_bytes == r.gradient_bytes < 0.6 * whole  # about half each
             assert 0 < r.optimizer_bytes - 2 * r.parameter_bytes < 1024  # AdamW: two moments, and a step count each
             assert r.rss_bytes > r.parameter_bytes
         assert "rank 1: running, pid" in repr(two.statistics())
         dash = two.dashboard()  # a row per rank
         dash.tick()
         assert dash.state.value.count('<tr class="rlnb-rank" data-state="running">') == 2
-        assert "2 ranks (ddp)" in dash.state.value
+        assert "2 ranks (fsdp)" in dash.state.value
         dash.close()
         assert split[-1]["lr"] == 1e-3
         assert two.complete("12+34=")  # the engine serves the mirror of rank 0's weights
@@ -187,7 +189,10 @@ def test_a_kernel_restart_leaves_no_rank_process(open_kernel: OpenKernel) -> Non
 
 
 def test_the_cli_trains_on_two_learner_ranks(tmp_path: Path, run_cli: Callable[..., Any]) -> None:
-    done = run_cli("train", "--steps", "3", "--run-dir", str(tmp_path), "--learner-ranks", "2", "--no-progress")
+    done = run_cli(
+        "train", "--steps", "3", "--run-dir", str(tmp_path), "--learner-ranks", "2", "--learner-strategy", "ddp",
+        "--no-progress",
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "[rl] 3 steps" in done.stdout and "exit code 0" in done.stdout
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

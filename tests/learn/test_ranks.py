@@ -90,3 +90,14 @@ def test_a_learner_with_a_critic_is_refused_on_ranks_before_anything_is_made() -
         Learner(
             policy(torch.float32), encode=encode, pad_id=TOK.PAD, config=LearnConfig(algorithm="ppo"), share=Ranks(0, 2)
         )
+
+
+def test_the_learner_flags_of_rlnb_train_set_ranks_and_strategy_and_a_wrong_strategy_names_the_fix() -> None:
+    from rlnb.cli import _build_parser, _train_config
+
+    args = ["train", "--steps", "1", "--run-dir", "r", "--learner-ranks", "2", "--learner-strategy", "ddp"]
+    learn = _train_config(_build_parser().parse_args(args))[0].learn
+    assert (learn.ranks, learn.strategy) == (2, "ddp")
+    assert LearnConfig(ranks=2).strategy == "fsdp"  # sharded unless told
+    with pytest.raises(rlnb.ConfigError, match='LearnConfig.strategy=\'zero\' is invalid: use "fsdp"'):
+        LearnConfig(ranks=2, strategy="zero")
