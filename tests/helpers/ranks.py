@@ -3,9 +3,11 @@
 ``python -m tests.helpers.ranks compare --world 2 --steps 5 --algorithms grpo,gspo``
 trains a tiny policy (in float64) both ways, the ranks as processes on a gloo
 process group over loopback, and prints as JSON each algorithm's metrics both ways
-and the largest difference of the final weights. ``... fail --world 2``: the last
-rank's loss function raises in step 2; prints what each rank raised and whether its
-weights stayed step 1's."""
+and the largest difference of the final weights. ``--model hf`` trains a small
+random Llama instead, ``lora`` its LoRA adapter, ``checkpointing`` it with
+gradient checkpointing; ``--strategy fsdp`` shards it (default "ddp"). ``... fail
+--world 2``: the last rank's loss function raises in step 2; prints what each rank
+raised and whether its weights stayed step 1's."""
 
 from __future__ import annotations
 
@@ -34,14 +36,56 @@ def encode(text: str) -> list[int]:
     return TOK.encode(text, bos=True)
 
 
+# --model: the built-in policy, or a Hugging Face Llama (built into a directory once)
+MODELS = ("tiny", "hf", "lora", "checkpointing")
+
+
+def learner(model: str, model_dir: str | None, algorithm: str, ranks: Ranks | None) -> Learner:
+    if model == "tiny":
+        return Learner(policy(DTYPE), encode=encode, pad_id=TOK.PAD, config=config(algorithm), share=ranks)
+    from rlnb.models import load_hf_model, load_hf_tokenizer
+
+    assert model_dir is not None
+    tok = load_hf_tokenizer(model_dir)
+    hf = load_hf_model(
+        rlnb.ModelConfig(
+            path=model_dir,
+            max_len=32,
+            lora=rlnb.LoraConfig(r=4, alpha=8) if model == "lora" else None,
+            gradient_checkpointing=model == "checkpointing",
+        )
+    )
+    return Learner(
+        hf.to(DTYPE),  # float64, as the built-in policy's: what the split itself changes, not float32's rounding
+        encode=lambda text: tok.encode(text, bos=True),
+        pad_id=tok.PAD,
+        eos_id=tok.EOS,
+        config=config(algorithm),
+        share=ranks,
+    )
+
+
+def model_batches(model: str, model_dir: str | None, steps: int) -> list[list[rlnb.Group]]:
+    if model == "tiny":
+        return batches(steps)
+    from rlnb.models import load_hf_tokenizer
+
+    tok = load_hf_tokenizer(model_dir)
+    return batches(steps, ids=range(0, 12), eos=tok.EOS)  # the tiny Llama's characters are ids 0-11
+
+
 def policy(dtype: torch.dtype) -> TinyPolicy:
     model = TinyPolicy(rlnb.ModelConfig(vocab_size=TOK.vocab_size, d_model=32, n_layers=2, n_heads=2, max_len=24))
     return model.to(dtype)
 
 
-def batches(steps: int, *, groups: int = 3, size: int = 5, seed: int = 0) -> list[list[rlnb.Group]]:
+def batches(
+    steps: int, *, groups: int = 3, size: int = 5, seed: int = 0, ids: range | None = None, eos: int = TOK.EOS
+) -> list[list[rlnb.Group]]:
     """``steps`` batches of ``groups`` groups of ``size`` samples: random completions
-    of random lengths, behaviour log-probs and rewards (the same for every caller)."""
+    of random lengths (tokens of ``ids``, default the built-in tokenizer's characters,
+    then ``eos``), behaviour log-probs and rewards (the same for every caller)."""
+    ids = ids or range(3, TOK.vocab_size)
     rng = random.Random(seed)
     out = []
     for _ in range(steps):
@@ -52,7 +96,7 @@ def batches(steps: int, *, groups: int = 3, size: int = 5, seed: int = 0) -> lis
             samples = []
             for _ in range(size):
                 n = rng.randrange(1, 6)
-                tokens = (*(rng.randrange(3, TOK.vocab_size) for _ in range(n)), TOK.EOS)
+                tokens = (*(rng.choice(ids) for _ in range(n)), eos)
                 samples.append(
                     rlnb.Sample(
                         prompt=prompt,
@@ -77,10 +121,12 @@ def config(algorithm: str) -> LearnConfig:
     )
 
 
-def train(algorithm: str, steps: int, ranks: Ranks | None) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
-    learner = Learner(policy(DTYPE), encode=encode, pad_id=TOK.PAD, config=config(algorithm), share=ranks)
-    history = [learner.step(batch) for batch in batches(steps)]
-    return history, _sharding.gathered(learner.policy.state_dict())
+def train(
+    algorithm: str, steps: int, ranks: Ranks | None, model: str = "tiny", model_dir: str | None = None
+) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
+    taught = learner(model, model_dir, algorithm, ranks)
+    history = [taught.step(batch) for batch in model_batches(model, model_dir, steps)]
+    return history, _sharding.gathered(taught.model_state())
 
 
 def fail_at_step_2(failing: int, ranks: Ranks | None) -> dict[str, Any]:
@@ -111,7 +157,16 @@ def fail_at_step_2(failing: int, ranks: Ranks | None) -> dict[str, Any]:
 
 
 def _rank(
-    rank: int, world: int, store: str, what: str, algorithms: list[str], steps: int, out: str, strategy: str
+    rank: int,
+    world: int,
+    store: str,
+    what: str,
+    algorithms: list[str],
+    steps: int,
+    out: str,
+    strategy: str,
+    model: str,
+    model_dir: str | None,
 ) -> None:
     import torch.distributed as dist
 
@@ -122,14 +177,22 @@ def _rank(
         if what == "fail":
             result: Any = fail_at_step_2(world - 1, ranks)
         else:
-            result = {algorithm: train(algorithm, steps, ranks) for algorithm in algorithms}
+            result = {algorithm: train(algorithm, steps, ranks, model, model_dir) for algorithm in algorithms}
         torch.save(result, f"{out}.{rank}")
         dist.barrier()  # no rank tears the group down while another still uses it
     finally:
         dist.destroy_process_group()
 
 
-def _on_ranks(world: int, what: str, algorithms: list[str], steps: int, strategy: str) -> list[Any]:
+def _on_ranks(
+    world: int,
+    what: str,
+    algorithms: list[str],
+    steps: int,
+    strategy: str,
+    model: str = "tiny",
+    model_dir: str | None = None,
+) -> list[Any]:
     """What each rank wrote. A rank that wrote its result and then died in gloo's
     teardown (seen once in CI under load: SIGABRT, "terminate called without an active
     exception") is said on stderr, not failed: what is tested is written by then."""
@@ -137,7 +200,7 @@ def _on_ranks(world: int, what: str, algorithms: list[str], steps: int, strategy
 
     with tempfile.TemporaryDirectory() as where:
         out = os.path.join(where, "rank")
-        args = (world, os.path.join(where, "store"), what, algorithms, steps, out, strategy)
+        args = (world, os.path.join(where, "store"), what, algorithms, steps, out, strategy, model, model_dir)
         context = mp.start_processes(_rank, args=args, nprocs=world, join=False, start_method="spawn")
         for proc in context.processes:
             proc.join(600)
@@ -149,13 +212,15 @@ def _on_ranks(world: int, what: str, algorithms: list[str], steps: int, strategy
         return [torch.load(f"{out}.{rank}") for rank in range(world)]
 
 
-def compare(world: int, steps: int, algorithms: list[str], strategy: str) -> dict[str, Any]:
+def compare(
+    world: int, steps: int, algorithms: list[str], strategy: str, model: str = "tiny", model_dir: str | None = None
+) -> dict[str, Any]:
     """Each algorithm's metrics alone and on ``world`` ranks, and the largest
     difference of the final weights (rank 0's; every rank's are the same)."""
-    split = _on_ranks(world, "compare", algorithms, steps, strategy)
+    split = _on_ranks(world, "compare", algorithms, steps, strategy, model, model_dir)
     result = {}
     for algorithm in algorithms:
-        alone, weights = train(algorithm, steps, None)
+        alone, weights = train(algorithm, steps, None, model, model_dir)
         history, theirs = split[0][algorithm]
         result[algorithm] = {
             "alone": [{k: m[k] for k in COMPARED} for m in alone],
@@ -173,13 +238,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--algorithms", default="grpo")
     parser.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp"))
+    parser.add_argument("--model", default="tiny", choices=MODELS)
     args = parser.parse_args(argv)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
-    if args.what == "fail":
-        result: Any = _on_ranks(args.world, "fail", [], 2, args.strategy)
-    else:
-        result = compare(args.world, args.steps, args.algorithms.split(","), args.strategy)
+    with tempfile.TemporaryDirectory() as where:
+        model_dir = None
+        if args.model != "tiny":
+            from rlnb.models import tiny_llama
+
+            model_dir = str(tiny_llama(os.path.join(where, "llama"), hidden_size=64, intermediate_size=128))
+        if args.what == "fail":
+            result: Any = _on_ranks(args.world, "fail", [], 2, args.strategy)
+        else:
+            result = compare(args.world, args.steps, args.algorithms.split(","), args.strategy, args.model, model_dir)
     json.dump(result, sys.stdout)
 
 

@@ -48,6 +48,25 @@ def test_two_ranks_take_the_step_one_process_takes(start_python: PythonProcesses
 
 
 @processes
+@pytest.mark.parametrize(("model", "strategy"), [("hf", "fsdp"), ("lora", "fsdp"), ("checkpointing", "ddp")])
+def test_two_ranks_train_a_hugging_face_model_and_its_lora_adapter_as_one_process(
+    start_python: PythonProcesses, model: str, strategy: str
+) -> None:
+    # A small random Llama (in float64: its rotary tables stay float32, whose rounding
+    # differs with the rows' split), in micro-batches of 2: the ranks' shares cut into
+    # different numbers of chunks; with LoRA only the adapter trains and is compared.
+    args = ("compare", "--world", "2", "--steps", "5", "--algorithms", "grpo:2", "--strategy", strategy)
+    result = _run(start_python, *args, "--model", model)
+    assert isinstance(result, dict)
+    seen = result["grpo:2"]
+    assert len(seen["alone"]) == len(seen["ranks"]) == 5
+    for step, (alone, ranks) in enumerate(zip(seen["alone"], seen["ranks"], strict=True), 1):
+        for key, value in alone.items():
+            assert ranks[key] == pytest.approx(value, abs=1e-5), (model, step, key)
+    assert seen["weights"] < 1e-5 and seen["ranks agree"]
+
+
+@processes
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_rank_whose_share_fails_fails_the_step_on_every_rank_and_keeps_the_weights(
     start_python: PythonProcesses, strategy: str
