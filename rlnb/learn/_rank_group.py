@@ -235,6 +235,7 @@ class RankGroup:
         self.workers: list[str] = []  # each rank's Ray worker id
         self.reports: dict[str, str] = {}  # the raylet's report of a rank's death, by worker id
         self.dead: str | None = None  # which rank died, and when: the group is gone
+        self.dead_rank: int | None = None
         self.seen: list[dict[str, Any]] = []  # each rank's figures from the last step
         self._closed = False
 
@@ -336,7 +337,7 @@ class RankGroup:
     def statistics(self) -> LearnerStatistics:
         """The ranks as the last step left them; does not block (nothing is asked of them)."""
         state = "closed" if self._closed else "running"
-        dead = None if self.dead is None else int(self.dead.split()[1])
+        dead = self.dead_rank
         ranks = []
         for rank in range(self.world):
             seen = self.seen[rank] if rank < len(self.seen) else {}
@@ -361,10 +362,14 @@ class RankGroup:
 
     def check_alive(self) -> None:
         if self.dead is not None:
-            raise RanksDied(f"the learner's ranks are gone: {self.dead}; close the session and make a new one")
+            raise RanksDied(
+                f"the learner's ranks are gone: {self.dead}; sess.restart_learner() starts new ones from the "
+                "last step's weights"
+            )
 
     def _died(self, rank: int, method: str, exc: BaseException) -> None:
         pid = self.pids[rank] if rank < len(self.pids) else "?"
+        self.dead_rank = rank
         self.dead = (
             f"rank {rank} (pid {pid}, on {self.nodes[rank] if rank < len(self.nodes) else '?'}) died during {method}"
         )
@@ -373,8 +378,8 @@ class RankGroup:
                 self._ray.kill(actor)
         raise RanksDied(
             f"learner {self.dead} ({type(exc).__name__}); the other ranks were stopped and the step was not "
-            "taken (the session keeps the weights of the last step); close the session and make a new one "
-            "(sess.save() first keeps them)"
+            "taken (the session keeps the weights of the last step); sess.restart_learner() starts new ranks "
+            "from them"
         ) from None
 
     def close(self, timeout: float | None = 10.0) -> None:
@@ -409,6 +414,9 @@ class RankedLearner(Learner):
     """The session's learner when ``LearnConfig.ranks`` > 1; see the module docstring."""
 
     group: RankGroup
+    _stale: set[str]  # what of the mirror the ranks must get before the next step
+    _optimizer_version: int | None  # the mirror optimiser's state is rank 0's of this version (None: unknown)
+    _start: Callable[[], RankGroup]  # how the group was started (restart() starts another)
 
     @classmethod
     def start(
@@ -426,7 +434,9 @@ class RankedLearner(Learner):
         started as ``ray`` (a :class:`~rlnb.RayConfig`) says, each rank with
         ``threads`` torch threads; :meth:`close` ends them."""
         learner = cls(policy, **kwargs)
-        group = RankGroup.start(
+        # how to start the group (again: restart()); the factory holds the policy as it was made
+        learner._start = functools.partial(
+            RankGroup.start,
             rank_factory(policy, **kwargs),
             ranks,
             ray,
@@ -435,14 +445,30 @@ class RankedLearner(Learner):
             threads=threads,
             strategy=learner.config.strategy,
         )
-        learner.attach(group)
+        learner.attach(learner._start())
         return learner
+
+    def restart(self) -> None:
+        """Close the ranks and start new ones from this process's copy: the weights of
+        the last step taken (and the KL reference), the optimiser's moments as rank 0
+        last gave them if that was after the last step, else anew (a rank that died
+        took them with it). The version goes on."""
+        group = self.__dict__.get("group")
+        start = self.__dict__.get("_start")
+        if group is None or start is None:
+            raise TrainingError("this learner was not started on ranks (RankedLearner.start): nothing to restart")
+        group.close()
+        current = self._optimizer_version == self.version
+        self.attach(start())
+        self._stale = {"model", "reference", *(("optimizer",) if current else ())}
+        self._optimizer_version = self.version if current else None
+        self._send_stale()
 
     def attach(self, group: RankGroup) -> None:
         """Drive ``group`` (started from this learner's policy and config)."""
         self.group = group
-        self._stale: set[str] = set()  # what of the mirror the ranks must get before the next step
-        self._optimizer_version: int | None = 0  # the mirror optimiser's state is rank 0's of this version
+        self._stale = set()
+        self._optimizer_version = 0
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -504,7 +530,7 @@ class RankedLearner(Learner):
         optimiser state (what ``what_if`` trains): nothing it does reaches the ranks."""
         twin = super().twin(config)
         twin.__class__ = Learner  # a copy of this object: made plain, it drives no rank
-        for name in ("group", "_stale", "_optimizer_version"):
+        for name in ("group", "_stale", "_optimizer_version", "_start"):
             twin.__dict__.pop(name, None)
         return twin
 

@@ -56,7 +56,7 @@ from rlnb.track import EXIT_FAILURE, EXIT_SIGINT, Tracker, exit_code_for
 
 if TYPE_CHECKING:
     from rlnb.algorithms import Algorithm
-    from rlnb.learn import Callback, KeptBatch, WhatIf
+    from rlnb.learn import Callback, KeptBatch, LearnerStatistics, WhatIf
     from rlnb.models import HFPolicy, TinyPolicy
     from rlnb.notebook import Dashboard, Explorer
 
@@ -862,6 +862,28 @@ class Session:
         """Deprecated: ``sess.rollouts.reward_name``."""
         _renamed("reward_name", "rollouts.reward_name")
         return self._rollouts.reward_name
+
+    @public_call("the learner's ranks were left as they were")
+    def restart_learner(self) -> LearnerStatistics:
+        """Start the learner's ranks (``LearnConfig.ranks`` > 1) anew, after one died:
+        the old ones are closed and new ones take this process's copy of the weights
+        of the last step taken (a step a rank died in was not taken), the KL
+        reference, and the optimiser's moments where rank 0 gave them since that step
+        (a checkpoint saved then, ``what_if``), else new moments. The version and
+        everything else of the session go on. Returns the new ranks' statistics.
+        Blocks until every rank has joined; not while training runs
+        (:class:`~rlnb.StateError`)."""
+        self._check()
+        if self._config.learn.ranks == 1:
+            raise StateError(
+                "restart_learner() restarts a learner's ranks; this session's learner runs in its own process "
+                "(LearnConfig.ranks=1): there is nothing to restart"
+            )
+        self._trainer.check_idle("restart_learner()")
+        learner = self._learner
+        learner.restart()  # type: ignore[attr-defined]
+        stats: LearnerStatistics = learner.statistics()  # type: ignore[attr-defined]
+        return stats
 
     # -- checkpoints ------------------------------------------------------------------
 

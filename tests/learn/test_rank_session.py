@@ -14,6 +14,7 @@ from typing import Any
 
 import psutil
 import pytest
+import torch
 
 import rlnb
 from tests.helpers import exited, wait_until
@@ -49,6 +50,8 @@ def test_two_ranks_train_as_one_process_and_a_checkpoint_goes_between_them(tmp_p
         alone = one.train(3, progress=False)
         one.set(lr=1e-3)
         alone.append(one.step())
+        with pytest.raises(rlnb.StateError, match=r"LearnConfig.ranks=1\): there is nothing to restart"):
+            one.restart_learner()
         one.save(tmp_path / "one")
         alone_next = one.step()
     with rlnb.Session(config(2), name="two") as two:
@@ -102,7 +105,7 @@ def test_two_ranks_train_as_one_process_and_a_checkpoint_goes_between_them(tmp_p
     assert ray_processes() == []
 
 
-def test_a_rank_killed_mid_step_is_an_error_naming_it_and_close_leaves_nothing(
+def test_a_rank_killed_mid_step_is_an_error_naming_it_restart_learner_goes_on_and_close_leaves_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import ray
@@ -129,6 +132,16 @@ def test_a_rank_killed_mid_step_is_an_error_naming_it_and_close_leaves_nothing(
         assert [f.code for f in sess.diagnose() if f.severity == "critical"][:1] == ["learner-rank-dead"]
         with pytest.raises(rlnb.TrainingError, match="the learner's ranks are gone: rank 1"):
             sess.step()
+        # new ranks from the last step's weights, the session going on
+        sess.callbacks.clear()
+        kept = {k: v.clone() for k, v in sess.policy.state_dict().items()}
+        old = [p for p in ray_processes() if "_Rank" in " ".join(p.cmdline())]
+        seen = sess.restart_learner()
+        assert [r.state for r in seen.each] == ["running", "running"] and seen.dead is None
+        assert all(exited(p) for p in old)  # the old group's survivor too
+        assert pid not in {r.pid for r in seen.each}
+        assert sess.step()["version"] == 2
+        assert any(not torch.equal(v, kept[k]) for k, v in sess.policy.state_dict().items())
         everyone = ray_processes()
     finally:
         sess.close()

@@ -118,5 +118,5 @@ def test_the_learner_flags_of_rlnb_train_set_ranks_and_strategy_and_a_wrong_stra
     learn = _train_config(_build_parser().parse_args(args))[0].learn
     assert (learn.ranks, learn.strategy) == (2, "ddp")
     assert LearnConfig(ranks=2).strategy == "fsdp"  # sharded unless told
-    with pytest.raises(rlnb.ConfigError, match="LearnConfig.strategy='zero' is invalid: use \"fsdp\""):
+    with pytest.raises(rlnb.ConfigError, match=r"LearnConfig\.strategy='zero' is invalid: use \"fsdp\""):
         LearnConfig(ranks=2, strategy="zero")
