@@ -500,7 +500,13 @@ class LearnConfig:
         torch's FSDP2, each rank keeping 1/N of every weight, gradient and optimiser
         moment (the weights gathered a block at a time for each pass); "ddp": the
         whole model and optimiser on every rank, the gradients summed after the
-        backward passes (fewer, larger messages: faster where the model fits)."""
+        backward passes (fewer, larger messages: faster where the model fits).
+    rank_timeout: seconds a rank waits for the others in a collective (torch.distributed's
+        timeout). A rank that hangs (a loss function that never returns, a stopped
+        process) makes the others' step fail after it; if it has not answered
+        ``rank_timeout`` + 10 s after another rank finished, the group is stopped and
+        the step fails with an error naming it (``Session.restart_learner()`` starts
+        new ranks)."""
 
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
@@ -519,6 +525,7 @@ class LearnConfig:
     threads: int | None = None
     ranks: int = 1
     strategy: str = "fsdp"
+    rank_timeout: float = 300.0
 
     def __post_init__(self) -> None:
         check_number("LearnConfig.lr", self.lr, gt=0, fix="use a learning rate > 0, e.g. lr=1e-4")
@@ -569,6 +576,7 @@ class LearnConfig:
             self.strategy,
             'use "fsdp" (the model sharded across the ranks) or "ddp" (a whole copy on each)',
         )
+        check_number("LearnConfig.rank_timeout", self.rank_timeout, gt=0, fix="use seconds > 0, e.g. rank_timeout=300")
         require(
             self.ranks == 1 or not self.resolved_algorithm.has_critic,
             "LearnConfig.ranks",

@@ -101,9 +101,12 @@ class RanksDied(TrainingError):
     """A learner rank's process died: the group is gone (its survivors were stopped)."""
 
 
-# How long a collective may wait for the other ranks (torch.distributed's timeout):
-# a rank that died or hangs makes the others' step fail after it, never hang.
+# How long a collective may wait for the other ranks (torch.distributed's timeout;
+# LearnConfig.rank_timeout): a rank that died or hangs makes the others' step fail
+# after it, never hang. A rank still busy this long plus HANG_GRACE_S after another
+# finished the same call is taken for hung.
 COLLECTIVE_TIMEOUT_S = 300.0
+HANG_GRACE_S = 10.0
 
 
 def _free_port() -> int:
@@ -229,6 +232,7 @@ class RankGroup:
     def __init__(self, ray: Any, cluster: Any, actors: list[Any], placement: Any, strategy: str = "ddp") -> None:
         self._ray, self._cluster, self.actors, self._placement = ray, cluster, actors, placement
         self.strategy = strategy  # how the ranks hold the model: "fsdp" or "ddp"
+        self.timeout = COLLECTIVE_TIMEOUT_S  # a collective's deadline on the ranks (start() sets it)
         self.pids: list[int] = []
         self.nodes: list[str] = []
         self.node_ids: list[str] = []
@@ -284,6 +288,7 @@ class RankGroup:
                 placed = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=index)
                 actors.append(remote.options(num_cpus=1, scheduling_strategy=placed).remote(threads))
             group = cls(ray, cluster, actors, placement, strategy)
+            group.timeout = timeout
             where = ray.get([a.where.remote() for a in actors], timeout=ray_config.start_timeout)
             group.nodes = [w["node"] for w in where]
             group.node_ids = [w["node_id"] for w in where]
@@ -309,9 +314,11 @@ class RankGroup:
     def call(self, method: str, *args: Any) -> list[Any]:
         """``method(*args)`` on every rank at once; each rank's result, in rank order.
         A rank's error is raised as the rank's own (the others fail with
-        :class:`~rlnb.learn._ranks.RankFailed`). A rank that dies takes the group
-        with it (the survivors would wait in a collective until its deadline): the
-        others are killed at once and :class:`RanksDied` names it."""
+        :class:`~rlnb.learn._ranks.RankFailed`). A rank that dies or hangs takes the
+        group with it (the survivors would wait in a collective until its deadline):
+        the others are killed at once and :class:`RanksDied` names it. Hung: a rank
+        still busy when another's collective timed out waiting, or ``timeout`` +
+        :data:`HANG_GRACE_S` after another finished."""
         self.check_alive()
         ray = self._ray
         refs = [getattr(a, method).remote(*args) for a in self.actors]
@@ -319,8 +326,15 @@ class RankGroup:
         results: dict[int, Any] = {}
         errors: dict[int, BaseException] = {}
         pending = list(refs)
+        first: tuple[int, float] | None = None  # the first rank to finish, and when
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            left = None if first is None else first[1] + self.timeout + HANG_GRACE_S - time.monotonic()
+            done, pending = ray.wait(pending, num_returns=1, timeout=None if left is None else max(0.0, left))
+            if not done and first is not None:
+                waited = f"{time.monotonic() - first[1]:.0f} s after rank {first[0]} finished"
+                self._hung(sorted(rank_of[ref] for ref in pending), method, waited)
+            if first is None:
+                first = (rank_of[done[0]], time.monotonic())
             for ref in done:
                 rank = rank_of[ref]
                 try:
@@ -329,7 +343,19 @@ class RankGroup:
                     self._died(rank, method, exc)
                 except Exception as exc:
                     errors[rank] = _cause(exc)
+                    if _timed_out(errors[rank]) and pending:  # it waited for the ones still busy
+                        self._hung(
+                            sorted(rank_of[r] for r in pending), method, f"rank {rank} waited for it in a collective"
+                        )
         if errors:
+            timed_out = [rank for rank, e in sorted(errors.items()) if _timed_out(e)]
+            if timed_out:  # a collective's deadline passed: the group is unusable
+                self._stop(
+                    f"rank {timed_out[0]} waited {self.timeout:g} s for the others in a collective during {method} "
+                    f"(LearnConfig.rank_timeout)",
+                    timed_out[0],
+                    "timed out",
+                )
             own = [e for _, e in sorted(errors.items()) if not isinstance(e, RankFailed)]
             raise (own or [errors[min(errors)]])[0]
         return [results[rank] for rank in range(self.world)]
@@ -367,19 +393,30 @@ class RankGroup:
                 "last step's weights"
             )
 
-    def _died(self, rank: int, method: str, exc: BaseException) -> None:
+    def _where(self, rank: int) -> str:
         pid = self.pids[rank] if rank < len(self.pids) else "?"
-        self.dead_rank = rank
-        self.dead = (
-            f"rank {rank} (pid {pid}, on {self.nodes[rank] if rank < len(self.nodes) else '?'}) died during {method}"
+        return f"rank {rank} (pid {pid}, on {self.nodes[rank] if rank < len(self.nodes) else '?'})"
+
+    def _died(self, rank: int, method: str, exc: BaseException) -> None:
+        self._stop(f"{self._where(rank)} died during {method}", rank, type(exc).__name__)
+
+    def _hung(self, ranks: list[int], method: str, seen: str) -> None:
+        self._stop(
+            f"{self._where(ranks[0])} hung during {method}: {seen} (LearnConfig.rank_timeout={self.timeout:g})",
+            ranks[0],
+            "no answer",
         )
-        for actor in self.actors:  # the others wait on it in a collective: they go too
+
+    def _stop(self, what: str, rank: int, why: str) -> None:
+        """The group is gone (``what`` happened to ``rank``): stop every rank (the
+        others would wait on it in a collective) and raise :class:`RanksDied`."""
+        self.dead_rank, self.dead = rank, what
+        for actor in self.actors:
             with contextlib.suppress(Exception):
                 self._ray.kill(actor)
         raise RanksDied(
-            f"learner {self.dead} ({type(exc).__name__}); the other ranks were stopped and the step was not "
-            "taken (the session keeps the weights of the last step); sess.restart_learner() starts new ranks "
-            "from them"
+            f"learner {what} ({why}); the other ranks were stopped and the step was not taken (the session "
+            "keeps the weights of the last step); sess.restart_learner() starts new ranks from them"
         ) from None
 
     def close(self, timeout: float | None = 10.0) -> None:
@@ -402,6 +439,14 @@ class RankGroup:
                     remove_placement_group(self._placement)
         self._cluster.close(timeout=timeout)
         self._cluster.hear_deaths(dict.fromkeys(self.workers, None))  # a report after close: the ranks were closed
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch.distributed's error for a collective past its deadline
+    (gloo's: "Timed out waiting ... for recv", or "Application timeout caused pair
+    closure" where the wait was in a send or an autograd hook)."""
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("timed out waiting" in text or "application timeout" in text)
 
 
 def _cause(exc: BaseException) -> BaseException:
@@ -444,6 +489,7 @@ class RankedLearner(Learner):
             log_dir=log_dir,
             threads=threads,
             strategy=learner.config.strategy,
+            timeout=learner.config.rank_timeout,
         )
         learner.attach(learner._start())
         return learner

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import pytest
 import torch
 
 import rlnb
-from tests.helpers import exited, wait_until
+from tests.helpers import ctrl_c_once, exited, wait_until
 from tests.helpers.kernel import OpenKernel, ok
 from tests.helpers.processes import PythonProcesses
 from tests.helpers.ray_cluster import ray_processes, simulated_nodes
@@ -118,14 +120,29 @@ def test_a_rank_killed_mid_step_is_an_error_naming_it_restart_learner_goes_on_an
         def on_batch(self, groups: Any) -> None:
             ray.kill(sess._learner.group.actors[1], no_restart=True)  # type: ignore[attr-defined]
 
-    sess = rlnb.Session(config(2).replace(mode="async"), name="dies")  # async: rollouts go on meanwhile
+    # async: rollouts go on meanwhile; a short deadline for the hung rank below
+    sess = rlnb.Session(config(2, rank_timeout=8).replace(mode="async"), name="dies")
     try:
         sess.step()
+        # Ctrl-C while the ranks step: the step finishes on every rank first, then the interrupt
+        group = sess._learner.group  # type: ignore[attr-defined]
+        stepping = threading.Event()
+
+        def call(method: str, *args: Any) -> list[Any]:
+            stepping.set()
+            return type(group).call(group, method, *args)
+
+        group.call = call
+        with ctrl_c_once(stepping):
+            sess.step()
+        del group.call
+        assert sess.version == 2
+        assert sess.step()["version"] == 3  # rank 0's own count: the ranks and this process agree
         pid = sess._learner.group.pids[1]  # type: ignore[attr-defined]
         sess.callbacks.append(KillRank1())
         with pytest.raises(rlnb.TrainingError, match=rf"learner rank 1 \(pid {pid}, on 127.0.0.1\) died during step"):
             sess.step()
-        assert sess.version == 1  # the step was not taken
+        assert sess.version == 3  # the step was not taken
         seen = sess.statistics().learner
         assert seen is not None and [r.state for r in seen.each] == ["running", "dead"]
         assert seen.dead == f"rank 1 (pid {pid}, on 127.0.0.1) died during step"
@@ -140,13 +157,35 @@ def test_a_rank_killed_mid_step_is_an_error_naming_it_restart_learner_goes_on_an
         assert [r.state for r in seen.each] == ["running", "running"] and seen.dead is None
         assert all(exited(p) for p in old)  # the old group's survivor too
         assert pid not in {r.pid for r in seen.each}
-        assert sess.step()["version"] == 2
+        assert sess.step()["version"] == 4
         assert any(not torch.equal(v, kept[k]) for k, v in sess.policy.state_dict().items())
+        # a rank that hangs (its loss function never returns): an error within the deadline, never a hang
+        namespace: dict[str, Any] = {}
+        exec(HANGS_ON_RANK_1, namespace)  # a function of no module: Ray sends it by value
+        sess.set(algorithm=rlnb.Algorithm(loss=namespace["hangs_on_rank_1"]))
+        pid = sess._learner.group.pids[1]  # type: ignore[attr-defined]
+        started = time.monotonic()
+        hung = rf"learner rank 1 \(pid {pid}, on 127.0.0.1\) hung during step: rank 0 waited for it in a collective"
+        with pytest.raises(rlnb.TrainingError, match=hung) as raised:
+            sess.step()
+        assert "\n" not in str(raised.value) and time.monotonic() - started < 60
+        assert sess.version == 4 and sess.statistics().learner.each[1].state == "dead"  # type: ignore[union-attr]
         everyone = ray_processes()
     finally:
         sess.close()
     assert all(exited(p) for p in everyone) and ray_processes() == []
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+HANGS_ON_RANK_1 = """
+import time
+import torch.distributed as dist
+
+def hangs_on_rank_1(inputs):
+    if dist.is_initialized() and dist.get_rank() == 1:  # on rank 1, not in the dry run here
+        time.sleep(600)
+    return -inputs.logp
+"""
 
 
 OWNER = """
