@@ -48,7 +48,14 @@ BENCHES = (
     "turns",
 )
 # The flags of one benchmark each: flag dest -> the benchmark that takes it.
-BENCH_OPTIONS = {"tracker": "close", "quick": "serve", "model": "serve", "tokens": "serve", "ranks": "learner"}
+BENCH_OPTIONS = {
+    "tracker": "close",
+    "quick": "serve",
+    "model": "serve",
+    "tokens": "serve",
+    "ranks": "learner",
+    "strategy": "learner",
+}
 
 # Flags that set a config field: flag dest -> (Config part or None, field). Applied in
 # this order, so a model's path is set before the engine that has to serve it.
@@ -224,6 +231,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--tokens", type=_int_from(1), metavar="N", help="serve: new tokens a call of the tokens/s rounds (default 64)"
     )
     bench.add_argument("--ranks", metavar="N,M", help="learner: the learner's rank counts to compare (default 1,2)")
+    bench.add_argument(
+        "--strategy", metavar="fsdp,ddp", help="learner: how the N ranks hold the model, one or both (default fsdp,ddp)"
+    )
 
     tiny = sub.add_parser(
         "make-tiny-llama", help="build a small random Llama and its tokenizer into a directory, offline, for --model"
@@ -540,6 +550,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "model": args.model,
             "tokens": args.tokens,
             "ranks": args.ranks,
+            "strategy": args.strategy,
         }
         return _bench(args.name, args.json, args.strict, **options)
     if args.command == "make-tiny-llama":
