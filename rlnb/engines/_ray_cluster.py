@@ -97,7 +97,9 @@ class RayCluster:
                         # machine (a GCS process, or the address a `ray start` left in
                         # /tmp/ray/ray_current_cluster, stale once it was killed) and fail there.
                         address="local",
-                        num_cpus=max(needed, os.cpu_count() or 1),
+                        # Room for the learner's ranks twice: a fork of this session (or a
+                        # second one in this process) joins this cluster and places its own.
+                        num_cpus=max(needed + int(cpus), os.cpu_count() or 1),
                         namespace=f"rlnb-{name}",
                         _node_ip_address="127.0.0.1",
                         _system_config=dict(_NO_METRICS),  # Ray adds to it: a new one per start

@@ -279,9 +279,12 @@ class RankGroup:
             try:
                 ray.get(placement.ready(), timeout=ray_config.start_timeout)
             except ray.exceptions.GetTimeoutError:
+                free = ray.available_resources().get("CPU", 0.0)
                 raise ConfigError(
                     f"LearnConfig.ranks={world} is invalid: the Ray cluster cannot place {world} ranks of one CPU "
-                    f"each (it has {ray.cluster_resources()}) within {ray_config.start_timeout} s; use fewer ranks"
+                    f"each ({free:g} of its {ray.cluster_resources().get('CPU', 0.0):g} CPUs free) within "
+                    f"{ray_config.start_timeout} s; use fewer ranks, close another session of this process that "
+                    "holds them, or attach to a larger cluster (RayConfig(address=...))"
                 ) from None
             remote = ray.remote(_Rank)
             for index in range(world):

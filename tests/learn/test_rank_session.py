@@ -89,6 +89,11 @@ def test_two_ranks_train_as_one_process_and_a_checkpoint_goes_between_them(tmp_p
         # what-if trains a copy in this process: the ranks' weights stay
         two.what_if(lr=1e-2)
         two.save(tmp_path / "ckpt")
+        # a fork is a session of its own with a new group of ranks; closing it leaves this one's
+        with two.fork("two-fork") as forked:
+            theirs = forked.statistics().learner
+            assert theirs is not None and not {r.pid for r in theirs.each} & {r.pid for r in seen.each}
+            assert forked.version == two.version and forked.step()["version"] == two.version + 1
         split_next = two.step()
         same(alone_next, split_next)
         # the background run drives the ranks too
