@@ -134,3 +134,21 @@ def test_vllm_on_the_gpu_beside_the_learner_samples_what_the_learner_scores(llam
         sess.rollouts.pause("keep")
         sess.rollouts.resume()
         assert sess.step()["version"] == 2 and sess.statistics().engine.version == 2
+
+
+@pytest.mark.ray
+def test_two_learner_ranks_on_two_gpus_train_in_bfloat16_as_one_gpu_does(llama_dir: Path) -> None:
+    # NCCL wants a GPU a rank (two ranks on one GPU: "duplicate GPU"); the session's copy shares rank 0's
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"two learner ranks need two GPUs (NCCL: one a rank); {torch.cuda.device_count()} here")
+    histories = []
+    for ranks in (1, 2):
+        config = _config(llama_dir, dtype="bfloat16", learn=rlnb.LearnConfig(ranks=ranks), seed=3)
+        with rlnb.Session(config, name=f"gpu-ranks-{ranks}") as sess:
+            histories.append(sess.train(3, progress=False))
+            if ranks == 2:
+                seen = sess.statistics().learner
+                assert seen is not None and seen.strategy == "fsdp" and len(seen.each) == 2
+                assert sess.statistics().engine.version == 3  # the gathered weights reached the engine
+    for alone, split in zip(*histories, strict=True):
+        assert split["loss"] == pytest.approx(alone["loss"], abs=2e-2)  # bf16: sums in another order round apart

@@ -367,9 +367,13 @@ def test_13_one_process_and_two_ranks_learn_alike_and_a_killed_rank_is_named(exe
     assert "image/png" in cells[1].outputs[-1]["data"]
     assert "learner ranks" in cells[2].outputs[-1]["data"]["text/html"]  # the dashboard's rows per rank
     assert re.search(r"rank 1: running, pid \d+ on 127\.0\.0\.1, step", out[3]), out[3]
+    assert "2 ranks (fsdp)" in out[3], out[3]
+    shares = [float(x) for x in re.findall(r"rank \d keeps (\d\.\d+) of one process's weights", out[3])]
+    assert len(shares) == 2 and all(0.4 < x < 0.6 for x in shares), out[3]  # FSDP2: about half each
     assert re.search(r"RanksDied: learner rank 1 \(pid \d+, on 127\.0\.0\.1\) died during step", out[4]), out[4]
     assert "['learner-rank-dead']" in out[4], out[4]
     assert "(raylet)" not in "".join(out), out[4]  # the death is rlnb's one line, not the raylet's block
-    children = re.search(r"child processes: (\d+) before close, (\d+) after", out[5])
-    assert children and int(children[1]) > 0 and children[2] == "0", out[5]
-    assert "live sessions: []" in out[5]
+    assert "restarted: running, running" in out[5] and re.search(r"step \d+ taken on the new ranks", out[5]), out[5]
+    children = re.search(r"child processes: (\d+) before close, (\d+) after", out[6])
+    assert children and int(children[1]) > 0 and children[2] == "0", out[6]
+    assert "live sessions: []" in out[6]

@@ -22,6 +22,7 @@ is sent to every rank before the next step.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import datetime
 import functools
@@ -151,8 +152,11 @@ class _Rank:
 
         if local:  # every rank on this machine: gloo over loopback, whatever the hostname resolves to
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        gpu = torch.cuda.is_available()  # Ray gave this actor a GPU of its own (the group asked for them)
+        if gpu:
+            torch.cuda.set_device(0)  # the one Ray makes visible
         dist.init_process_group(
-            "gloo",
+            "nccl" if gpu else "gloo",
             init_method=f"tcp://{address}",
             rank=rank,
             world_size=world,
@@ -174,12 +178,13 @@ class _Rank:
             "metrics": metrics,
             "seen": seen,
             "advantages": learner.last_advantages,
-            "weights": {k: v.detach().clone() for k, v in weights.items()},
+            "weights": {k: v.detach().cpu().clone() for k, v in weights.items()},  # through Ray: on the CPU
         }
 
     def optimizer_state(self) -> dict[str, Any]:
-        """The optimiser's state as one process's optimiser holds it (its moments whole)."""
-        return _sharding.gathered(self._learner().optimizer.state_dict())
+        """The optimiser's state as one process's optimiser holds it (its moments
+        whole, on the CPU)."""
+        return _on_cpu(_sharding.gathered(self._learner().optimizer.state_dict()))
 
     def load(self, state: Mapping[str, Any]) -> None:
         """Take the session's mirror's state: ``model``, ``optimizer``, ``reference``,
@@ -209,6 +214,17 @@ class _Rank:
         if self.learner is None:
             raise TrainingError("this learner rank has not joined its group")
         return self.learner
+
+
+def _on_cpu(state: Any) -> Any:
+    """``state`` (nested dicts and lists) with its tensors on the CPU."""
+    if isinstance(state, torch.Tensor):
+        return state.cpu()
+    if isinstance(state, Mapping):
+        return {k: _on_cpu(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_on_cpu(v) for v in state]
+    return state
 
 
 def _memory(learner: Learner) -> dict[str, int]:
@@ -259,12 +275,14 @@ class RankGroup:
         threads: int = 1,
         timeout: float = COLLECTIVE_TIMEOUT_S,
         strategy: str = "fsdp",
+        gpus: bool = False,
     ) -> RankGroup:
         """Start (or attach to) Ray as ``ray_config`` says and ``world`` ranks, a bundle
         of one CPU each, packed as ``ray_config.strategy`` says ("SPREAD": one a node
         where it can); each joins the process group and makes its learner with
-        ``make``, the model held as ``strategy`` says ("fsdp" or "ddp"). Blocks until
-        every rank has; nothing is left running if one fails."""
+        ``make``, the model held as ``strategy`` says ("fsdp" or "ddp"). ``gpus``: a GPU
+        a rank too (NCCL between them). Blocks until every rank has; nothing is left
+        running if one fails."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -275,21 +293,25 @@ class RankGroup:
         placement = None
         actors: list[Any] = []
         try:
-            placement = placement_group([{"CPU": 1.0}] * world, strategy=ray_config.strategy)
+            bundle = {"CPU": 1.0, **({"GPU": 1.0} if gpus else {})}
+            placement = placement_group([bundle] * world, strategy=ray_config.strategy)
             try:
                 ray.get(placement.ready(), timeout=ray_config.start_timeout)
             except ray.exceptions.GetTimeoutError:
                 free = ray.available_resources().get("CPU", 0.0)
+                each = "one CPU and one GPU" if gpus else "one CPU"
                 raise ConfigError(
-                    f"LearnConfig.ranks={world} is invalid: the Ray cluster cannot place {world} ranks of one CPU "
-                    f"each ({free:g} of its {ray.cluster_resources().get('CPU', 0.0):g} CPUs free) within "
+                    f"LearnConfig.ranks={world} is invalid: the Ray cluster cannot place {world} ranks of {each} "
+                    f"each ({free:g} of its {ray.cluster_resources().get('CPU', 0.0):g} CPUs free, "
+                    f"{ray.cluster_resources().get('GPU', 0.0):g} GPUs) within "
                     f"{ray_config.start_timeout} s; use fewer ranks, close another session of this process that "
                     "holds them, or attach to a larger cluster (RayConfig(address=...))"
                 ) from None
             remote = ray.remote(_Rank)
             for index in range(world):
                 placed = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=index)
-                actors.append(remote.options(num_cpus=1, scheduling_strategy=placed).remote(threads))
+                options = {"num_cpus": 1, "num_gpus": 1 if gpus else 0, "scheduling_strategy": placed}
+                actors.append(remote.options(**options).remote(threads))
             group = cls(ray, cluster, actors, placement, strategy)
             group.timeout = timeout
             where = ray.get([a.where.remote() for a in actors], timeout=ray_config.start_timeout)
@@ -482,10 +504,12 @@ class RankedLearner(Learner):
         started as ``ray`` (a :class:`~rlnb.RayConfig`) says, each rank with
         ``threads`` torch threads; :meth:`close` ends them."""
         learner = cls(policy, **kwargs)
+        gpus = policy.device.type == "cuda"  # a GPU a rank, each given the policy on the CPU to move to its own
+        sent = copy.deepcopy(policy).cpu() if gpus else policy
         # how to start the group (again: restart()); the factory holds the policy as it was made
         learner._start = functools.partial(
             RankGroup.start,
-            rank_factory(policy, **kwargs),
+            rank_factory(sent, device="cuda" if gpus else None, **kwargs),
             ranks,
             ray,
             name=name,
@@ -493,6 +517,7 @@ class RankedLearner(Learner):
             threads=threads,
             strategy=learner.config.strategy,
             timeout=learner.config.rank_timeout,
+            gpus=gpus,
         )
         learner.attach(learner._start())
         return learner
@@ -567,7 +592,7 @@ class RankedLearner(Learner):
             state["reference"] = self.reference.state_dict()
         if "optimizer" in self._stale:
             state["optimizer"] = self.__dict__["optimizer"].state_dict()
-        self.group.call("load", state)
+        self.group.call("load", _on_cpu(state))  # through Ray: on the CPU, each rank moves its shards to its device
         self._stale.clear()
 
     def statistics(self) -> LearnerStatistics:
@@ -590,11 +615,12 @@ class RankedLearner(Learner):
             group.close(timeout)
 
 
-def make_rank_learner(kwargs: Mapping[str, Any], policy: Any, ranks: Ranks) -> Learner:
-    """A rank's learner: ``Learner(policy, share=ranks, **kwargs)`` (the factory the ranks unpickle)."""
-    return Learner(policy, share=ranks, **kwargs)
+def make_rank_learner(kwargs: Mapping[str, Any], policy: Any, device: str | None, ranks: Ranks) -> Learner:
+    """A rank's learner: ``Learner(policy, share=ranks, **kwargs)``, the policy moved
+    to ``device`` first (None: where it is); the factory the ranks unpickle."""
+    return Learner(policy if device is None else policy.to(device), share=ranks, **kwargs)
 
 
-def rank_factory(policy: Any, **kwargs: Any) -> Callable[[Ranks], Learner]:
+def rank_factory(policy: Any, *, device: str | None = None, **kwargs: Any) -> Callable[[Ranks], Learner]:
     """What :meth:`RankGroup.start` gives each rank to make its learner with."""
-    return functools.partial(make_rank_learner, kwargs, policy)
+    return functools.partial(make_rank_learner, kwargs, policy, device)
