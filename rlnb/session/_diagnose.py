@@ -286,8 +286,8 @@ def _ranks(s: SessionStatistics) -> list[Finding]:
                 "critical",
                 "learner-rank-dead",
                 f"learner {learner.dead}; the other ranks were stopped and no step can be taken",
-                "save() keeps the weights of the last step; close the session and make a new one "
-                "(rlnb.Session.load() goes on from the save)",
+                "restart_learner() starts new ranks from the weights of the last step (where it hung: see "
+                "LearnConfig.rank_timeout)",
             )
         ]
     times = [(r.step_seconds, r.rank) for r in learner.each if r.step_seconds is not None]

@@ -33,11 +33,13 @@ def _run(start_python: PythonProcesses, *args: str) -> object:
 @processes
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_take_the_step_one_process_takes(start_python: PythonProcesses, strategy: str) -> None:
-    algorithms = ",".join(ALGORITHMS)
+    # each algorithm's loss is the same code whatever holds the model: every one with the default, three with ddp
+    chosen = ALGORITHMS if strategy == "fsdp" else ("grpo", "gspo", "grpo:2")
+    algorithms = ",".join(chosen)
     result = _run(
         start_python, "compare", "--world", "2", "--steps", "5", "--algorithms", algorithms, "--strategy", strategy
     )
-    assert isinstance(result, dict) and set(result) == set(ALGORITHMS)
+    assert isinstance(result, dict) and set(result) == set(chosen)
     for algorithm, seen in result.items():
         assert len(seen["alone"]) == len(seen["ranks"]) == 5
         for step, (alone, ranks) in enumerate(zip(seen["alone"], seen["ranks"], strict=True), 1):
