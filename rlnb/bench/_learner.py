@@ -269,12 +269,12 @@ def _time_gather_scatter(rank: Any, repeats: int) -> tuple[float, int]:
     module docstring), with the rank's own units' sizes, and how many collectives."""
     import torch
     import torch.distributed as dist
-
-    from rlnb.learn._sharding import is_sharded
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule
 
     policy = rank.learner.policy
     world = dist.get_world_size()
-    units = [m for m in policy.modules() if is_sharded(m)]  # the root first, then its blocks
+    units: list[nn.Module] = list(filter(lambda m: isinstance(m, FSDPModule), policy.modules()))  # root, blocks
     blocks = [sum(p.numel() for p in m.parameters()) for m in units[1:]]
     sizes = [sum(p.numel() for p in policy.parameters()) - sum(blocks), *blocks]
     # FSDP2 pads each unit to a multiple of the ranks; each rank's shard is a 1/N of it
