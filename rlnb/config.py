@@ -494,8 +494,8 @@ class LearnConfig:
         or ``address``'s), one CPU each, placed as ``RayConfig.strategy`` says, on a
         gloo process group; each takes its share of every update's samples and the
         gradients are summed, so a step is the one a single process takes (the
-        session's process keeps a copy of the weights, which the engines get). Not
-        with a critic (``advantage="gae"``) yet.
+        session's process keeps a copy of the weights, which the engines get). A
+        critic (``advantage="gae"``) is split likewise.
     strategy: how ranks > 1 hold the model. "fsdp" (the default): sharded with
         torch's FSDP2, each rank keeping 1/N of every weight, gradient and optimiser
         moment (the weights gathered a block at a time for each pass); "ddp": the
@@ -578,11 +578,11 @@ class LearnConfig:
         )
         check_number("LearnConfig.rank_timeout", self.rank_timeout, gt=0, fix="use seconds > 0, e.g. rank_timeout=300")
         require(
-            self.ranks == 1 or not self.resolved_algorithm.has_critic,
-            "LearnConfig.ranks",
-            self.ranks,
-            "a learner on several ranks has no critic yet: use ranks=1 with advantage='gae', "
-            "or an algorithm without a critic",
+            not (self.ranks > 1 and self.strategy == "fsdp" and self.resolved_algorithm.critic == "lora"),
+            "LearnConfig.strategy",
+            self.strategy,
+            'a LoRA critic shares the policy\'s base weights, which "fsdp" shards: use strategy="ddp", '
+            'or Algorithm(critic="model")',
         )
 
     @property

@@ -148,7 +148,7 @@ def test_two_learner_ranks_on_two_gpus_train_in_bfloat16_as_one_gpu_does(llama_d
             histories.append(sess.train(3, progress=False))
             if ranks == 2:
                 seen = sess.statistics().learner
-                assert seen is not None and seen.strategy == "fsdp" and len(seen.each) == 2
+                assert seen is not None and seen.parallelism == "fsdp" and len(seen.each) == 2
                 assert sess.statistics().engine.version == 3  # the gathered weights reached the engine
     for alone, split in zip(*histories, strict=True):
         assert split["loss"] == pytest.approx(alone["loss"], abs=2e-2)  # bf16: sums in another order round apart

@@ -215,7 +215,7 @@ def _memory(sess: Any) -> dict[str, Any]:
     learner = sess.statistics().learner
     if learner is not None:
         return {
-            "strategy": learner.strategy,
+            "strategy": learner.parallelism,
             "each": [
                 {
                     "parameters": r.parameter_bytes,

@@ -21,10 +21,12 @@ from typing import Any, Protocol
 
 import torch
 
-from rlnb._errors import InvalidValueError, TrainingError
+from rlnb._errors import ConfigError, InvalidValueError, TrainingError
 from rlnb.algorithms import Algorithm
 from rlnb.algorithms import functional as F
 from rlnb.config import LearnConfig
+from rlnb.learn import _sharding
+from rlnb.learn._ranks import Ranks
 from rlnb.models import HFPolicy, TinyPolicy
 
 __all__ = ["Critic"]
@@ -68,13 +70,34 @@ class Critic:
             self.model = copy.deepcopy(policy, frozen).train()  # the frozen weights: the policy's own tensors
         else:
             self.model = copy.deepcopy(policy).train().requires_grad_(True)
-        self.head = torch.nn.Linear(policy.hidden_size, 1, device=policy.device, dtype=torch.float32)
+        # float32 at least (a bfloat16 policy's head in float32), a float64 policy's in float64
+        dtype = torch.promote_types(next(policy.parameters()).dtype, torch.float32)
+        self.head = torch.nn.Linear(policy.hidden_size, 1, device=policy.device, dtype=dtype)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
         self.held = False  # an optimiser step update() left for step_held()
-        self.optimizer = torch.optim.AdamW(
-            self.parameters(), betas=config.betas, weight_decay=config.weight_decay, foreach=True
-        )
+        self._betas, self._weight_decay = config.betas, config.weight_decay
+        self.optimizer = self._new_optimizer()
+        self.share: Ranks | None = None  # this process's place among a learner's ranks (shard())
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), betas=self._betas, weight_decay=self._weight_decay, foreach=True)
+
+    def shard(self, share: Ranks) -> None:
+        """Run as ``share``'s rank of a learner split across processes: each rank's
+        share of every update's rows, the gradients summed over the ranks; with
+        "fsdp" the model and the head sharded (FSDP2) and the optimiser remade on
+        the shards. Called once, before any update."""
+        self.share = share
+        if share.sharded:
+            if self.kind == "lora":
+                raise ConfigError(
+                    'Algorithm.critic="lora" is invalid with LearnConfig.strategy="fsdp": its base weights are '
+                    'the policy\'s own; use critic="model", or strategy="ddp"'
+                )
+            _sharding.shard(self.model, share.world)
+            _sharding.shard(self.head, share.world)
+            self.optimizer = self._new_optimizer()
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """What the critic's optimiser trains: the model's trainable weights (a LoRA
@@ -89,7 +112,7 @@ class Critic:
         prompts = batch.prompts[groups, : int(prompt_lengths.max())]
         targets = batch.targets[rows, :width]
         hidden = self.model.forward_shared(prompts, prompt_lengths, targets[:, :-1], local, hidden=True)
-        return self.head(hidden.float()).squeeze(-1)
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
 
     def all_values(self, batch: TrainBatch, size: int | None) -> torch.Tensor:
         """Every target's value [N, C] of ``batch`` (no gradient), ``size`` rows at a time."""
@@ -125,13 +148,21 @@ class Critic:
             group["lr"] = lr
         sums = {"loss": 0.0, "clip": 0.0, "gn": 0.0}
         updates = 0
+        ranks = self.share
+        sharded = ranks is not None and ranks.sharded
+        least = min(2, batch.targets.shape[1]) if sharded else 1  # as the policy's passes: see Learner._least_width
         for _ in range(epochs):
             for part in parts:
                 rows = torch.nonzero(torch.isin(batch.group_of, part)).flatten()
                 denominator = max(1.0, float(mask[rows].sum()))
                 self.optimizer.zero_grad(set_to_none=True)
-                for chunk in chunks(rows):
-                    width = max(1, int(batch.lengths[chunk].max()))
+                mine = chunks(rows) if ranks is None else ranks.even_chunks(rows, chunks)
+                failure: Exception | None = None
+                for chunk in mine:
+                    if chunk is None or failure is not None:  # a pass that adds nothing, as the other ranks run
+                        (self.values(batch, rows[:1], least).sum() * 0.0).backward()
+                        continue
+                    width = max(least, int(batch.lengths[chunk].max()))
                     values = self.values(batch, chunk, width)
                     loss, clipped = F.value_loss(
                         values,
@@ -143,12 +174,22 @@ class Critic:
                     )
                     value = float(loss.detach())
                     if not torch.isfinite(loss):
-                        raise TrainingError(f"the critic's value loss is {value}: use a smaller Algorithm.critic_lr")
+                        failure = TrainingError(
+                            f"the critic's value loss is {value}: use a smaller Algorithm.critic_lr"
+                        )
+                        if ranks is None:
+                            raise failure
+                        (values.sum() * 0.0).backward()  # the others reduce this pass's gradients with it
+                        continue
                     loss.backward()
                     share = float(mask[chunk, :width].sum()) / denominator
                     sums["loss"] += value
                     sums["clip"] += clipped * share
-                norm = float(torch.nn.utils.clip_grad_norm_(self.parameters(), max_grad_norm))
+                if ranks is not None:
+                    ranks.agree(failure, f"the critic's update {updates + 1}")
+                    if not sharded:
+                        ranks.sum_gradients(self.parameters())
+                norm = _sharding.to_float(torch.nn.utils.clip_grad_norm_(self.parameters(), max_grad_norm))
                 if not torch.isfinite(torch.tensor(norm)):
                     raise TrainingError(f"the critic's gradient norm is {norm}: use a smaller Algorithm.critic_lr")
                 sums["gn"] += norm
@@ -157,6 +198,8 @@ class Critic:
                     self.held = True
                 else:
                     self.optimizer.step()
+        if ranks is not None:  # each rank summed its own chunks' shares; the norm is the same everywhere
+            sums["loss"], sums["clip"] = ranks.sum([sums["loss"], sums["clip"]])
         return {
             "value_loss": sums["loss"] / updates,
             "value_clip_fraction": sums["clip"] / updates,

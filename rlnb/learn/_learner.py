@@ -212,11 +212,6 @@ class Learner:
         encode_observation: Callable[[str], list[int]] | None = None,
         share: Ranks | None = None,
     ) -> None:
-        if share is not None and config.resolved_algorithm.has_critic:
-            raise ConfigError(
-                f"a learner split across {share.world} ranks has no critic yet: use an algorithm without one "
-                "(advantage='gae' has one), or a single rank"
-            )
         self.policy = policy.train()
         self.config = config
         # This process's share of a learner split across processes (None: all of it).
@@ -241,14 +236,16 @@ class Learner:
         self._critic_before: dict[str, Any] | None = None  # the critic's state while a step runs
         # each sample's advantage in the last step, group by group (see last_advantages)
         self.last_advantages: tuple[tuple[float, ...], ...] = ()
-        if config.resolved_algorithm.has_critic:
-            self.ensure_critic()
+        if config.resolved_algorithm.has_critic:  # (made here, not by ensure_critic(): before any sharding)
+            self.critic = Critic(self.policy, config)
         self.version = 0
         if share is not None and share.sharded:  # FSDP2: 1/N of each weight, gradient and moment here
             _sharding.shard(self.policy, share.world)
             if self.reference is not None:
                 _sharding.shard(self.reference, share.world)
             self.optimizer = self._new_optimizer()  # on the sharded parameters
+        if share is not None and self.critic is not None:
+            self.critic.shard(share)  # made from the whole policy above
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         cfg = self.config
@@ -263,7 +260,15 @@ class Learner:
         cfg = self.config
         kind = kind or cfg.resolved_algorithm.critic
         if self.critic is None or self.critic.kind != kind:
+            if self._sharded:
+                raise ConfigError(
+                    f'Algorithm.critic={kind!r} cannot be made now: with LearnConfig.strategy="fsdp" the ranks make '
+                    "the critic when they start (from the whole policy); start the session with an algorithm that "
+                    'has one (advantage="gae"), or use strategy="ddp"'
+                )
             self.critic = Critic(self.policy, cfg, kind=kind)
+            if self.share is not None:
+                self.critic.shard(self.share)
         return self.critic
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:

@@ -38,6 +38,7 @@ from rlnb import _reprs
 from rlnb._errors import ConfigError, TrainingError
 from rlnb._samples import Group
 from rlnb.learn import _sharding
+from rlnb.learn._critic import Critic
 from rlnb.learn._learner import Learner
 from rlnb.learn._ranks import RankFailed, Ranks
 
@@ -67,17 +68,18 @@ class RankStatistics:
 @dataclasses.dataclass(frozen=True)
 class LearnerStatistics:
     """The learner's ranks (``LearnConfig.ranks`` > 1): how they split the work
-    (``strategy``: "fsdp", each weight, gradient and optimiser moment sharded
-    across the ranks, or "ddp", the weights on every rank and the gradients summed),
-    ``each`` rank's :class:`RankStatistics`, and which rank died, if one did."""
+    (``parallelism``, ``LearnConfig.strategy``'s: "fsdp", each weight, gradient and
+    optimiser moment sharded across the ranks, or "ddp", the weights on every rank
+    and the gradients summed), ``each`` rank's :class:`RankStatistics`, and which
+    rank died or hung, if one did."""
 
-    strategy: str
+    parallelism: str
     each: tuple[RankStatistics, ...]
     dead: str | None = None
 
     def lines(self) -> list[str]:
         """The ranks as text: a line for the group, two for each rank."""
-        lines = [f"{len(self.each)} ranks ({self.strategy})" + (f"; {self.dead}" if self.dead else "")]
+        lines = [f"{len(self.each)} ranks ({self.parallelism})" + (f"; {self.dead}" if self.dead else "")]
         for r in self.each:
             step = "no step yet" if r.step_seconds is None else f"step {r.step_seconds:.3g} s"
             lines.append(f"rank {r.rank}: {r.state}, pid {r.pid} on {r.node}, {step}")
@@ -162,7 +164,7 @@ class _Rank:
             world_size=world,
             timeout=datetime.timedelta(seconds=timeout),
         )
-        self.learner = make(Ranks(rank, world, strategy))
+        self.learner = make(Ranks(rank, world, sharded=strategy == "fsdp"))
         return os.getpid()
 
     def step(self, groups: Sequence[Group], config: Any, max_length: int | None) -> dict[str, Any]:
@@ -186,9 +188,16 @@ class _Rank:
         whole, on the CPU)."""
         return _on_cpu(_sharding.gathered(self._learner().optimizer.state_dict()))
 
+    def critic_state(self) -> dict[str, Any] | None:
+        """The critic's kind and state (its weights and moments whole, on the CPU); None without one."""
+        critic = self._learner().critic
+        if critic is None:
+            return None
+        return {"kind": critic.kind, "state": _on_cpu(_sharding.gathered(critic.state()))}
+
     def load(self, state: Mapping[str, Any]) -> None:
         """Take the session's mirror's state: ``model``, ``optimizer``, ``reference``,
-        ``version`` (whole tensors: each rank keeps its shards of them)."""
+        ``critic``, ``version`` (whole tensors: each rank keeps its shards of them)."""
         learner = self._learner()
         if "model" in state:
             learner.load_model_state(_sharding.sharded_state(state["model"], learner.model_state()))
@@ -198,6 +207,17 @@ class _Rank:
         if "reference" in state and learner.reference is not None:
             reference = learner.reference
             reference.load_state_dict(_sharding.sharded_state(state["reference"], reference.state_dict()))
+        if state.get("critic") is not None:
+            whole = state["critic"]["state"]
+            critic = learner.ensure_critic(state["critic"]["kind"])
+            mine = critic.state()
+            critic.load_state(
+                {
+                    "model": _sharding.sharded_state(whole["model"], mine["model"]),
+                    "head": _sharding.sharded_state(whole["head"], mine["head"]),
+                    "optimizer": _sharding.sharded_optimizer_state(whole["optimizer"], critic.parameters()),
+                }
+            )
         learner.version = int(state["version"])
 
     def _rank(self) -> int:
@@ -245,9 +265,9 @@ def _memory(learner: Learner) -> dict[str, int]:
 class RankGroup:
     """``world`` learner ranks as Ray actors; see the module docstring. Made by :meth:`start`."""
 
-    def __init__(self, ray: Any, cluster: Any, actors: list[Any], placement: Any, strategy: str = "ddp") -> None:
+    def __init__(self, ray: Any, cluster: Any, actors: list[Any], placement: Any) -> None:
         self._ray, self._cluster, self.actors, self._placement = ray, cluster, actors, placement
-        self.strategy = strategy  # how the ranks hold the model: "fsdp" or "ddp"
+        self.strategy = "ddp"  # how the ranks hold the model: "fsdp" or "ddp" (start() sets it)
         self.timeout = COLLECTIVE_TIMEOUT_S  # a collective's deadline on the ranks (start() sets it)
         self.pids: list[int] = []
         self.nodes: list[str] = []
@@ -312,8 +332,8 @@ class RankGroup:
                 placed = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=index)
                 options = {"num_cpus": 1, "num_gpus": 1 if gpus else 0, "scheduling_strategy": placed}
                 actors.append(remote.options(**options).remote(threads))
-            group = cls(ray, cluster, actors, placement, strategy)
-            group.timeout = timeout
+            group = cls(ray, cluster, actors, placement)
+            group.strategy, group.timeout = strategy, timeout
             where = ray.get([a.where.remote() for a in actors], timeout=ray_config.start_timeout)
             group.nodes = [w["node"] for w in where]
             group.node_ids = [w["node_id"] for w in where]
@@ -486,6 +506,7 @@ class RankedLearner(Learner):
     group: RankGroup
     _stale: set[str]  # what of the mirror the ranks must get before the next step
     _optimizer_version: int | None  # the mirror optimiser's state is rank 0's of this version (None: unknown)
+    _critic_version: int | None  # likewise the mirror critic's
     _start: Callable[[], RankGroup]  # how the group was started (restart() starts another)
 
     @classmethod
@@ -533,9 +554,11 @@ class RankedLearner(Learner):
             raise TrainingError("this learner was not started on ranks (RankedLearner.start): nothing to restart")
         group.close()
         current = self._optimizer_version == self.version
+        critic = self._critic_version == self.version and self.__dict__.get("critic") is not None
         self.attach(start())
-        self._stale = {"model", "reference", *(("optimizer",) if current else ())}
+        self._stale = {"model", "reference", *(("optimizer",) if current else ()), *(("critic",) if critic else ())}
         self._optimizer_version = self.version if current else None
+        self._critic_version = self.version if critic else None
         self._send_stale()
 
     def attach(self, group: RankGroup) -> None:
@@ -543,6 +566,7 @@ class RankedLearner(Learner):
         self.group = group
         self._stale = set()
         self._optimizer_version = 0
+        self._critic_version = 0  # the ranks made their critic from the same policy as this one
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -560,6 +584,32 @@ class RankedLearner(Learner):
     def optimizer(self, value: torch.optim.Optimizer) -> None:
         self.__dict__["optimizer"] = value
 
+    @property
+    def critic(self) -> Critic | None:
+        """The critic (``advantage="gae"``), with rank 0's state (fetched when the
+        mirror's is older; made here if only the ranks have one: a live switch)."""
+        mirror: Critic | None = self.__dict__.get("critic")
+        group = self.__dict__.get("group")
+        if group is None:
+            return mirror
+        if self._critic_version != self.version:
+            theirs = group.call("critic_state")[0]
+            if theirs is not None:
+                if mirror is None or mirror.kind != theirs["kind"]:
+                    mirror = self.__dict__["critic"] = Critic(self.policy, self.config, kind=theirs["kind"])
+                mirror.load_state(theirs["state"])
+            self._critic_version = self.version
+        if mirror is not None:
+            self._stale.add("critic")  # the caller may load a state into it
+        return mirror
+
+    @critic.setter
+    def critic(self, value: Critic | None) -> None:
+        self.__dict__["critic"] = value
+        if "group" in self.__dict__ and value is not None:  # a new one (a checkpoint's): the ranks take it
+            self._stale.add("critic")
+            self._critic_version = self.version
+
     def load_model_state(self, state: dict[str, Any]) -> None:
         super().load_model_state(state)
         self._stale.update({"model", "reference"})
@@ -570,8 +620,8 @@ class RankedLearner(Learner):
         return metrics
 
     def step(self, groups: Sequence[Group], *, max_length: int | None = None) -> dict[str, float]:
-        """One step on the ranks (a config with a critic never gets here: ``LearnConfig``
-        refuses one with ``ranks`` > 1); the mirror then holds rank 0's weights."""
+        """One step on the ranks; the mirror then holds rank 0's weights (its critic
+        and optimiser are fetched when read)."""
         self._send_stale()
         results = self.group.call("step", list(groups), self.config, max_length)
         self.group.seen = [r["seen"] for r in results]
@@ -592,6 +642,9 @@ class RankedLearner(Learner):
             state["reference"] = self.reference.state_dict()
         if "optimizer" in self._stale:
             state["optimizer"] = self.__dict__["optimizer"].state_dict()
+        critic = self.__dict__.get("critic")
+        if "critic" in self._stale and critic is not None:
+            state["critic"] = {"kind": critic.kind, "state": critic.state()}
         self.group.call("load", _on_cpu(state))  # through Ray: on the CPU, each rank moves its shards to its device
         self._stale.clear()
 
@@ -604,7 +657,7 @@ class RankedLearner(Learner):
         optimiser state (what ``what_if`` trains): nothing it does reaches the ranks."""
         twin = super().twin(config)
         twin.__class__ = Learner  # a copy of this object: made plain, it drives no rank
-        for name in ("group", "_stale", "_optimizer_version", "_start"):
+        for name in ("group", "_stale", "_optimizer_version", "_critic_version", "_start"):
             twin.__dict__.pop(name, None)
         return twin
 

@@ -34,25 +34,21 @@ class RankFailed(TrainingError):
 @dataclasses.dataclass(frozen=True)
 class Ranks:
     """This process is ``rank`` of ``world`` learner ranks, on torch.distributed's
-    default process group (initialised by the caller). ``strategy``: "ddp", the
-    whole model on every rank and the gradients summed by :meth:`sum_gradients`, or
-    "fsdp", the model sharded with FSDP2 (:mod:`rlnb.learn._sharding`), which
-    reduce-scatters the gradients itself."""
+    default process group (initialised by the caller). ``sharded``: the model
+    sharded with FSDP2 (``LearnConfig.strategy="fsdp"``, :mod:`rlnb.learn._sharding`),
+    which reduce-scatters the gradients itself; else ("ddp") the whole model on every
+    rank and the gradients summed by :meth:`sum_gradients`."""
 
     rank: int
     world: int
-    strategy: str = "ddp"
-
-    @property
-    def sharded(self) -> bool:
-        return self.strategy == "fsdp"
+    sharded: bool = False
 
     @classmethod
-    def current(cls, strategy: str = "ddp") -> Ranks:
+    def current(cls, *, sharded: bool = False) -> Ranks:
         """This process's place in the default process group."""
         import torch.distributed as dist
 
-        return cls(dist.get_rank(), dist.get_world_size(), strategy)
+        return cls(dist.get_rank(), dist.get_world_size(), sharded)
 
     def mine(self, rows: torch.Tensor) -> torch.Tensor:
         """This rank's share of ``rows``: a contiguous run (a group's rows stay

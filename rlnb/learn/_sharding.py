@@ -53,8 +53,8 @@ def _blocks(policy: nn.Module) -> Iterable[nn.Module]:
 
 
 def shard(policy: nn.Module, world: int) -> None:
-    """Put ``policy`` (in place) under FSDP2 across ``world`` ranks of the default
-    process group, on the device its parameters are on."""
+    """Put ``policy`` (in place; or any module, a critic's head) under FSDP2 across
+    ``world`` ranks of the default process group, on the device its parameters are on."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
@@ -70,7 +70,8 @@ def shard(policy: nn.Module, world: int) -> None:
             register_fsdp_forward_method(block, "extend")
         units.append(block)
     fully_shard(policy, mesh=mesh)
-    register_fsdp_forward_method(policy, "forward_shared")
+    if hasattr(policy, "forward_shared"):  # a policy's entry besides forward (a critic's head has none)
+        register_fsdp_forward_method(policy, "forward_shared")
     for unit in [*units, policy]:
         unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # each rank's loss is its share: a sum
         # a plain SUM: float32's factor otherwise rides on PREMUL_SUM, which gloo lacks

@@ -470,7 +470,7 @@ def ranks_html(learner: Any) -> str:
             + "".join(f'<td style="{_LEFT};padding-right:1em">{c}</td>' for c in cells)
             + "</tr>"
         )
-    below = f"{len(learner.each)} ranks ({learner.strategy})" + (f"; {learner.dead}" if learner.dead else "")
+    below = f"{len(learner.each)} ranks ({learner.parallelism})" + (f"; {learner.dead}" if learner.dead else "")
     return (
         f'<table style="border-collapse:collapse"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
         f'<div style="{_MUTED}">{html.escape(below)}</div>'

@@ -30,6 +30,7 @@ from rlnb.models import CharTokenizer, TinyPolicy
 TOK = CharTokenizer("0123456789+=")
 DTYPE = torch.float64  # float32 rounds differently when the rows are split; Adam amplifies it
 COMPARED = ("loss", "policy_loss", "grad_norm", "entropy", "kl", "clip_fraction", "tokens_counted", "is_weight_mean")
+COMPARED += ("value_loss", "value_clip_fraction", "critic_grad_norm")  # an algorithm with a critic's
 
 
 def encode(text: str) -> list[int]:
@@ -126,7 +127,12 @@ def train(
 ) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
     taught = learner(model, model_dir, algorithm, ranks)
     history = [taught.step(batch) for batch in model_batches(model, model_dir, steps)]
-    return history, _sharding.gathered(taught.model_state())
+    weights = _sharding.gathered(taught.model_state())
+    if taught.critic is not None:  # its model and head too
+        critic = taught.critic.state()
+        weights.update({f"critic.{k}": v for k, v in _sharding.gathered(critic["model"]).items()})
+        weights.update({f"critic.head.{k}": v for k, v in _sharding.gathered(critic["head"]).items()})
+    return history, weights
 
 
 def fail_at_step_2(failing: int, ranks: Ranks | None) -> dict[str, Any]:
@@ -173,7 +179,7 @@ def _rank(
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        ranks = Ranks.current(strategy)
+        ranks = Ranks.current(sharded=strategy == "fsdp")
         if what == "fail":
             result: Any = fail_at_step_2(world - 1, ranks)
         else:
@@ -223,8 +229,8 @@ def compare(
         alone, weights = train(algorithm, steps, None, model, model_dir)
         history, theirs = split[0][algorithm]
         result[algorithm] = {
-            "alone": [{k: m[k] for k in COMPARED} for m in alone],
-            "ranks": [{k: m[k] for k in COMPARED} for m in history],
+            "alone": [{k: m[k] for k in COMPARED if k in m} for m in alone],
+            "ranks": [{k: m[k] for k in COMPARED if k in m} for m in history],
             "weights": max(float((weights[k] - theirs[k]).abs().max()) for k in weights),
             "ranks agree": all(torch.equal(theirs[k], other[algorithm][1][k]) for other in split[1:] for k in theirs),
         }

@@ -66,7 +66,7 @@ def test_two_ranks_train_as_one_process_and_a_checkpoint_goes_between_them(tmp_p
         for a, b in zip(alone, split, strict=True):
             same(a, b)
         seen = two.statistics().learner  # each rank: alive, its step time and memory
-        assert seen is not None and seen.strategy == "fsdp" and seen.dead is None
+        assert seen is not None and seen.parallelism == "fsdp" and seen.dead is None
         assert [(r.rank, r.state, r.node) for r in seen.each] == [
             (0, "running", "127.0.0.1"),
             (1, "running", "127.0.0.1"),
@@ -264,11 +264,21 @@ def test_two_ranks_on_a_simulated_two_node_cluster_one_per_node_train(
     # A driver given an address sends a token only when RAY_AUTH_MODE says so (Ray's rule).
     monkeypatch.setenv("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE") or "disabled")
     with simulated_nodes(2, tmp_path) as address:
-        two = config(2).replace(ray=rlnb.RayConfig(address=address, strategy="STRICT_SPREAD"))
+        # ppo: a critic beside the policy, sharded as it is
+        two = config(2, algorithm="ppo").replace(ray=rlnb.RayConfig(address=address, strategy="STRICT_SPREAD"))
         with rlnb.Session(two, name="nodes") as sess:
             for _ in range(3):
-                sess.step()
+                assert sess.step()["value_loss"] > 0
             seen = sess.statistics().learner
             assert seen is not None and len({r.node_id for r in seen.each}) == 2, seen  # one rank per node
             assert sess.version == 3
+            critic = sess._learner.critic  # type: ignore[attr-defined]  # rank 0's, fetched whole
+            assert critic is not None and float(critic.head.weight.detach().abs().sum()) > 0  # it learnt (it starts at 0)
+            head = {k: v.clone() for k, v in critic.head.state_dict().items()}
+            sess.save(tmp_path / "ppo")
         assert not ray.is_initialized()  # the session disconnected; the cluster it did not start goes on
+    with rlnb.Session.load(tmp_path / "ppo", ranks=1, name="one-critic") as back:  # the critic goes on on one process
+        assert back._learner.critic is not None  # type: ignore[attr-defined]
+        for key, value in back._learner.critic.head.state_dict().items():  # type: ignore[attr-defined]
+            assert torch.equal(value, head[key]), key
+        assert back.step()["version"] == 4

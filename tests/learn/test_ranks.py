@@ -11,16 +11,16 @@ import pytest
 import torch
 
 import rlnb
-from rlnb.learn import LearnConfig, Learner
+from rlnb.learn import LearnConfig
 from rlnb.learn._ranks import Ranks
 from tests.helpers.processes import PythonProcesses
-from tests.helpers.ranks import TOK, encode, policy
 
 # gloo connects the ranks over loopback
 processes = pytest.mark.netns
 
-# Every algorithm without a critic; each trains 5 steps of 2 epochs of 2 minibatches.
-ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "sapo", "grpo:2")  # grpo:2: micro-batches of 2
+# Each trains 5 steps of 2 epochs of 2 minibatches: presets of every policy loss and
+# of the critic's advantages (ppo), and grpo:2, in micro-batches of 2.
+ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "sapo", "ppo", "grpo:2")
 
 
 def _run(start_python: PythonProcesses, *args: str) -> object:
@@ -34,7 +34,7 @@ def _run(start_python: PythonProcesses, *args: str) -> object:
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_take_the_step_one_process_takes(start_python: PythonProcesses, strategy: str) -> None:
     # each algorithm's loss is the same code whatever holds the model: every one with the default, three with ddp
-    chosen = ALGORITHMS if strategy == "fsdp" else ("grpo", "gspo", "grpo:2")
+    chosen = ALGORITHMS if strategy == "fsdp" else ("grpo", "gspo", "ppo", "grpo:2")
     algorithms = ",".join(chosen)
     result = _run(
         start_python, "compare", "--world", "2", "--steps", "5", "--algorithms", algorithms, "--strategy", strategy
@@ -96,7 +96,7 @@ def test_sharded_ranks_run_as_many_chunks_as_the_rank_with_the_most() -> None:
         return list(share.split(2))
 
     def cut(rank: int, world: int, strategy: str) -> list[list[int] | None]:
-        chunks = Ranks(rank, world, strategy).even_chunks(rows, pairs)
+        chunks = Ranks(rank, world, sharded=strategy == "fsdp").even_chunks(rows, pairs)
         return [None if c is None else c.tolist() for c in chunks]
 
     assert cut(0, 2, "fsdp") == [[0, 1], [2]]  # 3 rows and 2
@@ -106,11 +106,12 @@ def test_sharded_ranks_run_as_many_chunks_as_the_rank_with_the_most() -> None:
     assert cut(5, 6, "ddp") == []
 
 
-def test_a_learner_with_a_critic_is_refused_on_ranks_before_anything_is_made() -> None:
-    with pytest.raises(rlnb.ConfigError, match="no critic yet: use an algorithm without one"):
-        Learner(
-            policy(torch.float32), encode=encode, pad_id=TOK.PAD, config=LearnConfig(algorithm="ppo"), share=Ranks(0, 2)
-        )
+def test_a_lora_critic_on_sharded_ranks_is_refused_before_anything_is_made() -> None:
+    lora_critic = rlnb.Algorithm(advantage="gae", critic="lora")
+    with pytest.raises(rlnb.ConfigError, match=r"LearnConfig\.strategy='fsdp' is invalid: a LoRA critic shares"):
+        LearnConfig(ranks=2, algorithm=lora_critic)
+    assert LearnConfig(ranks=2, algorithm=lora_critic, strategy="ddp").ranks == 2  # whole copies: fine
+    assert LearnConfig(ranks=2, algorithm="ppo").ranks == 2  # a critic of its own: sharded like the policy
 
 
 def test_the_learner_flags_of_rlnb_train_set_ranks_and_strategy_and_a_wrong_strategy_names_the_fix() -> None:
