@@ -273,7 +273,9 @@ def test_two_ranks_on_a_simulated_two_node_cluster_one_per_node_train(
             assert seen is not None and len({r.node_id for r in seen.each}) == 2, seen  # one rank per node
             assert sess.version == 3
             critic = sess._learner.critic  # type: ignore[attr-defined]  # rank 0's, fetched whole
-            assert critic is not None and float(critic.head.weight.detach().abs().sum()) > 0  # it learnt (it starts at 0)
+            assert (
+                critic is not None and float(critic.head.weight.detach().abs().sum()) > 0
+            )  # it learnt (it starts at 0)
             head = {k: v.clone() for k, v in critic.head.state_dict().items()}
             sess.save(tmp_path / "ppo")
         assert not ray.is_initialized()  # the session disconnected; the cluster it did not start goes on
