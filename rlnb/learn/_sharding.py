@@ -22,6 +22,7 @@ holds the whole one).
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -92,15 +93,70 @@ def _is_sharded(value: Any) -> bool:
 
 
 def gathered(state: Mapping[str, Any]) -> dict[str, Any]:
-    """``state`` with every sharded tensor made whole (nested dicts too); a collective."""
-    out: dict[str, Any] = {}
-    for key, value in state.items():
-        if _is_sharded(value):
-            out[key] = value.full_tensor().detach()
-        elif isinstance(value, Mapping):
-            out[key] = gathered(value)
-        else:
-            out[key] = value
+    """``state`` with every sharded tensor made whole (nested dicts too); a collective:
+    every rank calls it with the same keys. The shards go in one message per dtype
+    (a tensor at a time took a message each: ~50 for the built-in policy)."""
+    found: list[tuple[list[Any], Any, Any]] = []  # (the dict, its key, the DTensor)
+
+    def walk(source: Mapping[Any, Any]) -> dict[Any, Any]:
+        out: dict[Any, Any] = {}
+        for key, value in source.items():
+            if _is_sharded(value):
+                found.append((out, key, value))  # type: ignore[arg-type]
+                out[key] = None
+            elif isinstance(value, Mapping):
+                out[key] = walk(value)
+            else:
+                out[key] = value
+        return out
+
+    whole = walk(state)
+    by_dtype: dict[tuple[torch.dtype, torch.device], list[tuple[Any, Any, Any]]] = {}
+    for entry in found:
+        if _on_dim0(entry[2]):
+            local = entry[2].to_local()
+            by_dtype.setdefault((local.dtype, local.device), []).append(entry)
+        else:  # another layout than FSDP2's: made whole alone
+            entry[0][entry[1]] = entry[2].full_tensor().detach()
+    for entries in by_dtype.values():
+        for (out, key, _), tensor in zip(entries, _gather_dim0([e[2] for e in entries]), strict=True):
+            out[key] = tensor
+    return whole
+
+
+def _on_dim0(value: Any) -> bool:
+    """Whether ``value`` is sharded as FSDP2 shards: along dim 0 on a one-dimensional mesh."""
+    from torch.distributed.tensor import Shard
+
+    return value.device_mesh.ndim == 1 and tuple(value.placements) == (Shard(0),) and value.dim() > 0
+
+
+def _gather_dim0(tensors: list[Any]) -> list[torch.Tensor]:
+    """Whole copies of ``tensors`` (DTensors of one dtype and device, each cut along dim
+    0 as ``torch.chunk`` cuts: ceil(D / N) rows a rank, the last ranks fewer or none),
+    by one all-gather of every rank's shards, each padded to its full share."""
+    import torch.distributed as dist
+
+    mesh = tensors[0].device_mesh
+    world, group = mesh.size(), mesh.get_group()
+    shapes = [tuple(t.shape) for t in tensors]
+    shares = [-(-shape[0] // world) for shape in shapes]  # rows a rank holds at most
+    sizes = [share * math.prod(shape[1:]) for share, shape in zip(shares, shapes, strict=True)]
+    local = tensors[0].to_local()
+    mine = torch.zeros(sum(sizes), dtype=local.dtype, device=local.device)
+    offset = 0
+    for tensor, size in zip(tensors, sizes, strict=True):
+        rows = tensor.to_local().detach().reshape(-1)
+        mine[offset : offset + rows.numel()] = rows
+        offset += size
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    out = []
+    offset = 0
+    for shape, share, size in zip(shapes, shares, sizes, strict=True):
+        pieces = [every[r][offset : offset + size].view(share, *shape[1:]) for r in range(world)]
+        out.append(torch.cat(pieces)[: shape[0]].clone())
+        offset += size
     return out
 
 
