@@ -118,6 +118,8 @@ class Critic:
         """Every target's value [N, C] of ``batch`` (no gradient), ``size`` rows at a time."""
         every, width = torch.arange(len(batch.group_of), device=batch.targets.device), batch.targets.shape[1]
         with torch.no_grad():
+            if self.share is not None:  # each rank its share, then every rank's gathered
+                return self.share.passes(every, size, lambda rows: self.values(batch, rows, width))
             return torch.cat([self.values(batch, rows, width) for rows in every.split(size or len(every))])
 
     def update(

@@ -349,6 +349,8 @@ class Learner:
         """Log-probs [N, C] of every target of ``batch`` (no gradient), a micro-batch at a time."""
         every, width = torch.arange(len(batch.group_of), device=batch.targets.device), batch.targets.shape[1]
         size = self.config.micro_batch_size or len(every)
+        if self.share is not None:  # each rank its share, then every rank's gathered
+            return self.share.passes(every, size, lambda rows: self._token_logp(model, batch, rows, width)[0])
         return torch.cat([self._token_logp(model, batch, rows, width)[0] for rows in every.split(size)])
 
     def step(self, groups: Sequence[Group], *, max_length: int | None = None) -> dict[str, float]:

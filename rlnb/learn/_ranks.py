@@ -72,6 +72,29 @@ class Ranks:
         most = max(len(cut(share)) for share in rows.tensor_split(self.world))
         return mine + [None] * (most - len(mine))
 
+    def passes(self, rows: torch.Tensor, size: int | None, run: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``run`` (a pass without gradient, [len(rows), ...] -> values) over this rank's
+        share of ``rows``, ``size`` rows at a time (None: at once), and every rank's
+        values gathered in row order: each rank runs 1/N of a no-gradient pass
+        instead of all of it. With "fsdp" a rank with fewer chunks runs passes whose
+        values it drops (each gathers the weights with the others)."""
+        import torch.distributed as dist
+
+        computed, template = [], None
+        for chunk in self.even_chunks(rows, lambda mine: list(mine.split(size or max(1, len(mine))))):
+            template = run(rows[:1] if chunk is None else chunk)
+            if chunk is not None:
+                computed.append(template)
+        if template is None:  # "ddp", no rows here: a pass alone (no collective in it) for the values' shape
+            template = run(rows[:1])
+        sizes = [len(share) for share in rows.tensor_split(self.world)]
+        mine = torch.cat(computed) if computed else template
+        padded = template.new_zeros((max(sizes), *template.shape[1:]))
+        padded[: len(mine)] = mine
+        every = [torch.empty_like(padded) for _ in range(self.world)]
+        dist.all_gather(every, padded)
+        return torch.cat([values[:n] for values, n in zip(every, sizes, strict=True)])
+
     def sum(self, values: Sequence[float]) -> list[float]:
         """``values`` summed element-wise over the ranks (in float64)."""
         import torch.distributed as dist
