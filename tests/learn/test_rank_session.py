@@ -142,6 +142,8 @@ def test_a_rank_killed_mid_step_is_an_error_naming_it_restart_learner_goes_on_an
             sess.step()
         del group.call
         assert sess.version == 2
+        sess.rollouts.pause("wait")  # rollouts paused and resumed between steps: the ranks do not notice
+        sess.rollouts.resume()
         assert sess.step()["version"] == 3  # rank 0's own count: the ranks and this process agree
         pid = sess._learner.group.pids[1]  # type: ignore[attr-defined]
         sess.callbacks.append(KillRank1())
@@ -235,11 +237,16 @@ sess.training.wait()
 """
 
 
-def test_a_kernel_restart_leaves_no_rank_process(open_kernel: OpenKernel) -> None:
+def test_a_rerun_cell_and_a_kernel_restart_leave_no_rank_process(open_kernel: OpenKernel) -> None:
     with open_kernel() as (km, kc):
         ok(kc, CELL)
         assert km.provisioner is not None
-        everyone = ray_processes(psutil.Process(km.provisioner.process.pid))
+        kernel = psutil.Process(km.provisioner.process.pid)
+        first = [p for p in ray_processes(kernel) if "_Rank" in " ".join(p.cmdline())]
+        assert len(first) == 2, first
+        ok(kc, CELL)  # the cell again: the session of that name closes first, its ranks with it
+        assert all(exited(p) for p in first)
+        everyone = ray_processes(kernel)
         assert sum("_Rank" in " ".join(p.cmdline()) for p in everyone) == 2, everyone
         km.restart_kernel(now=False)  # rlnb's shutdown hook closes the session: its ranks and Ray
         wait_until(lambda: all(exited(p) for p in everyone), "every rank and Ray process of the old kernel to exit")
