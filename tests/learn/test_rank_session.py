@@ -291,3 +291,19 @@ def test_two_ranks_on_a_simulated_two_node_cluster_one_per_node_train(
         for key, value in back._learner.critic.head.state_dict().items():  # type: ignore[attr-defined]
             assert torch.equal(value, head[key]), key
         assert back.step()["version"] == 4
+
+
+def test_a_hugging_face_models_lora_adapter_trains_on_ranks_and_its_engine_serves_the_merge(tmp_path: Path) -> None:
+    from rlnb.models import tiny_llama
+
+    llama = tiny_llama(tmp_path / "llama", hidden_size=64, intermediate_size=128)
+    model = rlnb.ModelConfig(path=str(llama), max_len=32, lora=rlnb.LoraConfig(r=4, alpha=8))
+    with rlnb.Session(config(2, kl_coef=0.01).replace(model=model), name="lora-ranks") as sess:  # LoRA's KL reference
+        before = {k: v.clone() for k, v in sess.policy.state_dict().items()}
+        for _ in range(2):
+            sess.step()
+        after = sess.policy.state_dict()
+        changed = {k for k in before if not torch.equal(before[k], after[k])}
+        assert changed and all("lora_" in k for k in changed)  # only the adapter trains and syncs
+        assert sess.statistics().engine.version == 2  # the engine took the merged weights
+        assert sess.statistics().learner.parallelism == "fsdp"  # type: ignore[union-attr]
