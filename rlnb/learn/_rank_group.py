@@ -487,11 +487,14 @@ class RankGroup:
 
 
 def _timed_out(exc: BaseException) -> bool:
-    """Whether ``exc`` is torch.distributed's error for a collective past its deadline
-    (gloo's: "Timed out waiting ... for recv", or "Application timeout caused pair
-    closure" where the wait was in a send or an autograd hook)."""
+    """Whether ``exc`` is a collective past its deadline: gloo's "Timed out waiting ...
+    for recv", or "Application timeout caused pair closure" where the wait was in a
+    send or an autograd hook; NCCL's watchdog's "collective operation timeout". (Not
+    any backend error: a peer that died closes its connections too, and that rank is
+    said dead, not hung, when Ray reports it.)"""
     text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and ("timed out waiting" in text or "application timeout" in text)
+    timeouts = ("timed out waiting", "application timeout", "collective operation timeout")
+    return isinstance(exc, RuntimeError) and any(words in text for words in timeouts)
 
 
 def _cause(exc: BaseException) -> BaseException:
