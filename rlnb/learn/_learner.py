@@ -498,17 +498,17 @@ class Learner:
                                 normaliser=denominator,
                                 update_tokens=total,
                             )
+                            # A loss function (a user's) that raises: no half-made step. With sharded
+                            # ranks its backward still runs (adding nothing): the others wait on it.
                             try:
-                                terms = F.policy_loss(
-                                    inputs
-                                )  # a loss function (a user's) that raises: no half-made step
+                                terms = F.policy_loss(inputs)
                                 loss_value = float(terms.loss.detach())
                                 if not math.isfinite(loss_value):
                                     raise self._not_finite(f"the loss is {loss_value}", batch, _OVERFLOW)
                             except Exception as exc:
                                 if not self._sharded:
                                     raise
-                                failure = exc  # its backward still runs (adding nothing): the others wait on it
+                                failure = exc
                                 (logp.sum() * 0.0).backward()
                                 continue
                             portion = terms.tokens / total  # of the update's tokens
