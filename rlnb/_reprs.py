@@ -10,7 +10,18 @@ import html
 import reprlib
 from collections.abc import Iterable, Sequence
 
-__all__ = ["Rows", "clip", "html_table", "name_list", "number", "pairs", "setting", "short_repr", "text_block"]
+__all__ = [
+    "Rows",
+    "clip",
+    "html_table",
+    "mebibytes",
+    "name_list",
+    "number",
+    "pairs",
+    "setting",
+    "short_repr",
+    "text_block",
+]
 
 # (label, lines): one section of a snapshot, its first line next to the label.
 Rows = Sequence[tuple[str, Sequence[str]]]
@@ -22,6 +33,11 @@ _INDENT = "  "
 
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 80
+
+
+def mebibytes(n: int) -> str:
+    """``n`` bytes as MiB, or GiB from 1 GiB on (3 significant digits)."""
+    return f"{n / 2**20:.3g} MiB" if n < 2**30 else f"{n / 2**30:.3g} GiB"
 
 
 def short_repr(value: object) -> str:

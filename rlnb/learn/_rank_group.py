@@ -84,8 +84,8 @@ class LearnerStatistics:
             step = "no step yet" if r.step_seconds is None else f"step {r.step_seconds:.3g} s"
             lines.append(f"rank {r.rank}: {r.state}, pid {r.pid} on {r.node}, {step}")
             lines.append(
-                f"  parameters {_mib(r.parameter_bytes)}, gradients {_mib(r.gradient_bytes)}, "
-                f"optimiser {_mib(r.optimizer_bytes)}; process {_mib(r.rss_bytes)}"
+                f"  parameters {_reprs.mebibytes(r.parameter_bytes)}, gradients {_reprs.mebibytes(r.gradient_bytes)}, "
+                f"optimiser {_reprs.mebibytes(r.optimizer_bytes)}; process {_reprs.mebibytes(r.rss_bytes)}"
             )
         return lines
 
@@ -94,10 +94,6 @@ class LearnerStatistics:
 
     def _repr_html_(self) -> str:
         return _reprs.html_table("LearnerStatistics", [("learner", self.lines())])
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.3g} MiB" if n < 2**30 else f"{n / 2**30:.3g} GiB"
 
 
 class RanksDied(TrainingError):

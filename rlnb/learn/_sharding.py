@@ -11,7 +11,7 @@ Rows are still split as with "ddp" (:meth:`~rlnb.learn._ranks.Ranks.mine`), each
 chunk's loss already its share of the update's, so the gradients are *summed* over
 the ranks, not averaged (``set_gradient_divide_factor(1.0)``). Every rank must run
 the same sequence of gathers: the learner gives every rank as many chunks as the
-rank with the most (:meth:`~rlnb.learn._ranks.Ranks.chunk_count`), a rank with fewer
+rank with the most (:meth:`~rlnb.learn._ranks.Ranks.even_chunks`), a rank with fewer
 running a chunk that adds nothing.
 
 The rest of rlnb reads whole tensors: :func:`gathered` makes a state dict's
@@ -33,7 +33,6 @@ from torch import nn
 
 __all__ = [
     "gathered",
-    "is_sharded",
     "local_bytes",
     "shard",
     "sharded_like",
@@ -77,12 +76,6 @@ def shard(policy: nn.Module, world: int) -> None:
         unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # each rank's loss is its share: a sum
         # a plain SUM: float32's factor otherwise rides on PREMUL_SUM, which gloo lacks
         unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
-
-
-def is_sharded(policy: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(policy, FSDPModule)
 
 
 def _is_sharded(value: Any) -> bool:

@@ -463,7 +463,7 @@ def ranks_html(learner: Any) -> str:
             f'<span style="color:{colour}">{html.escape(r.state)}</span>',
             f"{r.pid} on {html.escape(r.node)}",
             step,
-            *(f"{n / 2**20:.3g} MiB" for n in (r.parameter_bytes, r.gradient_bytes, r.optimizer_bytes, r.rss_bytes)),
+            *map(_reprs.mebibytes, (r.parameter_bytes, r.gradient_bytes, r.optimizer_bytes, r.rss_bytes)),
         ]
         body += (
             f'<tr class="rlnb-rank" data-state="{html.escape(r.state)}">'
